@@ -1,0 +1,171 @@
+"""The kit: the one object an application creates and keeps.
+
+It holds the engine, the registered outbox classes with their effective
+options (class options overlaid with settings), the transport and the clock.
+Nothing in outboxkit is module-level state, so two kits (or two tests) can
+live side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable
+
+from sqlalchemy import Engine
+
+from outboxkit.clock import Clock, SystemClock
+from outboxkit.drain import Drainer, DrainResult
+from outboxkit.errors import ConfigurationError, UnknownOutboxError
+from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.settings import OutboxKitSettings
+from outboxkit.transport import Transport
+
+__all__ = ["OutboxKit"]
+
+
+class OutboxKit:
+    """Durable delivery for a set of outbox classes on one PostgreSQL database.
+
+    ::
+
+        kit = OutboxKit(engine, outboxes=[CreditGrant])
+        kit.drain_once(CreditGrant)   # or let the scheduler do it
+        kit.close()
+
+    ``transport`` defaults to one shared ``HttpTransport``; an outbox whose
+    options name a transport uses that one.  ``settings`` defaults to
+    ``OutboxKitSettings()``, read from the environment.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        outboxes: Iterable[type[Outbox]],
+        *,
+        settings: OutboxKitSettings | None = None,
+        clock: Clock | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        if engine.dialect.name != "postgresql":
+            raise ConfigurationError(
+                f"outboxkit needs PostgreSQL (it relies on SKIP LOCKED, advisory locks and NOTIFY); "
+                f"the engine is {engine.dialect.name!r}. Use a 'postgresql+psycopg://' URL."
+            )
+        self.engine = engine
+        self.settings = settings if settings is not None else OutboxKitSettings()
+        self.clock = clock or SystemClock()
+        self._own_transport = transport is None
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._outboxes: dict[str, type[Outbox]] = {}
+        self._options: dict[str, OutboxOptions] = {}
+        for outbox in outboxes:
+            self._register(outbox)
+        if not self._outboxes:
+            raise ConfigurationError("OutboxKit needs at least one outbox class, e.g. OutboxKit(engine, outboxes=[MyOutbox])")
+        unknown = set(self.settings.outboxes) - {options.settings_key for options in self._options.values()}
+        if unknown:
+            known = ", ".join(sorted(options.settings_key for options in self._options.values()))
+            raise ConfigurationError(
+                f"OUTBOXKIT_OUTBOXES names unknown outbox(es) {sorted(unknown)}; registered: {known}"
+            )
+        self._drainers: dict[str, Drainer] = {}
+        self._closed = False
+
+    def _register(self, outbox: type[Outbox]) -> None:
+        if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
+            raise ConfigurationError(f"{outbox!r} is not a mapped Outbox subclass")
+        options = outbox.__outbox__
+        if options.job_name in self._outboxes:
+            other = self._outboxes[options.job_name]
+            raise ConfigurationError(
+                f"job_name {options.job_name!r} is used by both {other.__name__} and {outbox.__name__}; job names must be unique"
+            )
+        override = self.settings.outboxes.get(options.settings_key)
+        if override is not None:
+            try:
+                options = dataclasses.replace(options, **override.values())
+            except (ConfigurationError, ValueError) as exc:
+                raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None
+        self._outboxes[options.job_name] = outbox
+        self._options[options.job_name] = options
+
+    # -- lookup --------------------------------------------------------------
+
+    @property
+    def outboxes(self) -> list[type[Outbox]]:
+        return list(self._outboxes.values())
+
+    def outbox(self, name_or_class: str | type[Outbox]) -> type[Outbox]:
+        """The registered outbox class for a job name (or the class itself)."""
+        if isinstance(name_or_class, str):
+            try:
+                return self._outboxes[name_or_class]
+            except KeyError:
+                known = ", ".join(sorted(self._outboxes))
+                raise UnknownOutboxError(f"no outbox named {name_or_class!r}; registered: {known}") from None
+        for outbox in self._outboxes.values():
+            if outbox is name_or_class:
+                return outbox
+        raise UnknownOutboxError(f"{name_or_class!r} is not registered with this kit")
+
+    def options(self, name_or_class: str | type[Outbox]) -> OutboxOptions:
+        """The effective options (class options with settings applied)."""
+        return self._options[self.outbox(name_or_class).__outbox__.job_name]
+
+    @property
+    def transport(self) -> Transport:
+        with self._lock:
+            if self._transport is None:
+                from outboxkit.http_transport import HttpTransport
+
+                self._transport = HttpTransport()
+            return self._transport
+
+    # -- draining ------------------------------------------------------------
+
+    def drainer(self, name_or_class: str | type[Outbox]) -> Drainer:
+        """The (cached) drainer for one outbox."""
+        outbox = self.outbox(name_or_class)
+        job_name = outbox.__outbox__.job_name
+        with self._lock:
+            drainer = self._drainers.get(job_name)
+        if drainer is not None:
+            return drainer
+        options = self._options[job_name]
+        transport = options.transport or self.transport
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this OutboxKit is closed")
+            drainer = self._drainers.get(job_name)
+            if drainer is None:
+                drainer = Drainer(self.engine, outbox, transport=transport, clock=self.clock, options=options)
+                self._drainers[job_name] = drainer
+        return drainer
+
+    def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:
+        """Claim, deliver and record one batch of one outbox.  Never raises for delivery or database errors."""
+        return self.drainer(name_or_class).drain_once()
+
+    def drain(self, name_or_class: str | type[Outbox], **limits: object) -> DrainResult:
+        """Drain one outbox until no due row is left; see ``Drainer.drain`` for limits."""
+        return self.drainer(name_or_class).drain(**limits)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Finish sends in flight and release thread pools and the transport's connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            drainers = list(self._drainers.values())
+        for drainer in drainers:
+            drainer.close()
+        if self._own_transport and self._transport is not None:
+            self._transport.close()
+
+    def __enter__(self) -> OutboxKit:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,199 @@
+"""The outbox row: a mixin an application subclasses.
+
+::
+
+    class Base(DeclarativeBase):
+        pass
+
+    class CreditGrant(Outbox, Base):
+        __tablename__ = "credit_grant_outbox"
+        __outbox__ = OutboxOptions(job_name="credit-grants")
+
+        workspace_id: Mapped[int]
+        amount: Mapped[int]
+
+        def build_delivery(self) -> Delivery:
+            return Delivery(url="https://billing.internal/grants",
+                            json={"workspace": self.workspace_id, "amount": self.amount})
+
+The mixin owns the delivery columns (status, attempts, due time, claim lease,
+last error...), a CHECK on ``status`` and a partial index on
+``next_attempt_at WHERE status = 'pending'`` that serves the drain.  The
+application adds its own columns and says what to send for one row.  A row
+inserted with ``next_attempt_at`` in the future is a scheduled one-shot send.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
+from outboxkit.transport import Delivery, validate_timeout
+
+if TYPE_CHECKING:
+    from outboxkit.transport import Transport
+
+__all__ = ["STATUSES", "Outbox", "OutboxOptions", "outbox_table_args"]
+
+STATUSES = ("pending", "done", "stuck")
+LAST_ERROR_LIMIT = 2000
+# Lease time beyond the slowest possible batch, for recording outcomes and
+# scheduling jitter.
+LEASE_MARGIN_SECONDS = 30.0
+_JOB_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxOptions:
+    """Per-outbox configuration, declared on the class as ``__outbox__``.
+
+    ``job_name`` is the stable human name that the scheduler's job, the logs,
+    the admin and the per-outbox settings key on: renaming it is a breaking
+    change for monitors.  ``backoff`` and ``max_attempts`` may be overridden
+    per environment (see ``OutboxKitSettings.outboxes``).
+    """
+
+    job_name: str
+    backoff: tuple[float, ...] = DEFAULT_BACKOFF
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    batch_size: int = 50
+    concurrency: int = 16
+    timeout: float = 10.0
+    lease: float | None = None
+    transport: Transport | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_name, str) or not _JOB_NAME.match(self.job_name):
+            raise ConfigurationError(
+                f"job_name {self.job_name!r} must be 1-63 chars of lowercase letters, digits, '-' or '_', "
+                "starting with a letter (e.g. 'credit-grants')"
+            )
+        for name in ("batch_size", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
+                raise ConfigurationError(f"{name} must be an integer from 1 to 10000, got {value!r}")
+        try:
+            validate_timeout(self.timeout)
+            RetryPolicy(backoff=self.backoff, max_attempts=self.max_attempts)
+        except ValueError as exc:
+            raise ConfigurationError(f"outbox {self.job_name!r}: {exc}") from None
+        object.__setattr__(self, "backoff", tuple(self.backoff))
+        if self.lease is not None:
+            if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or self.lease < self.minimum_lease:
+                raise ConfigurationError(
+                    f"outbox {self.job_name!r}: lease {self.lease!r}s is shorter than the slowest batch "
+                    f"(ceil(batch_size / concurrency) * timeout + {LEASE_MARGIN_SECONDS:g}s = {self.minimum_lease:g}s), "
+                    "so a live delivery could be claimed again; raise lease or concurrency, or lower timeout or batch_size"
+                )
+
+    @property
+    def minimum_lease(self) -> float:
+        """The shortest safe lease: every round of sends in a batch timing out, plus a margin."""
+        rounds = math.ceil(self.batch_size / self.concurrency)
+        return rounds * self.timeout + LEASE_MARGIN_SECONDS
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claim holds a row: ``lease`` if set, else ``minimum_lease``."""
+        return float(self.lease) if self.lease is not None else self.minimum_lease
+
+    @property
+    def settings_key(self) -> str:
+        """The key for this outbox in ``OUTBOXKIT_OUTBOXES`` (``credit-grants`` -> ``credit_grants``)."""
+        return self.job_name.replace("-", "_")
+
+
+def outbox_table_args(cls: type) -> tuple[Any, ...]:
+    """The constraints and indexes the kit needs on an outbox table.
+
+    Include them if you declare your own ``__table_args__``::
+
+        @declared_attr.directive
+        def __table_args__(cls):
+            return (*outbox_table_args(cls), Index("ix_mine", "workspace_id"))
+    """
+    table = cls.__tablename__  # type: ignore[attr-defined]
+    statuses = ", ".join(f"'{status}'" for status in STATUSES)
+    return (
+        CheckConstraint(f"status IN ({statuses})", name=f"ck_{table}_status"),
+        UniqueConstraint("idempotency_key", name=f"uq_{table}_idempotency_key"),
+        Index(f"ix_{table}_due", "next_attempt_at", postgresql_where=text("status = 'pending'")),
+        Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
+    )
+
+
+class Outbox:
+    """Mixin for an outbox table.  Subclass it together with your declarative base.
+
+    Subclasses must set ``__tablename__``, ``__outbox__`` (an ``OutboxOptions``)
+    and implement ``build_delivery``.  Intermediate abstract classes set
+    ``__abstract__ = True``.
+    """
+
+    __outbox__: ClassVar[OutboxOptions]
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    idempotency_key: Mapped[uuid.UUID] = mapped_column(
+        Uuid, default=uuid.uuid4, server_default=func.gen_random_uuid(), nullable=False
+    )
+    status: Mapped[str] = mapped_column(String(16), default="pending", server_default=text("'pending'"))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_status_code: Mapped[int | None] = mapped_column(SmallInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The claim lease: a drain stamps both when it takes the row.  While
+    # claimed_until is in the future the row is in flight; once it passes, the
+    # row is due again (next_attempt_at is set to the same instant), which is
+    # how a crashed worker's rows come back without any sweeper.
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claim_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return outbox_table_args(cls)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("__abstract__", False):
+            return
+        options = getattr(cls, "__outbox__", None)
+        if not isinstance(options, OutboxOptions):
+            raise ConfigurationError(
+                f"{cls.__name__} must declare __outbox__ = OutboxOptions(job_name='...'), "
+                "or set __abstract__ = True if it is an intermediate base"
+            )
+        if cls.build_delivery is Outbox.build_delivery:
+            raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
+
+    def build_delivery(self) -> Delivery:
+        """Say what to send for this row.  Runs in the drain, after the claim commits."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id} status={self.status} attempts={self.attempts}>"

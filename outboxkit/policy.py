@@ -1,0 +1,146 @@
+"""The outcome rules: what one delivery attempt means for its row.
+
+A pure function of (attempt result, attempts so far, now) -> decision, so the
+rules are pinned by known-answer tests without a network or a database.
+
+* 2xx: ``done``.
+* 408, 429, any 5xx, a timeout, a connection error, an exception raised by the
+  application's ``build_delivery``: retry after
+  ``backoff[min(attempts - 1, len(backoff) - 1)]`` seconds, or later if the
+  receiver's ``Retry-After`` asks for longer.
+* Any other status (other 4xx, 3xx, 1xx): ``stuck`` at once; the receiver
+  rejected the request and sending it again cannot help.
+* ``attempts >= max_attempts`` after a failed attempt: ``stuck``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_MAX_ATTEMPTS",
+    "AttemptResult",
+    "Decision",
+    "FailureKind",
+    "RetryPolicy",
+    "parse_retry_after",
+]
+
+DEFAULT_BACKOFF: tuple[float, ...] = (5, 15, 60, 300, 900, 3600)
+DEFAULT_MAX_ATTEMPTS = 24
+RETRYABLE_STATUS_CODES = frozenset({408, 429})
+
+
+class FailureKind(str, enum.Enum):
+    """Why an attempt produced no HTTP response."""
+
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"  # refused, reset, DNS, protocol error
+    BUILD = "build"  # the application's build_delivery raised
+    TRANSPORT = "transport"  # any other error inside the transport
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptResult:
+    """What one attempt produced: an HTTP status, or a failure without one."""
+
+    status_code: int | None = None
+    failure: FailureKind | None = None
+    error: str | None = None
+    retry_after: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.status_code is None) == (self.failure is None):
+            raise ValueError("an AttemptResult has either a status_code or a failure")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The row's new state after an attempt."""
+
+    status: str  # "done", "pending" (retry) or "stuck"
+    next_attempt_at: datetime | None = None
+    reason: str = ""
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds or HTTP date).
+
+    Returns None for a missing or unparseable header: a malformed hint is
+    ignored rather than trusted.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment is None:
+        return None
+    if moment.tzinfo is None:  # RFC 9110 dates are GMT
+        moment = moment.replace(tzinfo=timezone.utc)
+    return max(0.0, (moment - now).total_seconds())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Backoff table and attempt limit for one outbox.
+
+    ``backoff`` is in seconds; attempt *n* (1-based) that fails waits
+    ``backoff[min(n - 1, len(backoff) - 1)]``.  ``max_retry_after`` caps how
+    far a receiver's ``Retry-After`` can push a row (default one day).
+    """
+
+    backoff: tuple[float, ...] = field(default=DEFAULT_BACKOFF)
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_retry_after: float = 86_400.0
+
+    def __post_init__(self) -> None:
+        backoff = tuple(float(step) for step in self.backoff)
+        if not backoff:
+            raise ValueError("backoff needs at least one step, e.g. (5, 15, 60)")
+        if any(not math.isfinite(step) or step < 0 for step in backoff):
+            raise ValueError(f"backoff steps must be finite seconds >= 0, got {self.backoff!r}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        object.__setattr__(self, "backoff", backoff)
+
+    def delay_for(self, attempts: int) -> float:
+        """Seconds to wait after failed attempt number ``attempts`` (1-based)."""
+        index = min(max(attempts, 1) - 1, len(self.backoff) - 1)
+        return self.backoff[index]
+
+    def is_retryable(self, result: AttemptResult) -> bool:
+        if result.failure is not None:
+            return True
+        code = result.status_code
+        assert code is not None
+        return code in RETRYABLE_STATUS_CODES or 500 <= code <= 599
+
+    def decide(self, result: AttemptResult, *, attempts: int, now: datetime) -> Decision:
+        """Apply the outcome rules.  ``attempts`` counts the attempt just made."""
+        if result.succeeded:
+            return Decision("done", reason=f"HTTP {result.status_code}")
+        if not self.is_retryable(result):
+            return Decision("stuck", reason="rejected by the receiver; not retried")
+        if attempts >= self.max_attempts:
+            return Decision("stuck", reason=f"max attempts ({self.max_attempts}) reached")
+        delay = self.delay_for(attempts)
+        asked = parse_retry_after(result.retry_after, now)
+        if asked is not None and asked > delay:
+            delay = min(asked, self.max_retry_after)
+        return Decision("pending", next_attempt_at=now + timedelta(seconds=delay), reason=f"retry in {delay:g}s")

@@ -1,0 +1,71 @@
+"""The kit's own tables: scheduler run history and the reset audit.
+
+They live in their own ``MetaData`` (``kit_metadata``) and ship as an Alembic
+migration branch labelled ``outboxkit``; an application adds
+``outboxkit:migrations/versions`` to its ``version_locations`` (see
+docs/operations.md) and runs ``alembic upgrade heads``.
+
+``outboxkit_job_runs`` records every scheduled run; its unique
+(``job_id``, ``scheduled_for``) is the fence: a run whose fire time is
+already recorded is skipped, so two processes that both believe they lead
+cannot run the same occurrence twice.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+__all__ = ["job_runs", "kit_metadata", "reset_audit"]
+
+kit_metadata = MetaData()
+
+RUN_OUTCOMES = ("running", "ok", "error")
+
+job_runs = Table(
+    "outboxkit_job_runs",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("job_id", String(200), nullable=False),
+    Column("job_name", String(200), nullable=False),
+    Column("scheduled_for", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("outcome", String(16), nullable=False, server_default=text("'running'")),
+    Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("error", Text),
+    Column("leader", String(300), nullable=False),
+    UniqueConstraint("job_id", "scheduled_for", name="uq_outboxkit_job_runs_occurrence"),
+    CheckConstraint("outcome IN ('running', 'ok', 'error')", name="ck_outboxkit_job_runs_outcome"),
+    Index("ix_outboxkit_job_runs_job_started", "job_id", "started_at"),
+)
+
+reset_audit = Table(
+    "outboxkit_reset_audit",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("actor", String(300), nullable=False),
+    Column("outbox", String(100), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("row_count", Integer, nullable=False),
+    Column("row_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
+    Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    CheckConstraint("action IN ('reset', 'retry_now')", name="ck_outboxkit_reset_audit_action"),
+    Index("ix_outboxkit_reset_audit_at", "at"),
+)

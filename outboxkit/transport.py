@@ -1,0 +1,95 @@
+"""The transport interface: how one delivery leaves the process.
+
+A transport is one method, ``send(delivery, idempotency_key=..., timeout=...)
+-> AttemptResult``, and ``close()``.  It never raises for a failed delivery; a
+timeout or a refused connection is an ``AttemptResult`` with a ``failure``.
+``HttpTransport`` (in ``outboxkit.http_transport``) is the default;
+``CallableTransport`` wraps a function, which is handy in tests and for
+non-HTTP receivers.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from outboxkit.policy import AttemptResult, FailureKind
+
+__all__ = ["CallableTransport", "Delivery", "Transport"]
+
+_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Delivery:
+    """What to send for one outbox row.
+
+    ``json`` is serialised with ``json.dumps`` (no NaN); ``headers`` are added
+    to every attempt.  ``Idempotency-Key`` is set by the kit and cannot be
+    overridden here, so every attempt of a row carries the same key.
+    """
+
+    url: str
+    method: str = "POST"
+    json: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"Delivery.url must be an http(s) URL, got {self.url!r}")
+        method = self.method.upper() if isinstance(self.method, str) else self.method
+        if method not in _METHODS:
+            raise ValueError(f"Delivery.method must be one of {sorted(_METHODS)}, got {self.method!r}")
+        object.__setattr__(self, "method", method)
+        for name, value in self.headers.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ValueError(f"Delivery.headers must map str to str, got {name!r}: {value!r}")
+            if name.lower() == "idempotency-key":
+                raise ValueError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")
+
+    def body(self) -> bytes | None:
+        """The encoded JSON body, or None when there is none."""
+        if self.json is None:
+            return None
+        return jsonlib.dumps(self.json, separators=(",", ":"), allow_nan=False, default=str).encode()
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Sends a delivery and reports what happened; never raises for a failed send."""
+
+    def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult: ...
+
+    def close(self) -> None: ...
+
+
+class CallableTransport:
+    """A transport backed by a function ``(delivery, idempotency_key) -> int | AttemptResult``.
+
+    An ``int`` is taken as the HTTP status code.  An exception raised by the
+    function becomes a ``transport`` failure, which the policy retries.
+    """
+
+    def __init__(self, handler: Callable[[Delivery, str], int | AttemptResult]) -> None:
+        self._handler = handler
+
+    def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult:
+        try:
+            answer = self._handler(delivery, idempotency_key)
+        except Exception as exc:  # the handler is user code; record, do not raise
+            return AttemptResult(failure=FailureKind.TRANSPORT, error=f"{type(exc).__name__}: {exc}")
+        if isinstance(answer, AttemptResult):
+            return answer
+        return AttemptResult(status_code=int(answer))
+
+    def close(self) -> None:
+        return None
+
+
+def validate_timeout(timeout: float) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)

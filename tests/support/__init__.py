@@ -1,0 +1,1 @@
+"""Test helpers: databases, a real HTTP receiver, worker processes."""

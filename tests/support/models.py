@@ -1,0 +1,34 @@
+"""Outbox classes used only by the tests.
+
+``SampleEvent`` sends its ``payload`` to ``target_url``.  A payload with
+``"raise": true`` makes ``build_delivery`` raise; ``"poison": true`` is what
+the worker script treats as a delivery that kills its process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from outboxkit import Delivery, Outbox, OutboxOptions
+
+
+class SampleBase(DeclarativeBase):
+    pass
+
+
+class SampleEvent(Outbox, SampleBase):
+    __tablename__ = "sample_event_outbox"
+    __outbox__ = OutboxOptions(job_name="sample-events", max_attempts=5, backoff=(1, 2, 4))
+
+    target_url: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(50), default="event", server_default="event")
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+    def build_delivery(self) -> Delivery:
+        if self.payload.get("raise"):
+            raise ValueError(f"cannot build row {self.id}: bad payload")
+        return Delivery(url=self.target_url, json=self.payload, headers={"X-Kind": self.kind})

@@ -1,0 +1,158 @@
+"""A real HTTP receiver on 127.0.0.1 for integration tests.
+
+It records every request (path, idempotency key, body, arrival time) and
+answers according to a ``respond`` function that tests replace::
+
+    with Receiver() as receiver:
+        receiver.respond = lambda request: Reply(status=503) if request.body["n"] == 3 else Reply()
+        ...
+        assert receiver.count_by_key()[key] == 1
+
+A ``Reply`` may delay its answer, hang until ``receiver.release()``, or
+reset the connection without answering.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    method: str
+    key: str | None
+    headers: dict[str, str]
+    body: Any
+    received_at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    delay: float = 0.0
+    hang: bool = False  # wait for release() (or the test's end) before answering
+    reset: bool = False  # close the connection abruptly (RST) without an answer
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.respond: Callable[[Request], Reply] = lambda request: Reply()
+        self._released = threading.Event()
+        self._arrived = threading.Condition()
+        self._in_flight = 0
+        self.max_in_flight = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                request = Request(
+                    path=self.path,
+                    method=self.command,
+                    key=self.headers.get("Idempotency-Key"),
+                    headers=dict(self.headers.items()),
+                    body=body,
+                    received_at=time.time(),
+                )
+                receiver._record(request, +1)
+                try:
+                    reply = receiver.respond(request)
+                    if reply.delay:
+                        time.sleep(reply.delay)
+                    if reply.hang:
+                        receiver._released.wait(timeout=120)
+                    if reply.reset:
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        self.close_connection = True
+                        return
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                finally:
+                    receiver._record(None, -1)
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = do_GET = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.request_queue_size = 512
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)
+
+    def _record(self, request: Request | None, delta: int) -> None:
+        with self._arrived:
+            if request is not None:
+                self.requests.append(request)
+            self._in_flight += delta
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            self._arrived.notify_all()
+
+    def start(self) -> Receiver:
+        self._thread.start()
+        return self
+
+    def release(self) -> None:
+        """Let every hanging request answer."""
+        self._released.set()
+
+    def stop(self) -> None:
+        self.release()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> Receiver:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- what arrived --------------------------------------------------------
+
+    def keys(self) -> list[str | None]:
+        with self._arrived:
+            return [request.key for request in self.requests]
+
+    def count_by_key(self) -> collections.Counter[str | None]:
+        return collections.Counter(self.keys())
+
+    def wait_for(self, predicate: Callable[[Receiver], bool], timeout: float = 30.0) -> None:
+        """Block until ``predicate(self)`` holds (checked on every arrival)."""
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while not predicate(self):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"receiver condition not met within {timeout}s ({len(self.requests)} requests)")
+                self._arrived.wait(timeout=min(remaining, 0.5))
+
+    @property
+    def in_flight(self) -> int:
+        with self._arrived:
+            return self._in_flight
