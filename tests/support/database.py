@@ -21,6 +21,8 @@ import psycopg
 from sqlalchemy import MetaData, create_engine
 from sqlalchemy.engine import make_url
 
+from outboxkit.embedded import EmbeddedPostgres, default_data_dir
+
 LOCAL_URL = "postgresql://root@127.0.0.1:5432/test"
 
 
@@ -44,17 +46,12 @@ def server_url() -> str:
 
 
 def embedded_server_url() -> str:
-    try:
-        import pgserver
-    except ImportError as exc:  # pragma: no cover - only without the dev extra
-        raise RuntimeError(
-            "no PostgreSQL answers on 127.0.0.1:5432 and pgserver is not installed: "
-            "pip install 'outboxkit[dev]' or set OUTBOXKIT_TEST_DATABASE_URL"
-        ) from exc
-    data = Path(os.environ.get("OUTBOXKIT_TEST_PGDATA", Path.home() / ".cache" / "outboxkit" / "test-pgdata"))
-    data.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(data, cleanup_mode="stop")
-    return server.get_uri()
+    """Start (or reuse) the embedded server; it stops when the test process exits."""
+    data = Path(os.environ.get("OUTBOXKIT_TEST_PGDATA") or default_data_dir("test-pgdata"))
+    return _EMBEDDED.setdefault("server", EmbeddedPostgres(data)).start()
+
+
+_EMBEDDED: dict[str, EmbeddedPostgres] = {}
 
 
 def libpq_url(url: str) -> str:
