@@ -81,9 +81,17 @@ class OutboxKit:
         options = outbox.__outbox__
         if options.job_name in self._outboxes:
             other = self._outboxes[options.job_name]
+            if other is outbox:
+                raise ConfigurationError(f"{outbox.__name__} is listed twice in outboxes")
             raise ConfigurationError(
                 f"job_name {options.job_name!r} is used by both {other.__name__} and {outbox.__name__}; job names must be unique"
             )
+        for registered in self._options.values():
+            if registered.settings_key == options.settings_key:
+                raise ConfigurationError(
+                    f"job names {registered.job_name!r} and {options.job_name!r} share the settings key "
+                    f"{options.settings_key!r} ('-' is read as '_'); rename one of them"
+                )
         override = self.settings.outboxes.get(options.settings_key)
         if override is not None:
             try:
