@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
-from sqlalchemy import create_engine, insert, select, text, update
+from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import ConfigurationError, Delivery, Outbox, OutboxKit, OutboxOptions
 from outboxkit.model import LEASE_MARGIN_SECONDS
+from tests.support.database import DatabaseFactory, sqlalchemy_url
 from tests.support.models import SampleEvent
 
 NEVER_CONNECTED = "postgresql+psycopg://nobody@127.0.0.1:1/never_connected"
@@ -237,11 +239,29 @@ def test_a_kit_needs_mapped_outbox_classes(offline_engine, outboxes):
 # -- the schema in PostgreSQL ----------------------------------------------------
 
 
-def test_an_orm_insert_fills_the_delivery_defaults(engine):
-    with Session(engine) as session, session.begin():
+@pytest.fixture(scope="module")
+def schema_engine(database_factory: DatabaseFactory) -> Iterator[Engine]:
+    """One database for this module's schema checks: creating one per test costs more than they do."""
+    url = database_factory.create()
+    engine = create_engine(sqlalchemy_url(url), pool_size=2, max_overflow=0)
+    yield engine
+    engine.dispose()
+    database_factory.drop(url)
+
+
+@pytest.fixture
+def outbox_engine(schema_engine: Engine) -> Engine:
+    """The module's database with an empty sample outbox."""
+    with schema_engine.begin() as connection:
+        connection.execute(text("TRUNCATE sample_event_outbox"))
+    return schema_engine
+
+
+def test_an_orm_insert_fills_the_delivery_defaults(outbox_engine):
+    with Session(outbox_engine) as session, session.begin():
         rows = [SampleEvent(target_url="http://127.0.0.1:1/e", payload={"n": n}) for n in range(2)]
         session.add_all(rows)
-    with Session(engine) as session:
+    with Session(outbox_engine) as session:
         stored = session.scalars(select(SampleEvent).order_by(SampleEvent.id)).all()
         database_now = session.scalar(text("SELECT now()"))
     assert len({row.idempotency_key for row in stored}) == 2
@@ -254,8 +274,8 @@ def test_an_orm_insert_fills_the_delivery_defaults(engine):
         assert (row.claimed_until, row.claim_token) == (None, None)
 
 
-def test_a_plain_sql_insert_gets_the_same_defaults_from_the_server(engine):
-    with engine.begin() as connection:
+def test_a_plain_sql_insert_gets_the_same_defaults_from_the_server(outbox_engine):
+    with outbox_engine.begin() as connection:
         connection.execute(text("INSERT INTO sample_event_outbox (target_url, payload) VALUES ('http://127.0.0.1:1/e', '{}')"))
         connection.execute(insert(SampleEvent.__table__).values(target_url="http://127.0.0.1:1/f", payload={}))
         rows = connection.execute(
@@ -272,36 +292,36 @@ def test_a_plain_sql_insert_gets_the_same_defaults_from_the_server(engine):
         assert row.next_attempt_at == row.database_now  # both are the transaction's now()
 
 
-def test_a_future_next_attempt_at_at_insert_is_kept(engine):
+def test_a_future_next_attempt_at_at_insert_is_kept(outbox_engine):
     later = datetime.fromisoformat("2031-06-01T09:00:00+00:00")
-    with Session(engine) as session, session.begin():
+    with Session(outbox_engine) as session, session.begin():
         session.add(SampleEvent(target_url="http://127.0.0.1:1/e", payload={}, next_attempt_at=later))
-    with Session(engine) as session:
+    with Session(outbox_engine) as session:
         assert session.scalars(select(SampleEvent.next_attempt_at)).one() == later
 
 
 @pytest.mark.parametrize("status", ["bogus", "PENDING"])
-def test_the_check_constraint_rejects_an_unknown_status(engine, status):
-    with Session(engine) as session, session.begin():
+def test_the_check_constraint_rejects_an_unknown_status(outbox_engine, status):
+    with Session(outbox_engine) as session, session.begin():
         session.add(SampleEvent(target_url="http://127.0.0.1:1/e", payload={}))
     with pytest.raises(IntegrityError, match="ck_sample_event_outbox_status"):
-        with engine.begin() as connection:
+        with outbox_engine.begin() as connection:
             connection.execute(update(SampleEvent.__table__).values(status=status))
-    with engine.connect() as connection:
+    with outbox_engine.connect() as connection:
         assert connection.scalar(text("SELECT status FROM sample_event_outbox")) == "pending"
 
 
-def test_the_idempotency_key_is_unique(engine):
+def test_the_idempotency_key_is_unique(outbox_engine):
     key = uuid.uuid4()
-    with Session(engine) as session, session.begin():
+    with Session(outbox_engine) as session, session.begin():
         session.add(SampleEvent(target_url="http://127.0.0.1:1/e", payload={}, idempotency_key=key))
     with pytest.raises(IntegrityError, match="uq_sample_event_outbox_idempotency_key"):
-        with Session(engine) as session, session.begin():
+        with Session(outbox_engine) as session, session.begin():
             session.add(SampleEvent(target_url="http://127.0.0.1:1/e", payload={}, idempotency_key=key))
 
 
-def test_the_partial_due_index_exists_on_every_outbox_table(engine):
-    with engine.connect() as connection:
+def test_the_partial_due_index_exists_on_every_outbox_table(outbox_engine):
+    with outbox_engine.connect() as connection:
         definitions = dict(
             connection.execute(text("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'")).all()
         )
@@ -312,8 +332,8 @@ def test_the_partial_due_index_exists_on_every_outbox_table(engine):
         assert definitions[f"ix_{table}_stuck"].endswith("WHERE ((status)::text = 'stuck'::text)")
 
 
-def test_the_drain_query_uses_the_partial_index(engine):
-    with engine.begin() as connection:
+def test_the_drain_query_uses_the_partial_index(outbox_engine):
+    with outbox_engine.begin() as connection:
         connection.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join(
             connection.execute(
