@@ -24,8 +24,8 @@ __all__ = ["CallableTransport", "Delivery", "Transport"]
 
 _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
 # RFC 9110 token characters for names; visible ASCII, space and tab for values.
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,7 +54,7 @@ class Delivery:
         for name, value in self.headers.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise ValueError(f"Delivery.headers must map str to str, got {name!r}: {value!r}")
-            if not _HEADER_NAME.match(name) or not _HEADER_VALUE.match(value):
+            if not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
                 raise ValueError(f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}")
             if name.lower() == "idempotency-key":
                 raise ValueError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")

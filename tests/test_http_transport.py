@@ -281,7 +281,14 @@ def test_delivery_refuses_non_str_headers(headers):
 
 @pytest.mark.parametrize(
     "headers",
-    [{"X-Injected": "a\r\nEvil: 1"}, {"Bad Name": "v"}, {"": "v"}, {"X-Accent": "café"}],
+    [
+        {"X-Injected": "a\r\nEvil: 1"},
+        {"X-Trailing": "value\n"},
+        {"X-Trailing\n": "value"},
+        {"Bad Name": "v"},
+        {"": "v"},
+        {"X-Accent": "café"},
+    ],
 )
 def test_delivery_refuses_headers_http_cannot_carry(headers):
     with pytest.raises(ValueError, match="invalid HTTP header"):
@@ -346,3 +353,11 @@ def test_a_real_receiver_sees_the_key_body_and_headers(transport, receiver: Rece
     assert receiver.keys() == [KEY, KEY]
     assert [request.body for request in receiver.requests] == [{"n": 1}, {"n": 1}]
     assert receiver.requests[0].headers["X-Kind"] == "grant"
+
+
+def test_a_real_receiver_that_does_not_answer_in_time_maps_to_timeout(transport, receiver: Receiver):
+    receiver.respond = lambda request: Reply(hang=True)  # answers only when the fixture stops it
+    result = send(transport, Delivery(url=f"{receiver.url}/events", json={"n": 1}), timeout=0.3)
+    assert result.failure is FailureKind.TIMEOUT
+    assert "ReadTimeout" in result.error
+    assert receiver.keys() == [KEY]
