@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, create_engine, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Session
 
 from outboxkit import (
     CallableTransport,
