@@ -217,9 +217,10 @@ def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
             connection.execute(text("DROP TABLE someone_elses_table"))
 
 
-def test_database_url_from_the_environment_is_used(migrated, monkeypatch):
-    libpq_url = migrated.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    monkeypatch.setenv("DATABASE_URL", libpq_url)  # env.py adds the psycopg 3 driver
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
+    bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
+    monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
     assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0001", "outboxkit_0001"]
 
 
