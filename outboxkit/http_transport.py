@@ -69,7 +69,7 @@ class HttpTransport:
             return AttemptResult(failure=FailureKind.TIMEOUT, error=f"timeout: {type(exc).__name__}: {exc}")
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
             return AttemptResult(failure=FailureKind.TRANSPORT, error=f"{type(exc).__name__}: {exc}")
         if 200 <= response.status_code < 300:
             return AttemptResult(status_code=response.status_code)

@@ -35,7 +35,7 @@ class OutboxKit:
 
     ``transport`` defaults to one shared ``HttpTransport``; an outbox whose
     options name a transport uses that one.  ``settings`` defaults to
-    ``OutboxKitSettings()``, read from the environment.
+    ``OutboxKitSettings.from_environment()``; a bad variable fails here, named.
     """
 
     def __init__(
@@ -53,7 +53,7 @@ class OutboxKit:
                 f"the engine is {engine.dialect.name!r}. Use a 'postgresql+psycopg://' URL."
             )
         self.engine = engine
-        self.settings = settings if settings is not None else OutboxKitSettings()
+        self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
         self.clock = clock or SystemClock()
         self._own_transport = transport is None
         self._transport = transport
@@ -67,8 +67,10 @@ class OutboxKit:
         unknown = set(self.settings.outboxes) - {options.settings_key for options in self._options.values()}
         if unknown:
             known = ", ".join(sorted(options.settings_key for options in self._options.values()))
+            variables = ", ".join(f"OUTBOXKIT_OUTBOXES__{key.upper()}__*" for key in sorted(unknown))
             raise ConfigurationError(
-                f"OUTBOXKIT_OUTBOXES names unknown outbox(es) {sorted(unknown)}; registered: {known}"
+                f"the settings name unknown outbox(es) {sorted(unknown)} ({variables} or keys of OUTBOXKIT_OUTBOXES); "
+                f"registered: {known}. The key is an outbox's job_name with '-' written as '_'"
             )
         self._drainers: dict[str, Drainer] = {}
         self._closed = False
@@ -79,9 +81,17 @@ class OutboxKit:
         options = outbox.__outbox__
         if options.job_name in self._outboxes:
             other = self._outboxes[options.job_name]
+            if other is outbox:
+                raise ConfigurationError(f"{outbox.__name__} is listed twice in outboxes")
             raise ConfigurationError(
                 f"job_name {options.job_name!r} is used by both {other.__name__} and {outbox.__name__}; job names must be unique"
             )
+        for registered in self._options.values():
+            if registered.settings_key == options.settings_key:
+                raise ConfigurationError(
+                    f"job names {registered.job_name!r} and {options.job_name!r} share the settings key "
+                    f"{options.settings_key!r} ('-' is read as '_'); rename one of them"
+                )
         override = self.settings.outboxes.get(options.settings_key)
         if override is not None:
             try:

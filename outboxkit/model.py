@@ -63,7 +63,7 @@ LAST_ERROR_LIMIT = 2000
 # Lease time beyond the slowest possible batch, for recording outcomes and
 # scheduling jitter.
 LEASE_MARGIN_SECONDS = 30.0
-_JOB_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_JOB_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +86,7 @@ class OutboxOptions:
     transport: Transport | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.job_name, str) or not _JOB_NAME.match(self.job_name):
+        if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
             raise ConfigurationError(
                 f"job_name {self.job_name!r} must be 1-63 chars of lowercase letters, digits, '-' or '_', "
                 "starting with a letter (e.g. 'credit-grants')"
@@ -102,7 +102,9 @@ class OutboxOptions:
             raise ConfigurationError(f"outbox {self.job_name!r}: {exc}") from None
         object.__setattr__(self, "backoff", tuple(self.backoff))
         if self.lease is not None:
-            if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or self.lease < self.minimum_lease:
+            if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
+                raise ConfigurationError(f"outbox {self.job_name!r}: lease must be a finite number of seconds, got {self.lease!r}")
+            if self.lease < self.minimum_lease:
                 raise ConfigurationError(
                     f"outbox {self.job_name!r}: lease {self.lease!r}s is shorter than the slowest batch "
                     f"(ceil(batch_size / concurrency) * timeout + {LEASE_MARGIN_SECONDS:g}s = {self.minimum_lease:g}s), "
@@ -179,17 +181,18 @@ class Outbox:
         return outbox_table_args(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Check before the declarative base maps the class, so a refused
+        # class leaves no table behind in the application's metadata.
+        if not cls.__dict__.get("__abstract__", False):
+            options = getattr(cls, "__outbox__", None)
+            if not isinstance(options, OutboxOptions):
+                raise ConfigurationError(
+                    f"{cls.__name__} must declare __outbox__ = OutboxOptions(job_name='...'), "
+                    "or set __abstract__ = True if it is an intermediate base"
+                )
+            if cls.build_delivery is Outbox.build_delivery:
+                raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("__abstract__", False):
-            return
-        options = getattr(cls, "__outbox__", None)
-        if not isinstance(options, OutboxOptions):
-            raise ConfigurationError(
-                f"{cls.__name__} must declare __outbox__ = OutboxOptions(job_name='...'), "
-                "or set __abstract__ = True if it is an intermediate base"
-            )
-        if cls.build_delivery is Outbox.build_delivery:
-            raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
 
     def build_delivery(self) -> Delivery:
         """Say what to send for this row.  Runs in the drain, after the claim commits."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
@@ -72,6 +73,15 @@ class Decision:
     reason: str = ""
 
 
+def _is_seconds(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
     """Seconds a ``Retry-After`` header asks for (delta-seconds or HTTP date).
 
@@ -83,7 +93,8 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     value = value.strip()
     if not value:
         return None
-    if value.isdigit():
+    # isascii: str.isdigit() also accepts digits such as '²' that float() refuses.
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         moment = parsedate_to_datetime(value)
@@ -110,14 +121,19 @@ class RetryPolicy:
     max_retry_after: float = 86_400.0
 
     def __post_init__(self) -> None:
-        backoff = tuple(float(step) for step in self.backoff)
-        if not backoff:
+        if isinstance(self.backoff, (str, bytes)) or not isinstance(self.backoff, Iterable):
+            raise ValueError(f"backoff must be a sequence of seconds, e.g. (5, 15, 60), got {self.backoff!r}")
+        steps = tuple(self.backoff)
+        if not steps:
             raise ValueError("backoff needs at least one step, e.g. (5, 15, 60)")
-        if any(not math.isfinite(step) or step < 0 for step in backoff):
+        if any(not _is_seconds(step) for step in steps):
             raise ValueError(f"backoff steps must be finite seconds >= 0, got {self.backoff!r}")
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        object.__setattr__(self, "backoff", backoff)
+        if not _is_seconds(self.max_retry_after):
+            raise ValueError(f"max_retry_after must be finite seconds >= 0, got {self.max_retry_after!r}")
+        object.__setattr__(self, "backoff", tuple(float(step) for step in steps))
+        object.__setattr__(self, "max_retry_after", float(self.max_retry_after))
 
     def delay_for(self, attempts: int) -> float:
         """Seconds to wait after failed attempt number ``attempts`` (1-based)."""
@@ -142,5 +158,6 @@ class RetryPolicy:
         delay = self.delay_for(attempts)
         asked = parse_retry_after(result.retry_after, now)
         if asked is not None and asked > delay:
-            delay = min(asked, self.max_retry_after)
+            # The cap bounds how far a receiver may push the row, never below the table.
+            delay = max(delay, min(asked, self.max_retry_after))
         return Decision("pending", next_attempt_at=now + timedelta(seconds=delay), reason=f"retry in {delay:g}s")

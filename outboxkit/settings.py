@@ -9,16 +9,26 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
 Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
+``OutboxKitSettings.from_environment()`` (what the kit uses by default) turns
+a bad value into a ``ConfigurationError`` that names its variable.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+import re
+from collections.abc import Sequence
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from outboxkit.errors import ConfigurationError
 
 __all__ = ["OutboxKitSettings", "OutboxOverride"]
+
+ENV_PREFIX = "OUTBOXKIT_"
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class OutboxOverride(BaseModel):
@@ -26,17 +36,19 @@ class OutboxOverride(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backoff: tuple[float, ...] | None = None
+    backoff: tuple[Seconds, ...] | None = Field(default=None, min_length=1)
     max_attempts: int | None = Field(default=None, ge=1)
     batch_size: int | None = Field(default=None, ge=1, le=10_000)
     concurrency: int | None = Field(default=None, ge=1, le=10_000)
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("backoff", mode="before")
     @classmethod
     def _split_backoff(cls, value: object) -> object:
         if isinstance(value, str):  # "5,15,60" from a shell
-            return tuple(part.strip() for part in value.split(",") if part.strip())
+            return tuple(part.strip() for part in value.split(","))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # "5" arrives decoded as 5
+            return (value,)
         return value
 
     def values(self) -> dict[str, object]:
@@ -47,7 +59,7 @@ class OutboxKitSettings(BaseSettings):
     """The kit's settings.  Build one explicitly or let the kit read the environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="OUTBOXKIT_", env_nested_delimiter="__", extra="ignore", case_sensitive=False
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore", case_sensitive=False
     )
 
     environment: Literal["development", "test", "staging", "production"] = "development"
@@ -63,3 +75,42 @@ class OutboxKitSettings(BaseSettings):
     @property
     def is_production(self) -> bool:
         return self.environment == "production"
+
+    @classmethod
+    def from_environment(cls) -> OutboxKitSettings:
+        """Read the environment; a bad value raises ``ConfigurationError`` naming its variable."""
+        try:
+            return cls()
+        except ValidationError as exc:
+            first_problem: dict[str, str] = {}  # per variable; later complaints repeat the first
+            for error in exc.errors():
+                first_problem.setdefault(_variable_for(error["loc"]), _describe(error))
+            problems = "; ".join(f"{name}: {problem}" for name, problem in first_problem.items())
+            raise ConfigurationError(f"invalid outboxkit setting: {problems}") from None
+        except SettingsError as exc:
+            field = re.search(r'field "(\w+)"', str(exc))
+            name = ENV_PREFIX + field.group(1).upper() if field else f"an {ENV_PREFIX}* variable"
+            raise ConfigurationError(
+                f"{name} could not be parsed ({exc}); a whole-table value such as OUTBOXKIT_OUTBOXES "
+                'must be JSON, e.g. \'{"credit_grants": {"max_attempts": 10}}\''
+            ) from None
+
+
+def _describe(error: dict) -> str:
+    message = f"{error['msg']} (got {error['input']!r})"
+    if error["type"] == "extra_forbidden":
+        message += f"; per-outbox settings are {', '.join(OutboxOverride.model_fields)}"
+    return message
+
+
+def _variable_for(location: Sequence[object]) -> str:
+    """The environment variable behind a settings field, e.g. ``OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__BACKOFF``.
+
+    When that nested variable is not set the value came from the JSON form,
+    so the JSON variable and the key inside it are named instead.
+    """
+    parts = [str(part) for part in location if isinstance(part, str)][:3]
+    nested = ENV_PREFIX + "__".join(parts).upper()
+    if len(parts) > 1 and not any(name.upper() == nested for name in os.environ):
+        return f"{ENV_PREFIX}{parts[0].upper()} (at {'.'.join(parts[1:])})"
+    return nested

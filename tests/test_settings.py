@@ -1,0 +1,207 @@
+"""Per-outbox overrides from the environment reach the drain; bad ones fail at start-up.
+
+Most tests build the kit on an engine that never connects (the kit reads
+settings and registers outboxes without touching the database); one drives
+a real drain to show the overridden table is the one in force.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, create_engine, select
+from sqlalchemy.orm import DeclarativeBase, Session
+
+from outboxkit import (
+    CallableTransport,
+    ConfigurationError,
+    Delivery,
+    Outbox,
+    OutboxKit,
+    OutboxKitSettings,
+    OutboxOptions,
+    RetryPolicy,
+)
+from tests.support.models import SampleEvent
+from tests.support.receiver import Reply
+
+# Nothing listens on port 1: a test that connected by mistake would fail loudly.
+NEVER_CONNECTED = "postgresql+psycopg://nobody@127.0.0.1:1/never_connected"
+
+
+class LeasedBase(DeclarativeBase):
+    pass
+
+
+class LeasedEvent(Outbox, LeasedBase):
+    """An outbox with an explicit lease, to show a timeout override that would outgrow it is refused."""
+
+    __tablename__ = "leased_event_outbox"
+    __outbox__ = OutboxOptions(job_name="leased-events", batch_size=10, concurrency=10, timeout=5, lease=60)
+
+    def build_delivery(self) -> Delivery:
+        return Delivery(url="http://127.0.0.1:1/leased")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start every test from no outboxkit settings, whatever the developer's shell holds."""
+    for name in list(os.environ):
+        if name.upper().startswith(("OUTBOXKIT_OUTBOXES", "OUTBOXKIT_ENVIRONMENT")):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def offline_engine() -> Iterator[Engine]:
+    engine = create_engine(NEVER_CONNECTED)
+    yield engine
+    engine.dispose()
+
+
+def kit_policy(engine: Engine, outbox: type[Outbox] = SampleEvent) -> RetryPolicy:
+    with OutboxKit(engine, [outbox], transport=CallableTransport(lambda delivery, key: 200)) as kit:
+        return kit.drainer(outbox).policy
+
+
+def test_without_overrides_the_class_options_are_in_force(offline_engine):
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1, 2, 4), max_attempts=5)
+
+
+def test_nested_variables_override_backoff_and_max_attempts(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "1,2")
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1, 2), max_attempts=3)
+
+
+def test_nested_backoff_accepts_one_step_and_spaces(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "30")
+    assert kit_policy(offline_engine).backoff == (30.0,)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", " 0.5, 10 ,60")
+    assert kit_policy(offline_engine).backoff == (0.5, 10.0, 60.0)
+
+
+def test_the_json_form_overrides_backoff_and_max_attempts(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"sample-events": {"backoff": [1, 2], "max_attempts": 3}}')
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1, 2), max_attempts=3)
+
+
+def test_the_json_form_accepts_the_underscore_key(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"sample_events": {"max_attempts": 7}}')
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1, 2, 4), max_attempts=7)
+
+
+def test_an_override_leaves_the_other_options_alone(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "3")
+    with OutboxKit(offline_engine, [SampleEvent], transport=CallableTransport(lambda delivery, key: 200)) as kit:
+        options = kit.options(SampleEvent)
+    assert options.max_attempts == 3
+    assert options.backoff == (1, 2, 4)
+    assert (options.job_name, options.batch_size, options.concurrency, options.timeout) == ("sample-events", 50, 16, 10.0)
+    assert SampleEvent.__outbox__.max_attempts == 5  # the class itself is untouched
+
+
+def test_the_overridden_table_governs_a_real_drain(engine, receiver, clock, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "7,11")
+    receiver.respond = lambda request: Reply(status=503)
+    with Session(engine) as session, session.begin():
+        session.add(SampleEvent(target_url=f"{receiver.url}/events", payload={"n": 1}, next_attempt_at=clock.now()))
+    due_times = []
+    with OutboxKit(engine, [SampleEvent], clock=clock) as kit:
+        for _ in range(3):
+            assert kit.drain_once(SampleEvent).claimed == 1
+            with Session(engine) as session:
+                row = session.scalars(select(SampleEvent)).one()
+            due_times.append(row.next_attempt_at - clock.now())
+            clock.set(max(clock.now(), row.next_attempt_at))
+    assert due_times[:2] == [timedelta(seconds=7), timedelta(seconds=11)]
+    assert (row.status, row.attempts) == ("stuck", 3)
+    assert len(receiver.requests) == 3
+
+
+# -- refused at start-up ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OUTBOXKIT_OUTBOXES__NOPE__MAX_ATTEMPTS", "3"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENT__BACKOFF", "1,2"),
+    ],
+)
+def test_an_unknown_outbox_name_is_refused(offline_engine, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    unknown = variable.split("__")[1]
+    with pytest.raises(ConfigurationError, match=rf"OUTBOXKIT_OUTBOXES__{unknown}__\*.*registered: sample_events"):
+        OutboxKit(offline_engine, [SampleEvent])
+
+
+def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"credit-grants": {"max_attempts": 3}}')
+    with pytest.raises(ConfigurationError, match=r"unknown outbox\(es\) \['credit_grants'\].*OUTBOXKIT_OUTBOXES"):
+        OutboxKit(offline_engine, [SampleEvent])
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "complaint"),
+    [
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "0", "greater than or equal to 1"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "lots", "valid integer"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "2.5", "valid integer"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "1,soon", "valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "1,,2", "valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "-1", "greater than or equal to 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "5,inf", "finite number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "", "valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__TIMEOUT", "0", "greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BATCH_SIZE", "100000", "less than or equal to 10000"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETRIES", "3", "per-outbox settings are backoff, max_attempts"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", "3", "valid dictionary"),
+        ("OUTBOXKIT_ENVIRONMENT", "prod", "'production'"),
+    ],
+)
+def test_an_invalid_variable_is_refused_by_name(offline_engine, monkeypatch, variable, value, complaint):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as raised:
+        OutboxKit(offline_engine, [SampleEvent])
+    message = str(raised.value)
+    assert f"{variable}:" in message
+    assert complaint in message
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ('{"sample-events": {"max_attempts": 0}}', "OUTBOXKIT_OUTBOXES (at sample_events.max_attempts)"),
+        ('{"sample-events": {"backoff": []}}', "OUTBOXKIT_OUTBOXES (at sample_events.backoff)"),
+        ('{"sample-events": {"backoff": "1,x"}}', "OUTBOXKIT_OUTBOXES (at sample_events.backoff)"),
+        ('{"sample-events": 3}', "OUTBOXKIT_OUTBOXES (at sample_events)"),
+        ('{"sample-events": {"max_attempts": 3}', "OUTBOXKIT_OUTBOXES could not be parsed"),
+        ("max_attempts=3", "OUTBOXKIT_OUTBOXES could not be parsed"),
+    ],
+)
+def test_an_invalid_json_form_is_refused_by_name(offline_engine, monkeypatch, value, complaint):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", value)
+    with pytest.raises(ConfigurationError) as raised:
+        OutboxKit(offline_engine, [SampleEvent])
+    assert complaint in str(raised.value)
+
+
+def test_an_override_that_breaks_the_lease_is_refused_with_a_fix(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__LEASED_EVENTS__TIMEOUT", "120")
+    with pytest.raises(ConfigurationError) as raised:
+        OutboxKit(offline_engine, [LeasedEvent])
+    message = str(raised.value)
+    assert message.startswith("OUTBOXKIT_OUTBOXES__LEASED_EVENTS:")
+    assert "lease 60s is shorter than the slowest batch" in message
+    assert "raise lease or concurrency" in message
+
+
+def test_explicit_settings_are_used_instead_of_the_environment(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "3")
+    settings = OutboxKitSettings.model_validate({"outboxes": {"sample-events": {"max_attempts": 9}}})
+    with OutboxKit(offline_engine, [SampleEvent], settings=settings, transport=CallableTransport(lambda d, k: 200)) as kit:
+        assert kit.drainer(SampleEvent).policy.max_attempts == 9
