@@ -58,7 +58,8 @@ def migrate(database_url: str) -> None:
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))
-    config.set_main_option("sqlalchemy.url", sqlalchemy_url(database_url).replace("%", "%%"))
+    config.cmd_opts = argparse.Namespace(x=[f"url={sqlalchemy_url(database_url)}"])
+    config.attributes["configure_logging"] = False
     command.upgrade(config, "heads")
 
 
