@@ -63,8 +63,9 @@ def create_app(database_url: str, *, settings: OutboxKitSettings | None = None) 
             grant = Grant(workspace=request.workspace, amount=request.amount)
             session.add(grant)
             session.flush()
-            session.add(CreditGrantOutbox(grant_id=grant.id, workspace=grant.workspace, amount=grant.amount))
-        return {"grant_id": grant.id}
+            grant_id = grant.id
+            session.add(CreditGrantOutbox(grant_id=grant_id, workspace=grant.workspace, amount=grant.amount))
+        return {"grant_id": grant_id}
 
     return app
 
