@@ -28,11 +28,13 @@ Every run goes through ``JobRunner.run``, which
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import re
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -79,7 +81,9 @@ class JobContext:
     leader: str
 
 
-JobFunction = Callable[[JobContext], Mapping[str, int] | None]
+# A job may be ``async def``: it then runs on a fresh event loop in the worker
+# thread, never on the application's loop.
+JobFunction = Callable[[JobContext], Mapping[str, int] | None | Awaitable[Mapping[str, int] | None]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,7 +317,10 @@ class JobRunner:
             context = JobContext(
                 job_id=job.id, job_name=job.name, scheduled_for=scheduled_for, session=session, leader=leader
             )
-            counts = _counts(job.function(context))
+            outcome = job.function(context)
+            if inspect.isawaitable(outcome):  # an async job gets its own event loop, in this worker thread
+                outcome = asyncio.run(_await(outcome))
+            counts = _counts(outcome)
         except JobFailed as exc:
             logger.error("%s: %s", job.name, exc)
             return RunRecord(outcome="error", counts={}, error=str(exc)[:ERROR_TEXT_LIMIT])
@@ -325,6 +332,10 @@ class JobRunner:
         if any(counts.values()):
             logger.info("%s: %s", job.name, ", ".join(f"{key} {value}" for key, value in counts.items() if value))
         return RunRecord(outcome="ok", counts=counts)
+
+
+async def _await(awaitable: Awaitable[object]) -> object:
+    return await awaitable
 
 
 def _counts(value: object) -> dict[str, int]:

@@ -7,8 +7,8 @@ never wakes for a row it cannot see yet).  The leader's ``NotifyListener``
 holds its own connection with ``LISTEN`` and runs that outbox's drain at
 once.  A notification can be lost (the listener's connection drops, the
 leader changes); that costs latency until the next interval run, never a
-delivery, and after every reconnect the listener wakes each drain once to
-catch up on what it may have missed.
+delivery, and each time the listener (re)connects it wakes each drain once
+to catch up on what it may have missed, so a new leader drains at once.
 
 Install the trigger from the application's Alembic migration::
 
@@ -150,10 +150,10 @@ class Waker:
 class NotifyListener:
     """Holds a LISTEN connection and calls ``channels[channel]()`` for each notification.
 
-    After a dropped connection it reconnects with jittered exponential
-    backoff (tenacity), LISTENs again and calls every callback once, since
-    notifications sent while it was away are gone.  ``generation`` counts
-    successful (re)connections; tests wait on it.
+    Each time it starts LISTENing, it calls every callback once: notifications
+    sent while nobody listened are gone.  After a dropped connection it
+    reconnects with jittered exponential backoff (tenacity) and LISTENs again.
+    ``generation`` counts successful (re)connections; tests wait on it.
     """
 
     def __init__(
@@ -238,8 +238,10 @@ class NotifyListener:
             self._changed.notify_all()
         if reconnected:
             logger.info("listener reconnected; waking every drain once to catch up")
-            for callback in self.channels.values():
-                callback()
+        # Notifications sent while nobody listened (before this leader, or
+        # while disconnected) are gone: one drain each picks up what they announced.
+        for callback in self.channels.values():
+            callback()
         while not self._stopping.is_set():
             for notification in connection.notifies(timeout=self.poll_seconds):
                 callback = self.channels.get(notification.channel)

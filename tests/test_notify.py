@@ -35,22 +35,25 @@ def recorded_runs(engine) -> int:
         return connection.execute(select(func.count()).select_from(job_runs)).scalar()
 
 
-def test_insert_wakes_the_leaders_drain_at_once(engine, receiver, kit):
+def test_new_leader_drains_at_once_and_an_insert_wakes_the_drain(engine, receiver, kit):
+    enqueue(engine, receiver, 1)  # before anyone listens: its notification is lost
     kit.scheduler.start()
-    assert kit.scheduler.listener.wait_for_generation(1, timeout=10)
-    enqueue(engine, receiver, 1)
-    receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
-    wait_until(lambda: recorded_runs(engine) == 1, message="the woken drain's run record")
+    receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)  # the catch-up drain on LISTEN
+    wait_until(lambda: recorded_runs(engine) == 1, message="the catch-up drain's run record")
+    enqueue(engine, receiver, 2)
+    receiver.wait_for(lambda r: len(r.requests) == 2, timeout=10)
+    wait_until(lambda: recorded_runs(engine) == 2, message="the woken drain's run record")
 
 
 def test_listener_reconnects_after_its_backend_is_terminated_and_wakeups_resume(engine, database_url, receiver, kit):
     kit.scheduler.start()
     listener = kit.scheduler.listener
     assert listener.wait_for_generation(1, timeout=10)
+    wait_until(lambda: recorded_runs(engine) == 1, message="the first catch-up drain")
     terminate_backend(database_url, listener.backend_pid)
     assert listener.wait_for_generation(2, timeout=10)
     # The reconnect wakes the drain once to catch up on notifications lost meanwhile.
-    wait_until(lambda: recorded_runs(engine) == 1, message="the catch-up drain")
+    wait_until(lambda: recorded_runs(engine) == 2, message="the catch-up drain after the reconnect")
     enqueue(engine, receiver, 2)
     receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
     assert receiver.requests[0].body == {"n": 2}

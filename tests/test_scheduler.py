@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta, timezone
 
@@ -102,6 +103,20 @@ def test_job_failed_and_bad_return_values_are_recorded_as_errors(kit, engine):
     assert kit.scheduler.run_job("test.refuses", scheduled_for=moment).error == "receiver is down"
     assert kit.scheduler.run_job("test.odd", scheduled_for=moment).outcome == "error"
     assert [run["outcome"] for run in runs(engine, "test.odd")] == ["error"]
+
+
+def test_async_job_runs_on_its_own_event_loop(kit, engine):
+    async def count_rows(context):
+        await asyncio.sleep(0)
+        return {"loops": 1, "on_main_loop": int(asyncio.get_running_loop() is main_loop)}
+
+    main_loop = asyncio.new_event_loop()
+    try:
+        kit.scheduler.add_job("test.async", count_rows, every(minutes=1))
+        record = kit.scheduler.run_job("test.async", scheduled_for=datetime(2030, 1, 1, tzinfo=UTC))
+    finally:
+        main_loop.close()
+    assert (record.outcome, record.counts) == ("ok", {"loops": 1, "on_main_loop": 0})
 
 
 def test_history_is_trimmed_to_the_limit_per_job(kit, engine):
