@@ -161,14 +161,24 @@ def main() -> None:
     parser.add_argument("--spacing", type=float, default=0.05, help="seconds between enqueues")
     parser.add_argument("--tick", type=float, default=15.0, help="leader tick seconds (default: the real 15)")
     parser.add_argument("--probe", type=float, default=60.0, help="standby probe seconds (default: the real 60)")
+    parser.add_argument(
+        "--drain-async-commit",
+        action="store_true",
+        help="run the kit's transactions with synchronous_commit=off, to see what the WAL flush of the claim costs",
+    )
     options = parser.parse_args()
 
     url = create_database(options.server)
     engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"), pool_size=5)
+    kit_engine = engine
+    if options.drain_async_commit:
+        kit_engine = create_engine(
+            engine.url, pool_size=5, connect_args={"options": "-c synchronous_commit=off"}
+        )
     settings = OutboxKitSettings(leader_tick_seconds=options.tick, standby_probe_seconds=options.probe)
     receiver = LatencyReceiver()
-    leader = OutboxKit(engine, [WebhookOutbox], settings=settings)
-    standby = OutboxKit(engine, [WebhookOutbox], settings=settings)
+    leader = OutboxKit(kit_engine, [WebhookOutbox], settings=settings)
+    standby = OutboxKit(kit_engine, [WebhookOutbox], settings=settings)
     try:
         election = leader.scheduler.elect()
         print(f"waiting one leader tick ({options.tick:g}s) for the leader to start...", flush=True)
@@ -186,6 +196,7 @@ def main() -> None:
         standby.close()
         leader.close()
         receiver.close()
+        kit_engine.dispose()
         engine.dispose()
         drop_database(options.server, url)
     print(
@@ -199,6 +210,7 @@ def main() -> None:
                 "leader_tick_s": options.tick,
                 "standby_probe_s": options.probe,
                 "rows": len(latencies),
+                "drain_async_commit": options.drain_async_commit,
             }
         )
     )

@@ -32,6 +32,7 @@ from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
+from sqlalchemy.engine import make_url
 
 from outboxkit.election import LeaderElection
 from outboxkit.errors import ConfigurationError
@@ -235,10 +236,9 @@ class OutboxScheduler:
     @property
     def lock_dsn(self) -> str:
         """Where the lock and LISTEN connections go: ``lock_database_url``, else the engine's database."""
-        if self.settings.lock_database_url:
-            return self.settings.lock_database_url
-        url = self.kit.engine.url.set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
+        # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
+        url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.kit.engine.url
+        return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     @property
     def election(self) -> LeaderElection | None:

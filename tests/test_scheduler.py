@@ -227,3 +227,12 @@ def test_scheduler_restarts_with_a_fresh_apscheduler_after_a_stop(kit, engine):
     wait_until(lambda: len(calls) > count, message="a run after the restart")
     with engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM outboxkit_job_runs WHERE outcome = 'running'")).scalar() <= 1
+
+
+def test_lock_dsn_defaults_to_the_engine_and_accepts_a_sqlalchemy_style_url(engine):
+    with OutboxKit(engine, [SampleEvent], settings=QUIET) as kit:
+        assert kit.scheduler.lock_dsn.startswith("postgresql://")
+        assert kit.scheduler.lock_dsn.rsplit("/", 1)[1] == engine.url.database
+    direct = OutboxKitSettings(lock_database_url="postgresql+psycopg://app@db-primary:5432/app")
+    with OutboxKit(engine, [SampleEvent], settings=direct) as kit:
+        assert kit.scheduler.lock_dsn == "postgresql://app@db-primary:5432/app"
