@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
@@ -20,6 +22,9 @@ from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.transport import Transport
+
+if TYPE_CHECKING:
+    from outboxkit.scheduler import OutboxScheduler
 
 __all__ = ["OutboxKit"]
 
@@ -73,6 +78,7 @@ class OutboxKit:
                 f"registered: {known}. The key is an outbox's job_name with '-' written as '_'"
             )
         self._drainers: dict[str, Drainer] = {}
+        self._scheduler: OutboxScheduler | None = None
         self._closed = False
 
     def _register(self, outbox: type[Outbox]) -> None:
@@ -162,8 +168,28 @@ class OutboxKit:
         """Drain one outbox until no due row is left; see ``Drainer.drain`` for limits."""
         return self.drainer(name_or_class).drain(**limits)  # type: ignore[arg-type]
 
+    # -- scheduling (see outboxkit.scheduler and outboxkit.election) ----------
+
+    @property
+    def scheduler(self) -> OutboxScheduler:
+        """The job registry and elected scheduler (one drain job per outbox, plus your own jobs)."""
+        from outboxkit.scheduler import OutboxScheduler
+
+        with self._lock:
+            if self._scheduler is None:
+                self._scheduler = OutboxScheduler(self)
+            return self._scheduler
+
+    def lifespan(self, app: object) -> AbstractAsyncContextManager[None]:
+        """ASGI lifespan: ``FastAPI(lifespan=kit.lifespan)``.  See ``outboxkit.integration``."""
+        from outboxkit.integration import lifespan
+
+        return lifespan(self)(app)
+
     def close(self) -> None:
-        """Finish sends in flight and release thread pools and the transport's connections."""
+        """Stop the scheduler, finish sends in flight, release thread pools and the transport's connections."""
+        if self._scheduler is not None:
+            self._scheduler.resign()
         with self._lock:
             if self._closed:
                 return

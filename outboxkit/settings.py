@@ -11,6 +11,14 @@ Everything here has a default; an operator overrides it without a deploy::
 Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
 ``OutboxKitSettings.from_environment()`` (what the kit uses by default) turns
 a bad value into a ``ConfigurationError`` that names its variable.
+
+The election and the scheduler (see docs/election.md)::
+
+    OUTBOXKIT_LOCK_DATABASE_URL=postgresql://app@db-primary:5432/app   # direct, not via a transaction pooler
+    OUTBOXKIT_ADVISORY_LOCK_KEY=2710940685875084841
+    OUTBOXKIT_LEADER_TICK_SECONDS=15
+    OUTBOXKIT_STANDBY_PROBE_SECONDS=60
+    OUTBOXKIT_DRAIN_INTERVAL_SECONDS=60
 """
 
 from __future__ import annotations
@@ -25,7 +33,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError
 
-__all__ = ["OutboxKitSettings", "OutboxOverride"]
+__all__ = ["DEFAULT_ADVISORY_LOCK_KEY", "OutboxKitSettings", "OutboxOverride"]
+
+# The session advisory lock key the leader holds.  It is the first 8 bytes of
+# sha256(b"outboxkit:leader-election"), shifted right by one bit so it is a
+# positive signed 64-bit integer: 2710940685875084841 (0x259f3230ccbcfe29).
+# Derived from a fixed constant, so every outboxkit release agrees on it and
+# it is unlikely to collide with another component's key.  Two kits (or two
+# applications) sharing one database must each set their own key.
+DEFAULT_ADVISORY_LOCK_KEY = 2710940685875084841
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 ENV_PREFIX = "OUTBOXKIT_"
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -64,6 +81,25 @@ class OutboxKitSettings(BaseSettings):
 
     environment: Literal["development", "test", "staging", "production"] = "development"
     outboxes: dict[str, OutboxOverride] = Field(default_factory=dict)
+
+    # -- election and scheduler ------------------------------------------------
+    # The lock connection and the LISTEN connection hold session state (an
+    # advisory lock, a LISTEN registration) for hours.  A transaction-mode
+    # pooler (PgBouncer pool_mode=transaction) hands each transaction to any
+    # server connection, so that state would leak to strangers or vanish.  Point
+    # this at the database directly (or at a session-mode pool).  Unset: the
+    # engine's URL is used.
+    lock_database_url: str | None = None
+    advisory_lock_key: int = Field(default=DEFAULT_ADVISORY_LOCK_KEY, ge=_INT64_MIN, le=_INT64_MAX)
+    leader_tick_seconds: float = Field(default=15.0, gt=0, le=3600)
+    standby_probe_seconds: float = Field(default=60.0, gt=0, le=3600)
+    drain_interval_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    # The leader LISTENs for inserts and drains at once; the interval job stays the safety net.
+    listen_enabled: bool = True
+    # Run history kept per job in outboxkit_job_runs (older rows are trimmed).
+    job_history_limit: int = Field(default=200, ge=10, le=100_000)
+    # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
+    scheduler_enabled: bool = True
 
     @field_validator("outboxes", mode="before")
     @classmethod

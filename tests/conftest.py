@@ -47,3 +47,20 @@ def clock() -> ManualClock:
 def receiver() -> Iterator[Receiver]:
     with Receiver() as receiver:
         yield receiver
+
+
+# Every outbox in the template notifies its channel on insert, as an
+# application's migration would install it (outboxkit.notify.install_trigger_sql).
+def _install_notify_triggers() -> None:
+    from sqlalchemy import DDL, event
+
+    from exampleapp.models import CreditGrantOutbox, WebhookOutbox
+    from outboxkit.notify import install_trigger_sql
+    from tests.support.models import SampleEvent
+
+    for outbox in (CreditGrantOutbox, WebhookOutbox, SampleEvent):
+        for statement in install_trigger_sql(outbox):
+            event.listen(outbox.__table__, "after_create", DDL(statement))
+
+
+_install_notify_triggers()

@@ -1,0 +1,82 @@
+"""The example service: a FastAPI app that writes grants and lets outboxkit deliver them.
+
+Run it with several workers; exactly one of them leads and runs the schedule::
+
+    DATABASE_URL=postgresql://root@127.0.0.1:5432/example \\
+        uvicorn exampleapp.app:app --workers 2 --app-dir admin
+
+``create_app`` builds everything from its arguments; the module-level ``app``
+(what uvicorn imports) is built on first access from ``DATABASE_URL``, so
+importing ``create_app`` needs no environment.  Settings (intervals, the
+advisory key, the environment) come from ``OUTBOXKIT_*`` variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
+from outboxkit import OutboxKit, OutboxKitSettings
+
+__all__ = ["create_app"]
+
+
+class GrantRequest(BaseModel):
+    workspace: str = Field(min_length=1, max_length=100)
+    amount: int = Field(gt=0)
+
+
+def create_app(database_url: str, *, settings: OutboxKitSettings | None = None) -> FastAPI:
+    """The service: its routes, the kit and the kit's lifespan (election and scheduler)."""
+    if not logging.getLogger().handlers:  # a bare uvicorn configures only its own loggers
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    engine = create_engine(make_url(database_url).set(drivername="postgresql+psycopg"), pool_size=5, max_overflow=5)
+    kit = OutboxKit(engine, outboxes=[CreditGrantOutbox, WebhookOutbox], settings=settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with kit.lifespan(app):
+            yield
+        engine.dispose()
+
+    app = FastAPI(title="exampleapp", lifespan=lifespan)
+    app.state.kit = kit
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        election = kit.scheduler.election
+        return {"status": "ok", "election": election.state.value if election is not None else "off"}
+
+    @app.post("/grants", status_code=201)
+    def create_grant(request: GrantRequest) -> dict[str, int]:
+        # The business row and its outbox row commit together, or neither does.
+        with Session(engine) as session, session.begin():
+            grant = Grant(workspace=request.workspace, amount=request.amount)
+            session.add(grant)
+            session.flush()
+            grant_id = grant.id
+            session.add(CreditGrantOutbox(grant_id=grant_id, workspace=grant.workspace, amount=grant.amount))
+        return {"grant_id": grant_id}
+
+    return app
+
+
+def __getattr__(name: str) -> FastAPI:
+    # ``uvicorn exampleapp.app:app`` reads the attribute; build it once, from the environment.
+    if name != "app":
+        raise AttributeError(name)
+    database_url = os.environ.get("DATABASE_URL")
+    if not database_url:
+        raise RuntimeError("set DATABASE_URL (e.g. postgresql://root@127.0.0.1:5432/example) to run exampleapp.app")
+    application = create_app(database_url)
+    globals()["app"] = application
+    return application

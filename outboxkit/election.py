@@ -1,0 +1,429 @@
+"""Leader election: exactly one process runs the schedule.
+
+Many processes run the application (uvicorn ``--workers N``, several hosts);
+each runs one ``LeaderElection``.  The one that holds a PostgreSQL session
+advisory lock leads and runs the scheduler; the others stand by.  The state
+machine, and the invariant each step protects:
+
+``STANDBY`` -- campaign.  Open a *new* connection in AUTOCOMMIT, name it
+    ``outboxkit-leader:<host>:<pid>`` (so ``pg_stat_activity`` and the admin
+    show who leads) and ``SELECT pg_try_advisory_lock(KEY)``.  False: close it
+    and probe again after ``standby_probe_seconds``.  True: keep the connection
+    for the whole leadership and remember its ``pg_backend_pid()``.  A session
+    lock lives exactly as long as its server session, so holding the
+    connection *is* holding the leadership.  Each campaign uses a fresh
+    connection and runs only while no lock connection is held: session
+    advisory locks stack, so a second acquire on the same session would need
+    two unlocks and would make "who holds it" lie.
+
+``PROMOTING`` -- wait one ``leader_tick_seconds`` before starting anything.
+    An old leader that lost its lock (its connection was terminated, the
+    server failed over) notices at its next tick, at most one tick later, and
+    stops its scheduler at once.  Waiting one tick here means the new
+    leader's first job fires after the old one has stopped, so two schedulers
+    never overlap.  Then check the lock is still ours and start the scheduler.
+
+``LEADER`` -- tick.  Every ``leader_tick_seconds``, on the lock connection,
+    ask ``pg_locks`` whether this backend still holds the key *in this
+    database* (advisory keys are per database, ``pg_locks`` is cluster-wide,
+    so every query carries the database predicate).  An error or no row
+    means the lock is gone (server restart, failover, ``pg_terminate_backend``,
+    an idle timeout): stop the scheduler at once without waiting for running
+    jobs, close the connection, become ``STANDBY``.  The run-history fence
+    (``outboxkit_job_runs``) covers the short window in which a job already
+    running finishes after the demotion.
+
+``UNELECTED`` -- the campaign itself failed (no connection, an SQL error)
+    and the kit is not in production (``fail_open``): the scheduler runs
+    without the lock, with a warning, so a developer's laptop still drains.
+    Campaigns go on; winning one makes this process a normal leader, losing
+    one (someone else holds the lock) stops the scheduler.  In production a
+    failed campaign starts nothing: fail closed, stay ``STANDBY``, retry.
+
+``STOPPED`` -- ``stop()``: stop the scheduler (waiting for running jobs),
+    ``pg_advisory_unlock``, close the connection.  A standby then takes over
+    within one probe interval plus one tick.
+
+Timing: with the defaults (15 s tick, 60 s probe) a dead leader is replaced
+within 60 s + 15 s; a leader that lost its lock stops within 15 s, before
+any standby can have waited out its promotion tick.
+
+Nothing here raises into the application: callbacks that fail are logged,
+and a scheduler that cannot start gives the lock back so another process can
+lead.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from sqlalchemy import Connection, Engine, text
+
+from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
+
+__all__ = [
+    "DEFAULT_ADVISORY_LOCK_KEY",
+    "ElectionState",
+    "LeaderElection",
+    "LockHolder",
+    "current_leader",
+    "leader_application_name",
+    "lock_holders",
+]
+
+logger = logging.getLogger("outboxkit.election")
+
+APPLICATION_NAME_PREFIX = "outboxkit-leader:"
+_APPLICATION_NAME_LIMIT = 63  # NAMEDATALEN - 1: PostgreSQL truncates longer names
+
+# A bigint advisory key appears in pg_locks split in two: classid holds the
+# high 32 bits and objid the low 32 bits (both as unsigned oids), with
+# objsubid = 1 (objsubid = 2 marks the two-int4 form).  The values are
+# integers computed here, never user text, so they are formatted in.
+_KEY_PREDICATE = """
+    l.locktype = 'advisory'
+    AND l.granted
+    AND l.classid::int8 = {classid}
+    AND l.objid::int8 = {objid}
+    AND l.objsubid = 1
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+_STILL_HELD = "SELECT 1 FROM pg_locks AS l WHERE {predicate} AND l.pid = pg_backend_pid()"
+_HOLDERS = """
+SELECT l.pid, a.application_name, a.backend_start
+FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE {predicate}
+ORDER BY a.backend_start
+"""
+
+
+def _key_predicate(key: int) -> str:
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    return _KEY_PREDICATE.format(classid=unsigned >> 32, objid=unsigned & 0xFFFF_FFFF)
+
+
+def leader_application_name(host: str | None = None, pid: int | None = None) -> str:
+    """``outboxkit-leader:<host>:<pid>``, with the host shortened to fit PostgreSQL's 63 bytes."""
+    host = host if host is not None else socket.gethostname()
+    pid = pid if pid is not None else os.getpid()
+    room = _APPLICATION_NAME_LIMIT - len(APPLICATION_NAME_PREFIX) - len(f":{pid}")
+    return f"{APPLICATION_NAME_PREFIX}{host.encode()[:room].decode(errors='ignore')}:{pid}"
+
+
+class ElectionState(enum.Enum):
+    STANDBY = "standby"
+    PROMOTING = "promoting"
+    LEADER = "leader"
+    UNELECTED = "unelected"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A session holding the leader key in this database."""
+
+    backend_pid: int
+    host: str | None  # from application_name; None if the holder is not an outboxkit election
+    pid: int | None
+    since: datetime | None  # backend_start of the lock connection, i.e. when it connected to lead
+    application_name: str | None
+
+
+def lock_holders(connection: Connection, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> list[LockHolder]:
+    """Every session holding ``key`` in the connection's database (normally zero or one)."""
+    rows = connection.execute(text(_HOLDERS.format(predicate=_key_predicate(key)))).all()
+    return [_holder(backend_pid, name, since) for backend_pid, name, since in rows]
+
+
+def current_leader(engine: Engine, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> LockHolder | None:
+    """Who leads now (host, pid, since), or None.  For the admin and the CLI.
+
+    ``pg_stat_activity`` shows another role's ``application_name`` only to
+    members of ``pg_read_all_stats``; without it ``host`` and ``pid`` are None.
+    """
+    with engine.connect() as connection:
+        holders = lock_holders(connection, key=key)
+    return holders[0] if holders else None
+
+
+def _holder(backend_pid: int, application_name: str | None, since: datetime | None) -> LockHolder:
+    host = pid = None
+    if application_name and application_name.startswith(APPLICATION_NAME_PREFIX):
+        host, _, pid_text = application_name[len(APPLICATION_NAME_PREFIX) :].rpartition(":")
+        pid = int(pid_text) if pid_text.isdigit() else None
+    return LockHolder(backend_pid=backend_pid, host=host, pid=pid, since=since, application_name=application_name)
+
+
+def wait_on_event(seconds: float, stopping: threading.Event) -> bool:
+    """The default sleep: wait ``seconds`` or until ``stopping`` is set; True if it was set."""
+    return stopping.wait(seconds)
+
+
+Sleep = Callable[[float, threading.Event], bool]
+
+
+class LeaderElection:
+    """Campaigns for the leader lock in a background thread and runs callbacks on changes.
+
+    ``on_elected()`` starts the scheduler; ``on_demoted(wait)`` stops it
+    (``wait=False`` when the lock was lost, so no job outlives the
+    leadership; ``wait=True`` on a clean shutdown).  ``sleep(seconds,
+    stopping)`` is injectable so tests can hold the machine between steps.
+    """
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        on_elected: Callable[[], None],
+        on_demoted: Callable[[bool], None],
+        key: int = DEFAULT_ADVISORY_LOCK_KEY,
+        leader_tick_seconds: float = 15.0,
+        standby_probe_seconds: float = 60.0,
+        fail_open: bool = False,
+        connect_timeout: float = 5.0,
+        sleep: Sleep = wait_on_event,
+    ) -> None:
+        if leader_tick_seconds <= 0 or standby_probe_seconds <= 0:
+            raise ValueError("leader_tick_seconds and standby_probe_seconds must be positive")
+        if not -(2**63) <= key < 2**63:
+            raise ValueError(f"advisory key {key} does not fit a signed 64-bit integer")
+        self.dsn = dsn
+        self.key = key
+        self.leader_tick_seconds = leader_tick_seconds
+        self.standby_probe_seconds = standby_probe_seconds
+        self.fail_open = fail_open
+        self.connect_timeout = connect_timeout
+        self.application_name = leader_application_name()
+        self.identity = self.application_name[len(APPLICATION_NAME_PREFIX) :]
+        self._on_elected = on_elected
+        self._on_demoted = on_demoted
+        self._sleep = sleep
+        self._state = ElectionState.STANDBY
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._connection: psycopg.Connection | None = None
+        self._backend_pid: int | None = None
+        self._announced: str | None = None  # the last standby/error message logged, to log changes only
+        self._thread: threading.Thread | None = None
+        self.campaigns = 0  # campaigns finished so far (won, lost or failed); for monitoring and tests
+
+    # -- public --------------------------------------------------------------
+
+    @property
+    def state(self) -> ElectionState:
+        with self._changed:
+            return self._state
+
+    @property
+    def backend_pid(self) -> int | None:
+        """``pg_backend_pid()`` of the lock connection while this process holds the lock."""
+        return self._backend_pid
+
+    def start(self) -> None:
+        """Start campaigning in a daemon thread.  Returns at once."""
+        if self._thread is not None:
+            raise RuntimeError("this LeaderElection was already started; build a new one")
+        self._thread = threading.Thread(target=self._run, name="outboxkit-election", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the scheduler if leading, release the lock, close the connection."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        elif self.state is not ElectionState.STOPPED:
+            self._set_state(ElectionState.STOPPED)
+
+    def wait_for(self, *states: ElectionState, timeout: float, campaigns: int = 0) -> bool:
+        """Block until the state is one of ``states`` (and ``campaigns`` campaigns are done); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._state in states and self.campaigns >= campaigns, timeout)
+
+    # -- the state machine -----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._campaign()
+                if self.state is ElectionState.PROMOTING:
+                    if self._sleep(self.leader_tick_seconds, self._stopping):
+                        break
+                    if self._still_held():
+                        self._promote()
+                    else:
+                        self._demote("the lock was lost while waiting to start")
+                while self.state is ElectionState.LEADER:
+                    if self._sleep(self.leader_tick_seconds, self._stopping):
+                        break
+                    if not self._still_held():
+                        self._demote("the leader lock is gone (connection lost or terminated)")
+                if self.state in (ElectionState.STANDBY, ElectionState.UNELECTED):
+                    if self._sleep(self.standby_probe_seconds, self._stopping):
+                        break
+        except Exception:  # a bug here must not kill the thread silently with the lock held
+            logger.exception("leader election failed unexpectedly; resigning")
+        finally:
+            self._resign()
+
+    def _campaign(self) -> None:
+        if self._connection is not None:
+            return  # already holding: never acquire twice on one session (locks stack)
+        try:
+            self._try_acquire()
+        finally:
+            with self._changed:
+                self.campaigns += 1
+                self._changed.notify_all()
+
+    def _try_acquire(self) -> None:
+        try:
+            connection = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=max(1, round(self.connect_timeout)),
+                keepalives=1,
+                keepalives_idle=max(1, round(self.leader_tick_seconds)),
+                keepalives_interval=max(1, round(self.leader_tick_seconds / 3)),
+                keepalives_count=3,
+            )
+        except Exception as exc:
+            self._campaign_failed(exc)
+            return
+        try:
+            connection.execute("SELECT set_config('application_name', %s, false)", [self.application_name])
+            acquired, backend_pid = connection.execute(
+                "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()", [self.key]
+            ).fetchone()
+        except Exception as exc:
+            connection.close()
+            self._campaign_failed(exc)
+            return
+        if not acquired:
+            connection.close()
+            self._campaign_lost()
+            return
+        self._connection, self._backend_pid = connection, backend_pid
+        self._announced = None
+        if self.state is ElectionState.UNELECTED:
+            logger.info("acquired leadership as %s (backend %s); the scheduler already runs", self.identity, backend_pid)
+            self._set_state(ElectionState.LEADER)
+        else:
+            logger.info(
+                "acquired leadership as %s (backend %s); starting the scheduler in %gs",
+                self.identity,
+                backend_pid,
+                self.leader_tick_seconds,
+            )
+            self._set_state(ElectionState.PROMOTING)
+
+    def _campaign_lost(self) -> None:
+        if self.state is ElectionState.UNELECTED:
+            logger.warning("another process holds the leader lock; stopping the unelected scheduler")
+            self._call_demoted(wait=False)
+            self._set_state(ElectionState.STANDBY)
+        self._announce(logging.INFO, "standby: another process holds the leader lock")
+
+    def _campaign_failed(self, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {str(exc).strip()}"
+        if self.state is ElectionState.UNELECTED:
+            return
+        if self.fail_open:
+            logger.warning(
+                "leader election failed (%s); not in production, so the scheduler starts without the lock", reason
+            )
+            if self._call_elected():
+                self._set_state(ElectionState.UNELECTED)
+            return
+        self._announce(
+            logging.ERROR,
+            f"leader election failed ({reason}); production fails closed: no scheduler in this process, "
+            f"retrying every {self.standby_probe_seconds:g}s",
+        )
+
+    def _promote(self) -> None:
+        if self._call_elected():
+            self._set_state(ElectionState.LEADER)
+            return
+        logger.error("the scheduler failed to start; giving the leader lock back so another process can lead")
+        self._release()
+        self._set_state(ElectionState.STANDBY)
+
+    def _demote(self, reason: str) -> None:
+        logger.warning("lost leadership: %s; stopping the scheduler", reason)
+        if self.state is ElectionState.LEADER:
+            self._call_demoted(wait=False)
+        self._close_connection()
+        self._set_state(ElectionState.STANDBY)
+
+    def _resign(self) -> None:
+        if self.state in (ElectionState.LEADER, ElectionState.UNELECTED):
+            self._call_demoted(wait=True)
+        was_leading = self._connection is not None
+        self._release()
+        if was_leading:
+            logger.info("released leadership (%s)", self.identity)
+        self._set_state(ElectionState.STOPPED)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _still_held(self) -> bool:
+        if self._connection is None:
+            return False
+        try:
+            query = _STILL_HELD.format(predicate=_key_predicate(self.key))
+            return self._connection.execute(query).fetchone() is not None
+        except Exception as exc:
+            logger.debug("leader tick failed: %s", exc)
+            return False
+
+    def _release(self) -> None:
+        if self._connection is not None and not self._connection.closed:
+            try:
+                self._connection.execute("SELECT pg_advisory_unlock(%s::bigint)", [self.key])
+            except Exception as exc:  # the lock dies with the session anyway
+                logger.debug("advisory unlock failed (the session is gone): %s", exc)
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        connection, self._connection, self._backend_pid = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+    def _call_elected(self) -> bool:
+        try:
+            self._on_elected()
+            return True
+        except Exception:
+            logger.exception("starting the scheduler failed")
+            return False
+
+    def _call_demoted(self, *, wait: bool) -> None:
+        try:
+            self._on_demoted(wait)
+        except Exception:
+            logger.exception("stopping the scheduler failed")
+
+    def _announce(self, level: int, message: str) -> None:
+        if message != self._announced:  # log changes, not every probe
+            self._announced = message
+            logger.log(level, message)
+
+    def _set_state(self, state: ElectionState) -> None:
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
+
+    def __repr__(self) -> str:
+        return f"LeaderElection({self.identity}, key={self.key}, state={self.state.value})"

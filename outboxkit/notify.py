@@ -1,0 +1,249 @@
+"""Waking the drain: NOTIFY on insert, LISTEN on the leader.
+
+The interval drain job is the safety net; this makes the idle path fast.
+An insert into an outbox issues ``NOTIFY <channel>`` when its transaction
+commits (PostgreSQL delivers notifications only on commit, so the drain
+never wakes for a row it cannot see yet).  The leader's ``NotifyListener``
+holds its own connection with ``LISTEN`` and runs that outbox's drain at
+once.  A notification can be lost (the listener's connection drops, the
+leader changes); that costs latency until the next interval run, never a
+delivery, and each time the listener (re)connects it wakes each drain once
+to catch up on what it may have missed, so a new leader drains at once.
+
+Install the trigger from the application's Alembic migration::
+
+    from outboxkit.notify import install_trigger_sql
+
+    def upgrade():
+        for statement in install_trigger_sql(CreditGrantOutbox):
+            op.execute(statement)
+
+or, instead of a trigger, notify from the enqueue path in the same
+transaction: ``session.execute(notify_statement(CreditGrantOutbox))``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import TextClause, text
+from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
+
+from outboxkit.model import Outbox
+
+__all__ = [
+    "NotifyListener",
+    "Waker",
+    "channel_for",
+    "drop_trigger_sql",
+    "install_trigger_sql",
+    "notify_statement",
+]
+
+logger = logging.getLogger("outboxkit.notify")
+
+_IDENTIFIER_LIMIT = 63
+
+
+def _short_identifier(name: str) -> str:
+    if len(name) <= _IDENTIFIER_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: _IDENTIFIER_LIMIT - 9]}_{digest}"
+
+
+def channel_for(outbox: type[Outbox]) -> str:
+    """The NOTIFY channel of an outbox: ``outboxkit_<job_name>`` (``-`` as ``_``), at most 63 characters."""
+    return _short_identifier(f"outboxkit_{outbox.__outbox__.settings_key}")
+
+
+def _function_name(outbox: type[Outbox]) -> str:
+    return _short_identifier(f"outboxkit_notify_{outbox.__tablename__}")  # type: ignore[attr-defined]
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _table_reference(outbox: type[Outbox]) -> str:
+    table = outbox.__table__  # type: ignore[attr-defined]
+    return f"{_quote(table.schema)}.{_quote(table.name)}" if table.schema else _quote(table.name)
+
+
+def install_trigger_sql(outbox: type[Outbox]) -> list[str]:
+    """The statements that make every insert into ``outbox`` notify its channel; run each with ``op.execute``.
+
+    A statement-level trigger: a bulk insert of 1,000 rows sends one
+    notification, not 1,000.  Re-running the statements is harmless.
+    """
+    function = _quote(_function_name(outbox))
+    trigger = _quote(_short_identifier(f"{_function_name(outbox)}_insert"))
+    channel = channel_for(outbox).replace("'", "''")
+    return [
+        f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END
+$$""",
+        f"DROP TRIGGER IF EXISTS {trigger} ON {_table_reference(outbox)}",
+        f"CREATE TRIGGER {trigger} AFTER INSERT ON {_table_reference(outbox)} "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+    ]
+
+
+def drop_trigger_sql(outbox: type[Outbox]) -> list[str]:
+    """The statements that undo ``install_trigger_sql`` (for a migration's ``downgrade``)."""
+    function = _quote(_function_name(outbox))
+    trigger = _quote(_short_identifier(f"{_function_name(outbox)}_insert"))
+    return [f"DROP TRIGGER IF EXISTS {trigger} ON {_table_reference(outbox)}", f"DROP FUNCTION IF EXISTS {function}()"]
+
+
+def notify_statement(outbox: type[Outbox]) -> TextClause:
+    """``NOTIFY`` for ``outbox``, to execute in the enqueueing transaction when no trigger is installed."""
+    return text("SELECT pg_notify(:channel, '')").bindparams(channel=channel_for(outbox))
+
+
+class Waker:
+    """Runs ``function`` in its own thread as soon as woken; wakes during a run coalesce into one more run.
+
+    The first notification of a burst drains at once (no added latency); the
+    rest of the burst costs one follow-up drain, not one each.
+    """
+
+    def __init__(self, name: str, function: Callable[[], object]) -> None:
+        self.name = name
+        self._function = function
+        self._woken = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"outboxkit-wake-{name}", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def stop(self, *, wait: bool = True) -> None:
+        self._stopping = True
+        self._woken.set()
+        if wait:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._woken.wait()
+            if self._stopping:
+                return
+            self._woken.clear()
+            try:
+                self._function()
+            except Exception:  # the function is the job runner, which never raises; belt and braces
+                logger.exception("%s: woken drain failed", self.name)
+
+
+class NotifyListener:
+    """Holds a LISTEN connection and calls ``channels[channel]()`` for each notification.
+
+    Each time it starts LISTENing, it calls every callback once: notifications
+    sent while nobody listened are gone.  After a dropped connection it
+    reconnects with jittered exponential backoff (tenacity) and LISTENs again.
+    ``generation`` counts successful (re)connections; tests wait on it.
+    """
+
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        channels: Mapping[str, Callable[[], None]],
+        poll_seconds: float = 0.25,
+        max_backoff_seconds: float = 10.0,
+    ) -> None:
+        if not channels:
+            raise ValueError("NotifyListener needs at least one channel")
+        self.dsn = dsn
+        self.channels = dict(channels)
+        self.poll_seconds = poll_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.application_name = f"outboxkit-listener:{socket.gethostname()}:{os.getpid()}"[:63]
+        self._stopping = threading.Event()
+        self._changed = threading.Condition()
+        self.generation = 0
+        self.backend_pid: int | None = None
+        self._thread = threading.Thread(target=self._run, name="outboxkit-listener", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, wait: bool = True) -> None:
+        self._stopping.set()
+        if wait and self._thread.is_alive():
+            self._thread.join()
+
+    def wait_for_generation(self, generation: int, timeout: float) -> bool:
+        """Block until the listener has LISTENed ``generation`` times; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.generation >= generation, timeout)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            connection = self._connect()
+            if connection is None:
+                return
+            try:
+                self._listen(connection)
+            except psycopg.Error as exc:
+                if not self._stopping.is_set():
+                    logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__)
+            finally:
+                self.backend_pid = None
+                connection.close()
+
+    def _connect(self) -> psycopg.Connection | None:
+        retrying = Retrying(
+            retry=retry_if_exception_type(psycopg.OperationalError),
+            wait=wait_exponential_jitter(multiplier=0.05, max=self.max_backoff_seconds, jitter=0.05),
+            stop=lambda retry_state: self._stopping.is_set(),
+            sleep=self._stopping.wait,
+            before_sleep=lambda state: logger.warning("listener cannot connect: %s", state.outcome.exception()),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    connection = psycopg.connect(
+                        self.dsn, autocommit=True, application_name=self.application_name, connect_timeout=5
+                    )
+                    try:
+                        for channel in self.channels:
+                            connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    except BaseException:
+                        connection.close()
+                        raise
+                    return connection
+        except psycopg.OperationalError:
+            pass  # stopping while the database was away
+        return None
+
+    def _listen(self, connection: psycopg.Connection) -> None:
+        self.backend_pid = connection.info.backend_pid
+        with self._changed:
+            self.generation += 1
+            reconnected = self.generation > 1
+            self._changed.notify_all()
+        if reconnected:
+            logger.info("listener reconnected; waking every drain once to catch up")
+        # Notifications sent while nobody listened (before this leader, or
+        # while disconnected) are gone: one drain each picks up what they announced.
+        for callback in self.channels.values():
+            callback()
+        while not self._stopping.is_set():
+            for notification in connection.notifies(timeout=self.poll_seconds):
+                callback = self.channels.get(notification.channel)
+                if callback is not None:
+                    callback()

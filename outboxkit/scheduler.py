@@ -1,0 +1,275 @@
+"""The kit's schedule, run only by the elected leader.
+
+``OutboxScheduler`` holds the job registry: one drain job per outbox (id
+``outboxkit.drain.<job_name>``, name ``<job_name>``; monitors and logs key on
+both, so renaming an outbox's ``job_name`` is a breaking change) and the
+application's own jobs (``add_job`` with ``cron``, ``every``,
+``calendar_interval`` or ``once`` from ``outboxkit.jobs``).
+
+Nothing is persisted in APScheduler: on every promotion a fresh in-memory
+``BackgroundScheduler`` is built and every job is added from the registry
+with ``replace_existing=True``.  All jobs coalesce missed runs into one and
+never overlap themselves (``max_instances=1``); every run goes through
+``JobRunner`` (fence, fresh session, history; see ``outboxkit.jobs``).
+
+``elect()`` starts a ``LeaderElection`` whose callbacks start and stop this
+scheduler, and, when the listener is enabled, a ``NotifyListener`` that runs
+an outbox's drain as soon as a row is inserted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from sqlalchemy.engine import make_url
+
+from outboxkit.election import LeaderElection
+from outboxkit.errors import ConfigurationError
+from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
+from outboxkit.model import Outbox
+from outboxkit.notify import NotifyListener, Waker, channel_for
+
+if TYPE_CHECKING:
+    from outboxkit.kit import OutboxKit
+
+__all__ = ["JobInfo", "OutboxScheduler", "drain_job_id"]
+
+logger = logging.getLogger("outboxkit.scheduler")
+
+DRAIN_JOB_PREFIX = "outboxkit.drain."
+
+
+def drain_job_id(outbox: type[Outbox]) -> str:
+    """The stable scheduler id of an outbox's drain job: ``outboxkit.drain.<job_name>``."""
+    return f"{DRAIN_JOB_PREFIX}{outbox.__outbox__.job_name}"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A registered job as the admin lists it."""
+
+    id: str
+    name: str
+    trigger: str
+    next_run_time: datetime | None
+
+
+class _OccurrenceExecutor(ThreadPoolExecutor):
+    """A thread pool that hands each fire time to the job.
+
+    APScheduler's own executor calls ``func(*args, **kwargs)`` without the
+    time it was scheduled for, and the fence keys on exactly that time.
+    """
+
+    def _do_submit_job(self, job, run_times):  # type: ignore[no-untyped-def]
+        def run_occurrences() -> list[JobExecutionEvent]:
+            for run_time in run_times:
+                job.func(*job.args, scheduled_for=run_time)  # JobRunner.run never raises
+            return [JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run) for run in run_times]
+
+        def report(future) -> None:  # type: ignore[no-untyped-def]
+            exception = future.exception()
+            if exception is not None:
+                self._run_job_error(job.id, exception, exception.__traceback__)
+            else:
+                self._run_job_success(job.id, future.result())
+
+        self._pool.submit(run_occurrences).add_done_callback(report)
+
+
+class OutboxScheduler:
+    """The job registry and, while this process leads, the running APScheduler."""
+
+    def __init__(self, kit: OutboxKit, *, max_workers: int = 10) -> None:
+        self.kit = kit
+        self.settings = kit.settings
+        self.max_workers = max_workers
+        self.runner = JobRunner(kit.engine, leader=self._leader_identity, history_limit=self.settings.job_history_limit)
+        self._lock = threading.RLock()
+        self._jobs: dict[str, ScheduledJob] = {}
+        self._scheduler: BackgroundScheduler | None = None
+        self._listener: NotifyListener | None = None
+        self._wakers: list[Waker] = []
+        self._election: LeaderElection | None = None
+        for outbox in kit.outboxes:
+            self._jobs[drain_job_id(outbox)] = ScheduledJob(
+                id=drain_job_id(outbox),
+                name=outbox.__outbox__.job_name,
+                trigger=every(seconds=self.settings.drain_interval_seconds),
+                function=self._drain_function(outbox),
+            )
+
+    # -- registry ------------------------------------------------------------
+
+    def add_job(
+        self, id: str, function: JobFunction, trigger: BaseTrigger, *, name: str | None = None
+    ) -> ScheduledJob:
+        """Register (or replace) an application job; takes effect at once if this process leads."""
+        if id.startswith(DRAIN_JOB_PREFIX):
+            raise ConfigurationError(f"job ids starting with {DRAIN_JOB_PREFIX!r} are reserved for the outbox drains")
+        job = ScheduledJob(id=id, name=name or id, trigger=trigger, function=function)
+        with self._lock:
+            self._jobs[id] = job
+            if self._scheduler is not None:
+                self._schedule(self._scheduler, job)
+        return job
+
+    def remove_job(self, id: str) -> None:
+        """Unregister an application job (the drain jobs stay)."""
+        if id.startswith(DRAIN_JOB_PREFIX):
+            raise ConfigurationError("the outbox drain jobs cannot be removed")
+        with self._lock:
+            self.job(id)
+            del self._jobs[id]
+            if self._scheduler is not None:
+                self._scheduler.remove_job(id)
+
+    def job(self, id: str) -> ScheduledJob:
+        with self._lock:
+            try:
+                return self._jobs[id]
+            except KeyError:
+                raise LookupError(f"no job {id!r}; registered: {', '.join(sorted(self._jobs))}") from None
+
+    def jobs(self) -> list[JobInfo]:
+        """Every registered job with its next fire time (from the live scheduler while leading)."""
+        now = datetime.now(timezone.utc)
+        with self._lock:
+            infos = []
+            for job in self._jobs.values():
+                live = self._scheduler.get_job(job.id) if self._scheduler is not None else None
+                next_run = live.next_run_time if live is not None else job.trigger.get_next_fire_time(None, now)
+                infos.append(JobInfo(id=job.id, name=job.name, trigger=str(job.trigger), next_run_time=next_run))
+            return infos
+
+    def run_job(self, id: str, *, scheduled_for: datetime) -> RunRecord:
+        """Run one occurrence now, under the fence (as the scheduler would for that fire time)."""
+        return self.runner.run(self.job(id), scheduled_for=scheduled_for)
+
+    # -- running (called by the election) ------------------------------------
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return self._scheduler is not None
+
+    def start(self) -> None:
+        """Build a fresh in-memory scheduler, add every job and start it; then start the listener."""
+        with self._lock:
+            if self._scheduler is not None:
+                return
+            scheduler = BackgroundScheduler(
+                timezone=timezone.utc,
+                executors={"default": _OccurrenceExecutor(max_workers=self.max_workers)},
+                job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            )
+            for job in self._jobs.values():
+                self._schedule(scheduler, job)
+            scheduler.start()
+            self._scheduler = scheduler
+            if self.settings.listen_enabled:
+                self._start_listener()
+        logger.info("scheduler started with %d job(s)", len(self._jobs))
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the scheduler; ``wait=False`` returns without waiting for running jobs (a lost lock)."""
+        with self._lock:
+            scheduler, self._scheduler = self._scheduler, None
+            listener, self._listener = self._listener, None
+            wakers, self._wakers = self._wakers, []
+        if scheduler is None:
+            return
+        if listener is not None:
+            listener.stop(wait=wait)
+        for waker in wakers:
+            waker.stop(wait=wait)
+        scheduler.shutdown(wait=wait)
+        logger.info("scheduler stopped")
+
+    def _schedule(self, scheduler: BackgroundScheduler, job: ScheduledJob) -> None:
+        def run_occurrence(scheduled_for: datetime | None = None) -> RunRecord:
+            # _OccurrenceExecutor always passes the fire time; the default satisfies APScheduler's signature check.
+            return self.runner.run(job, scheduled_for=scheduled_for or datetime.now(timezone.utc))
+
+        scheduler.add_job(run_occurrence, trigger=job.trigger, id=job.id, name=job.name, replace_existing=True)
+
+    def _start_listener(self) -> None:
+        channels: dict[str, Callable[[], None]] = {}
+        for outbox in self.kit.outboxes:
+            job = self._jobs[drain_job_id(outbox)]
+            woken = ScheduledJob(id=job.id, name=job.name, trigger=job.trigger, function=job.function, fenced=False)
+            waker = Waker(job.name, lambda woken=woken: self.runner.run(woken, scheduled_for=datetime.now(timezone.utc)))
+            self._wakers.append(waker)
+            channels[channel_for(outbox)] = waker.wake
+        self._listener = NotifyListener(dsn=self.lock_dsn, channels=channels)
+        self._listener.start()
+
+    @property
+    def listener(self) -> NotifyListener | None:
+        return self._listener
+
+    def _drain_function(self, outbox: type[Outbox]) -> JobFunction:
+        # Bounded by the interval, so one slow drain cannot hold its job forever.
+        max_seconds = self.settings.drain_interval_seconds
+
+        def drain(context: object) -> dict[str, int]:
+            result = self.kit.drain(outbox, max_seconds=max_seconds)
+            if result.error:
+                raise JobFailed(f"drain failed: {result.error}")
+            return result.as_counts()
+
+        return drain
+
+    # -- election ------------------------------------------------------------
+
+    @property
+    def lock_dsn(self) -> str:
+        """Where the lock and LISTEN connections go: ``lock_database_url``, else the engine's database."""
+        # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
+        url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.kit.engine.url
+        return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    @property
+    def election(self) -> LeaderElection | None:
+        return self._election
+
+    def elect(self, **overrides: object) -> LeaderElection:
+        """Start campaigning; the scheduler runs while this process leads.  Idempotent."""
+        with self._lock:
+            if self._election is None:
+                options = {
+                    "dsn": self.lock_dsn,
+                    "key": self.settings.advisory_lock_key,
+                    "leader_tick_seconds": self.settings.leader_tick_seconds,
+                    "standby_probe_seconds": self.settings.standby_probe_seconds,
+                    "fail_open": not self.settings.is_production,
+                    **overrides,
+                }
+                self._election = LeaderElection(on_elected=self.start, on_demoted=self.shutdown, **options)  # type: ignore[arg-type]
+                self._election.start()
+            return self._election
+
+    def resign(self) -> None:
+        """Stop campaigning: stop the scheduler, release the lock, close the connection."""
+        with self._lock:
+            election, self._election = self._election, None
+        if election is not None:
+            election.stop()
+        self.shutdown(wait=True)
+
+    def _leader_identity(self) -> str:
+        election = self._election
+        if election is not None:
+            return election.identity if election.backend_pid is not None else f"{election.identity} (unelected)"
+        return f"{socket.gethostname()}:{os.getpid()} (unelected)"

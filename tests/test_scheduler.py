@@ -1,0 +1,238 @@
+"""The scheduler: drain jobs, the application's job registry, the fence and the job discipline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select, text
+
+from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
+from outboxkit.jobs import JobFailed, calendar_interval, cron, every, once
+from outboxkit.tables import job_runs
+from tests.support.leadership import wait_until
+from tests.support.models import SampleEvent
+
+UTC = timezone.utc
+QUIET = OutboxKitSettings(drain_interval_seconds=3600, listen_enabled=False, job_history_limit=10)
+
+
+@pytest.fixture
+def kit(engine):
+    kit = OutboxKit(engine, [SampleEvent], settings=QUIET)
+    yield kit
+    kit.close()
+
+
+def runs(engine, job_id: str) -> list[dict]:
+    with engine.connect() as connection:
+        rows = connection.execute(select(job_runs).where(job_runs.c.job_id == job_id).order_by(job_runs.c.id))
+        return [dict(row._mapping) for row in rows]
+
+
+def test_each_outbox_gets_a_drain_job_with_a_stable_id_and_name(engine):
+    with OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(drain_interval_seconds=60)) as kit:
+        [info] = kit.scheduler.jobs()
+        assert (info.id, info.name) == ("outboxkit.drain.sample-events", "sample-events")
+        assert info.trigger == "interval[0:01:00]"
+        assert info.next_run_time is not None
+
+
+def test_drain_job_delivers_due_rows_and_records_its_run(engine, receiver, kit):
+    with engine.begin() as connection:
+        connection.execute(
+            SampleEvent.__table__.insert(), [{"target_url": receiver.url, "payload": {"n": n}} for n in range(3)]
+        )
+    record = kit.scheduler.run_job("outboxkit.drain.sample-events", scheduled_for=datetime(2030, 1, 1, tzinfo=UTC))
+    assert record.outcome == "ok"
+    assert record.counts["delivered"] == 3
+    [run] = runs(engine, "outboxkit.drain.sample-events")
+    assert (run["job_name"], run["outcome"], run["counts"]["delivered"]) == ("sample-events", "ok", 3)
+    assert run["finished_at"] >= run["started_at"]
+    assert run["leader"].endswith("(unelected)")
+
+
+def test_fence_lets_two_schedulers_firing_one_occurrence_run_it_once(engine, caplog):
+    calls: list[datetime] = []
+    fire_at = datetime.now(UTC) + timedelta(seconds=1)
+    kits = [OutboxKit(engine, [SampleEvent], settings=QUIET) for _ in range(2)]
+    try:
+        for kit in kits:
+            kit.scheduler.add_job("test.once", lambda context: calls.append(context.scheduled_for), once(fire_at))
+        with caplog.at_level(logging.INFO, logger="outboxkit"):
+            for kit in kits:  # forced: both start without an election, as two would-be leaders
+                kit.scheduler.start()
+            wait_until(lambda: "already taken" in caplog.text, message="the second scheduler's attempt")
+            wait_until(lambda: runs(engine, "test.once")[0]["outcome"] == "ok", message="the first run finishing")
+        assert calls == [fire_at]
+        [run] = runs(engine, "test.once")
+        assert (run["scheduled_for"], run["outcome"]) == (fire_at, "ok")
+        assert all(kit.scheduler.running for kit in kits)
+    finally:
+        for kit in kits:
+            kit.close()
+
+
+def test_job_that_raises_leaves_the_scheduler_running_and_its_session_closed(engine, kit):
+    sessions = []
+
+    def broken(context):
+        sessions.append((context.session, context.session.connection()))
+        raise RuntimeError("boom")
+
+    kit.scheduler.add_job("test.broken", broken, every(seconds=0.05))
+    kit.scheduler.start()
+    wait_until(lambda: len(runs(engine, "test.broken")) >= 2, message="two runs")
+    assert kit.scheduler.running
+    finished = [run for run in runs(engine, "test.broken") if run["finished_at"] is not None]
+    assert finished and all(run["outcome"] == "error" for run in finished)
+    assert finished[0]["error"] == "RuntimeError: boom"
+    session, connection = sessions[0]
+    assert connection.closed and not session.in_transaction()
+
+
+def test_job_failed_and_bad_return_values_are_recorded_as_errors(kit, engine):
+    def refuses(context):
+        raise JobFailed("receiver is down")
+
+    kit.scheduler.add_job("test.refuses", refuses, every(minutes=1))
+    kit.scheduler.add_job("test.odd", lambda context: {"rows": "many"}, every(minutes=1))
+    moment = datetime(2030, 1, 1, tzinfo=UTC)
+    assert kit.scheduler.run_job("test.refuses", scheduled_for=moment).error == "receiver is down"
+    assert kit.scheduler.run_job("test.odd", scheduled_for=moment).outcome == "error"
+    assert [run["outcome"] for run in runs(engine, "test.odd")] == ["error"]
+
+
+def test_async_job_runs_on_its_own_event_loop(kit, engine):
+    async def count_rows(context):
+        await asyncio.sleep(0)
+        return {"loops": 1, "on_main_loop": int(asyncio.get_running_loop() is main_loop)}
+
+    main_loop = asyncio.new_event_loop()
+    try:
+        kit.scheduler.add_job("test.async", count_rows, every(minutes=1))
+        record = kit.scheduler.run_job("test.async", scheduled_for=datetime(2030, 1, 1, tzinfo=UTC))
+    finally:
+        main_loop.close()
+    assert (record.outcome, record.counts) == ("ok", {"loops": 1, "on_main_loop": 0})
+
+
+def test_history_is_trimmed_to_the_limit_per_job(kit, engine):
+    kit.scheduler.add_job("test.counter", lambda context: {"ticks": 1}, every(minutes=1))
+    kit.scheduler.add_job("test.other", lambda context: None, every(minutes=1))
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    kit.scheduler.run_job("test.other", scheduled_for=start)
+    for minute in range(15):
+        kit.scheduler.run_job("test.counter", scheduled_for=start + timedelta(minutes=minute))
+    kept = runs(engine, "test.counter")
+    assert len(kept) == QUIET.job_history_limit
+    assert kept[-1]["scheduled_for"] == start + timedelta(minutes=14)
+    assert len(runs(engine, "test.other")) == 1
+
+
+def test_registry_accepts_each_trigger_kind_and_lists_next_runs(kit):
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    kit.scheduler.add_job("test.cron", lambda context: None, cron(timezone="Europe/Berlin", hour=3, minute=30))
+    kit.scheduler.add_job("test.interval", lambda context: None, every(minutes=5), name="five minutes")
+    kit.scheduler.add_job("test.monthly", lambda context: None, calendar_interval(timezone="UTC", months=1, hour=6))
+    kit.scheduler.add_job("test.once", lambda context: None, once(tomorrow))
+    kit.scheduler.add_job("test.once", lambda context: None, once(tomorrow + timedelta(hours=1)))  # replaces
+    infos = {info.id: info for info in kit.scheduler.jobs()}
+    assert set(infos) == {"outboxkit.drain.sample-events", "test.cron", "test.interval", "test.monthly", "test.once"}
+    assert infos["test.interval"].name == "five minutes"
+    assert infos["test.once"].next_run_time == tomorrow + timedelta(hours=1)
+    assert infos["test.cron"].next_run_time.astimezone(cron_zone()).strftime("%H:%M") == "03:30"
+    kit.scheduler.start()
+    live = {info.id: info for info in kit.scheduler.jobs()}
+    assert live["test.once"].next_run_time == tomorrow + timedelta(hours=1)
+    kit.scheduler.remove_job("test.once")
+    assert "test.once" not in {info.id for info in kit.scheduler.jobs()}
+
+
+def cron_zone():
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo("Europe/Berlin")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: cron(timezone="Mars/Olympus", hour=3), "unknown IANA timezone"),
+        (lambda: cron(timezone="UTC", hour=25), "bad cron schedule"),
+        (lambda: every(seconds=0), "positive interval"),
+        (lambda: once(datetime(2030, 1, 1)), "aware datetime"),
+    ],
+)
+def test_bad_schedules_are_refused_with_a_clear_message(build, message):
+    with pytest.raises(ConfigurationError, match=message):
+        build()
+
+
+def test_bad_job_registrations_are_refused_and_change_nothing(kit):
+    before = kit.scheduler.jobs()
+    with pytest.raises(ConfigurationError, match="reserved"):
+        kit.scheduler.add_job("outboxkit.drain.mine", lambda context: None, every(minutes=1))
+    with pytest.raises(ConfigurationError, match="job id"):
+        kit.scheduler.add_job("bad id!", lambda context: None, every(minutes=1))
+    with pytest.raises(ConfigurationError, match="trigger"):
+        kit.scheduler.add_job("test.no-trigger", lambda context: None, "every minute")
+    with pytest.raises(ConfigurationError, match="cannot be removed"):
+        kit.scheduler.remove_job("outboxkit.drain.sample-events")
+    with pytest.raises(LookupError):
+        kit.scheduler.remove_job("test.never-added")
+    assert kit.scheduler.jobs() == before
+
+
+BERLIN_DST_2026 = [
+    # (case, cron fields, search from (UTC), expected fire times (UTC))
+    ("daily 09:00 across spring-forward", {"hour": 9, "minute": 0}, "2026-03-28T00:00",
+     ["2026-03-28T08:00", "2026-03-29T07:00", "2026-03-30T07:00"]),
+    ("daily 09:00 across fall-back", {"hour": 9, "minute": 0}, "2026-10-24T00:00",
+     ["2026-10-24T07:00", "2026-10-25T08:00", "2026-10-26T08:00"]),
+    ("02:30 does not exist on 29 March: fires at 03:30 CEST", {"hour": 2, "minute": 30}, "2026-03-28T00:00",
+     ["2026-03-28T01:30", "2026-03-29T01:30", "2026-03-30T00:30"]),
+    ("02:30 happens twice on 25 October: fires once", {"hour": 2, "minute": 30}, "2026-10-24T00:00",
+     ["2026-10-24T00:30", "2026-10-25T00:30", "2026-10-26T01:30"]),
+    ("every 30 minutes keeps elapsed time across spring-forward", {"minute": "*/30"}, "2026-03-29T00:00",
+     ["2026-03-29T00:00", "2026-03-29T00:30", "2026-03-29T01:00", "2026-03-29T01:30"]),
+    ("every 30 minutes runs in both passes of the repeated hour", {"minute": "*/30"}, "2026-10-25T00:00",
+     ["2026-10-25T00:00", "2026-10-25T00:30", "2026-10-25T01:00", "2026-10-25T01:30", "2026-10-25T02:00"]),
+]
+
+
+@pytest.mark.parametrize(("case", "fields", "start", "expected"), BERLIN_DST_2026, ids=[row[0] for row in BERLIN_DST_2026])
+def test_cron_in_berlin_fires_at_the_right_instants_across_2026_dst_changes(case, fields, start, expected):
+    trigger = cron(timezone="Europe/Berlin", **fields)
+    now = datetime.fromisoformat(start).replace(tzinfo=UTC)
+    previous, fired = None, []
+    for _ in expected:
+        previous = trigger.get_next_fire_time(previous, now)
+        now = previous
+        fired.append(previous.astimezone(UTC).strftime("%Y-%m-%dT%H:%M"))
+    assert fired == expected
+
+
+def test_scheduler_restarts_with_a_fresh_apscheduler_after_a_stop(kit, engine):
+    calls = []
+    kit.scheduler.add_job("test.tick", lambda context: calls.append(1), every(seconds=0.05))
+    kit.scheduler.start()
+    wait_until(lambda: calls, message="a first run")
+    kit.scheduler.shutdown(wait=False)
+    assert not kit.scheduler.running
+    count = len(calls)
+    kit.scheduler.start()
+    wait_until(lambda: len(calls) > count, message="a run after the restart")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM outboxkit_job_runs WHERE outcome = 'running'")).scalar() <= 1
+
+
+def test_lock_dsn_defaults_to_the_engine_and_accepts_a_sqlalchemy_style_url(engine):
+    with OutboxKit(engine, [SampleEvent], settings=QUIET) as kit:
+        assert kit.scheduler.lock_dsn.startswith("postgresql://")
+        assert kit.scheduler.lock_dsn.rsplit("/", 1)[1] == engine.url.database
+    direct = OutboxKitSettings(lock_database_url="postgresql+psycopg://app@db-primary:5432/app")
+    with OutboxKit(engine, [SampleEvent], settings=direct) as kit:
+        assert kit.scheduler.lock_dsn == "postgresql://app@db-primary:5432/app"
