@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         processes.append(start_process(
             [sys.executable, "-m", "uvicorn", "exampleapp.app:app", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(args.workers)], env, logs / "app.log"))
-        wait_for_http(f"http://127.0.0.1:{port}/healthz")
+        wait_for_http(f"http://127.0.0.1:{port}/health")
         admin_url = f"http://127.0.0.1:{port}/admin/?token={token}"
         say(f"admin: {admin_url}")
         say(f"admin API token (Authorization: Bearer ...): {token}")
