@@ -1,0 +1,109 @@
+"""The drain's invariants across worker processes (tests/support/drain_worker.py).
+
+Two processes claim disjoint rows; a worker killed with SIGKILL mid-batch
+loses nothing; a row that kills its worker every time still ends ``stuck``
+because each attempt is committed before the send.  Workers run on a frozen
+clock passed with ``--now``, so the test decides when leases run out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from tests.support.database import sqlalchemy_url
+from tests.support.drain_worker import WorkerProcess, worker_environment
+from tests.support.models import SampleEvent
+from tests.support.receiver import Reply
+
+LEASE = timedelta(seconds=SampleEvent.__outbox__.lease_seconds)
+
+
+def test_two_drain_processes_deliver_every_row_exactly_once(database_url, insert_events, read_events, receiver, clock):
+    insert_events([{"n": n} for n in range(2000)])
+    arguments = ("--now", clock.now().isoformat(), "--until-idle", "--wait-for-go")
+    with WorkerProcess(sqlalchemy_url(database_url), *arguments) as first, WorkerProcess(
+        sqlalchemy_url(database_url), *arguments
+    ) as second:
+        workers = (first, second)
+        for worker in workers:
+            worker.wait_for_line(lambda line: line.startswith("ready"))
+        for worker in workers:
+            worker.go()
+        assert [worker.wait(timeout=120) for worker in workers] == [0, 0], [worker.stderr for worker in workers]
+        sends = [sum(line.startswith("sending") for line in worker.lines) for worker in workers]
+
+    assert all(count > 0 for count in sends), f"both workers must have taken part: {sends}"
+    counts = receiver.count_by_key()
+    rows = read_events()
+    assert set(counts) == {str(row.idempotency_key) for row in rows.values()}
+    assert set(counts.values()) == {1}, "a row was delivered twice"
+    assert {(row.status, row.attempts) for row in rows.values()} == {("done", 1)}
+
+
+def test_a_worker_killed_mid_batch_loses_no_row_and_redelivers_with_the_same_key(
+    database_url, insert_events, read_events, make_drainer, receiver, clock
+):
+    ids = insert_events([{"n": n} for n in range(20)])
+    receiver.respond = lambda request: Reply(hang=True)
+    started_at = clock.now()
+    with WorkerProcess(sqlalchemy_url(database_url), "--now", started_at.isoformat()) as worker:
+        receiver.wait_for(lambda r: len(r.requests) == SampleEvent.__outbox__.concurrency)
+        worker.kill()
+        assert worker.process.returncode == -9
+    receiver.respond = lambda request: Reply()
+    receiver.release()
+    first_keys = receiver.keys()
+
+    rows = read_events()
+    assert sorted(rows) == ids, "no row may be lost"
+    for row in rows.values():
+        # Every row of the batch was claimed (attempt counted) before any send, sent or not.
+        assert (row.status, row.attempts) == ("pending", 1)
+        assert row.claim_token is not None
+        assert row.claimed_until == row.next_attempt_at == started_at + LEASE
+
+    drainer = make_drainer()
+    clock.set(started_at + LEASE - timedelta(microseconds=1))
+    assert drainer.drain_once().claimed == 0, "a held row is not taken before its lease ends"
+    clock.set(started_at + LEASE)
+    assert drainer.drain().delivered == 20
+
+    rows = read_events()
+    assert {(row.status, row.attempts) for row in rows.values()} == {("done", 2)}
+    counts = receiver.count_by_key()
+    assert set(counts) == {str(row.idempotency_key) for row in rows.values()}
+    for key in first_keys:
+        assert counts[key] == 2, "a redelivery carries the key of the first attempt"
+
+
+def test_a_row_that_kills_its_worker_every_time_ends_stuck_and_its_neighbours_are_delivered(
+    database_url, insert_events, read_events, receiver, clock
+):
+    max_attempts = SampleEvent.__outbox__.max_attempts
+    # Batches of one keep the neighbours out of the poison row's batch: a kill
+    # takes down every send in flight with it (see the batch-mates test below).
+    environment = worker_environment(batch_size=1)
+    ids = insert_events([{"n": 0}, {"poison": True}, {"n": 2}, {"n": 3}])
+    poison_id = ids[1]
+    lease = timedelta(seconds=dataclasses.replace(SampleEvent.__outbox__, batch_size=1).lease_seconds)
+    exit_codes = []
+    for _ in range(max_attempts + 2):
+        with WorkerProcess(
+            sqlalchemy_url(database_url), "--now", clock.now().isoformat(), "--poison-kills", "--until-idle",
+            environment=environment,
+        ) as worker:
+            exit_codes.append(worker.wait(timeout=60))
+        if exit_codes[-1] == 0 and read_events()[poison_id].status == "stuck":
+            break
+        clock.advance(lease)
+
+    assert exit_codes == [-9] * max_attempts + [0], "one kill per attempt, then the row is parked"
+    rows = read_events()
+    poison = rows[poison_id]
+    assert poison.status == "stuck" and poison.attempts == max_attempts
+    assert f"max attempts ({max_attempts}) reached" in poison.last_error
+    assert "recorded no outcome" in poison.last_error
+    assert str(poison.idempotency_key) not in receiver.keys()
+    assert all(rows[row_id].status == "done" for row_id in ids if row_id != poison_id)
+    assert len(receiver.requests) == 3
