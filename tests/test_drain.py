@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from outboxkit import queries
-from tests.support.database import sqlalchemy_url, with_database
+from tests.support.database import sqlalchemy_url
 from tests.support.receiver import Reply
 
 
@@ -123,7 +123,7 @@ def test_two_drains_in_two_threads_deliver_every_row_exactly_once(insert_events,
 
 
 def test_a_build_delivery_error_counts_one_failed_attempt_and_the_batch_goes_on(
-    insert_events, read_events, make_drainer, receiver, clock
+    engine, insert_events, read_events, make_drainer, receiver, clock
 ):
     ids = insert_events([{"n": 0}, {"n": 1}, {"raise": True}, {"n": 3}, {"n": 4}, {"n": 5}])
     broken_id, rejected_id, unavailable_id = ids[2], ids[4], ids[5]
@@ -135,6 +135,7 @@ def test_a_build_delivery_error_counts_one_failed_attempt_and_the_batch_goes_on(
 
     assert (result.claimed, result.delivered, result.retried, result.stuck) == (6, 3, 2, 1)
     assert result.error is None
+    assert engine.pool.checkedout() == 0
     rows = read_events()
     broken = rows[broken_id]
     assert broken.status == "pending" and broken.attempts == 1
@@ -286,12 +287,16 @@ def closed_port() -> int:
 
 
 @pytest.mark.parametrize("where", ["dropped database", "closed port"])
-def test_drain_once_never_raises_when_the_database_is_gone(database_url, make_drainer, where):
+def test_drain_once_never_raises_when_the_database_is_gone(
+    database_factory, database_url, engine, insert_events, make_drainer, where
+):
     if where == "dropped database":
-        url = with_database(database_url, "outboxkit_no_such_database")
+        insert_events([{"n": 0}])  # leaves a pooled connection that the drop kills
+        database_factory.drop(database_url)
+        gone = engine
     else:
         url = f"postgresql://root@127.0.0.1:{closed_port()}/test"
-    gone = create_engine(sqlalchemy_url(url), pool_size=2, max_overflow=0)
+        gone = create_engine(sqlalchemy_url(url), pool_size=2, max_overflow=0)
     try:
         result = make_drainer(gone).drain_once()
         assert result.error is not None and "OperationalError" in result.error
