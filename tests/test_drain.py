@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 
 from outboxkit import queries
 from tests.support.database import sqlalchemy_url
+from tests.support.drain_worker import FAST_COMMITS
 from tests.support.receiver import Reply
 
 
@@ -91,12 +92,37 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_for(
         impatient.dispose()
 
 
+def test_a_row_orphaned_by_a_dead_worker_is_claimed_alone(engine, insert_events, read_events, make_drainer, receiver):
+    ids = insert_events([{"n": n} for n in range(6)])
+    orphans = ids[1:4]  # as a worker that died mid-batch leaves them: claimed, attempt counted, no outcome
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE sample_event_outbox SET claim_token = gen_random_uuid(), attempts = 1 WHERE id = ANY(:ids)"),
+            {"ids": orphans},
+        )
+    drainer = make_drainer()
+
+    first = drainer.drain_once()
+
+    assert first.claimed == 1 and first.delivered == 1
+    assert [row_id for row_id, row in read_events().items() if row.status == "done"] == [orphans[0]]
+    assert drainer.drain().delivered == 5, "drain goes on past the short batches of orphans"
+    assert {row.status for row in read_events().values()} == {"done"}
+
+
 # -- disjoint claims ----------------------------------------------------------------
 
 
-def test_two_drains_in_two_threads_deliver_every_row_exactly_once(insert_events, read_events, make_drainer, receiver):
+def test_two_drains_in_two_threads_deliver_every_row_exactly_once(
+    database_url, insert_events, read_events, make_drainer, receiver
+):
     insert_events([{"n": n} for n in range(2000)])
-    drainers = [make_drainer(), make_drainer()]
+    # Commits need not wait for the disk here (visibility is unchanged): the test is about who gets which row.
+    fast = create_engine(
+        sqlalchemy_url(database_url), pool_size=4, max_overflow=0, connect_args={"options": FAST_COMMITS}
+    )
+    # Small batches mean many claims, so the two drains' claims often run at the same moment.
+    drainers = [make_drainer(fast, batch_size=10), make_drainer(fast, batch_size=10)]
     start = threading.Barrier(2)
 
     def drain_all(drainer):
@@ -106,6 +132,7 @@ def test_two_drains_in_two_threads_deliver_every_row_exactly_once(insert_events,
     threads = [run_in_thread(lambda drainer=drainer: drain_all(drainer)) for drainer in drainers]
     for thread, _ in threads:
         thread.join(timeout=120)
+    fast.dispose()
     results = [box["result"] for _, box in threads]
 
     assert all(result.error is None and not result.errors for result in results)
