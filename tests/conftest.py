@@ -59,13 +59,16 @@ def insert_events(engine: Engine, receiver: Receiver):
 
     from tests.support.models import SampleEvent
 
-    def insert_events(payloads: list[dict], *, next_attempt_at: datetime | None = None, path: str = "/events") -> list[int]:
+    def insert_events(
+        payloads: list[dict], *, next_attempt_at: datetime | None = None, path: str = "/events"
+    ) -> list[int]:
         values = [{"target_url": receiver.url + path, "payload": payload} for payload in payloads]
         if next_attempt_at is not None:
             for value in values:
                 value["next_attempt_at"] = next_attempt_at
+        statement = insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True)
         with engine.begin() as connection:
-            return list(connection.scalars(insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True), values))
+            return list(connection.scalars(statement, values))
 
     return insert_events
 
@@ -87,7 +90,10 @@ def read_events(engine: Engine):
 
 @pytest.fixture
 def make_drainer(engine: Engine, clock: ManualClock):
-    """``make_drainer(engine=None, **option_overrides) -> Drainer`` for SampleEvent on the manual clock; closed after the test."""
+    """``make_drainer(engine=None, **option_overrides) -> Drainer`` for SampleEvent on the manual clock.
+
+    Each drainer gets its own ``HttpTransport``; both are closed after the test.
+    """
     import dataclasses
 
     from outboxkit import Drainer, HttpTransport

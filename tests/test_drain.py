@@ -32,11 +32,10 @@ def run_in_thread(function):
 def await_condition(predicate, timeout: float = 30.0, message: str = "condition") -> None:
     """Poll ``predicate`` until it holds, failing after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    pause = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"{message}: not met within {timeout}s")
-        pause.wait(0.02)
+        time.sleep(0.02)  # a poll interval, not a wait for time to pass
 
 
 # -- claim ------------------------------------------------------------------------
@@ -130,9 +129,13 @@ def test_two_drains_in_two_threads_deliver_every_row_exactly_once(
         return drainer.drain()
 
     threads = [run_in_thread(lambda drainer=drainer: drain_all(drainer)) for drainer in drainers]
-    for thread, _ in threads:
-        thread.join(timeout=120)
-    fast.dispose()
+    try:
+        for thread, _ in threads:
+            thread.join(timeout=120)
+    finally:
+        for drainer in drainers:
+            drainer.close()
+        fast.dispose()
     results = [box["result"] for _, box in threads]
 
     assert all(result.error is None and not result.errors for result in results)
@@ -218,6 +221,9 @@ def test_a_hung_receiver_costs_one_slot_and_the_row_retries_with_a_timeout(
     assert hung.status == "pending" and hung.attempts == 1
     assert hung.last_error.startswith("timeout")
     assert hung.next_attempt_at == clock.now() + timedelta(seconds=1)
+    clock.advance(seconds=1)
+    assert drainer.drain_once().delivered == 1  # the retry, now answered
+    assert receiver.count_by_key()[str(hung.idempotency_key)] == 2
 
 
 def test_no_transaction_is_open_while_deliveries_are_in_flight(
@@ -256,7 +262,9 @@ def test_no_transaction_is_open_while_deliveries_are_in_flight(
 # -- outcomes guarded by the claim token ---------------------------------------------
 
 
-def test_a_row_reset_during_its_delivery_keeps_the_reset(engine, insert_events, read_events, make_drainer, receiver, clock):
+def test_a_row_reset_during_its_delivery_keeps_the_reset(
+    engine, insert_events, read_events, make_drainer, receiver, clock
+):
     reset_id, neighbour_id = insert_events([{"n": 0}, {"n": 1}])
     receiver.respond = lambda request: Reply(hang=True) if request.body["n"] == 0 else Reply()
     thread, box = run_in_thread(make_drainer().drain_once)
