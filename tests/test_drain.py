@@ -7,6 +7,8 @@ variants (two processes, kill -9, a poison row) are in test_drain_processes.py.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import threading
 import time
@@ -15,9 +17,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, text
 
-from outboxkit import queries
+from outboxkit import ConfigurationError, queries
+from outboxkit.model import LEASE_MARGIN_SECONDS
 from tests.support.database import sqlalchemy_url
 from tests.support.drain_worker import FAST_COMMITS
+from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 
 
@@ -109,6 +113,17 @@ def test_a_row_orphaned_by_a_dead_worker_is_claimed_alone(engine, insert_events,
     assert {row.status for row in read_events().values()} == {"done"}
 
 
+def test_the_lease_must_outlast_the_slowest_batch():
+    options = SampleEvent.__outbox__
+    # Every round of sends timing out, plus a margin: a live worker's rows are never claimed twice.
+    assert options.lease_seconds == options.minimum_lease
+    rounds = math.ceil(options.batch_size / options.concurrency)
+    assert options.minimum_lease == rounds * options.timeout + LEASE_MARGIN_SECONDS
+    with pytest.raises(ConfigurationError, match="lease"):
+        dataclasses.replace(options, lease=options.minimum_lease - 1)
+    assert dataclasses.replace(options, lease=options.minimum_lease + 60).lease_seconds == options.minimum_lease + 60
+
+
 # -- disjoint claims ----------------------------------------------------------------
 
 
@@ -153,7 +168,7 @@ def test_two_drains_in_two_threads_deliver_every_row_exactly_once(
 
 
 def test_a_build_delivery_error_counts_one_failed_attempt_and_the_batch_goes_on(
-    engine, insert_events, read_events, make_drainer, receiver, clock
+    engine, insert_events, read_events, make_drainer, receiver, clock, caplog
 ):
     ids = insert_events([{"n": 0}, {"n": 1}, {"raise": True}, {"n": 3}, {"n": 4}, {"n": 5}])
     broken_id, rejected_id, unavailable_id = ids[2], ids[4], ids[5]
@@ -171,6 +186,8 @@ def test_a_build_delivery_error_counts_one_failed_attempt_and_the_batch_goes_on(
     assert broken.status == "pending" and broken.attempts == 1
     assert "ValueError" in broken.last_error and f"cannot build row {broken_id}: bad payload" in broken.last_error
     assert broken.next_attempt_at == clock.now() + timedelta(seconds=1)  # backoff[0]
+    logged = [record for record in caplog.records if record.name == "outboxkit.drain" and record.levelname == "ERROR"]
+    assert any("Traceback" in record.getMessage() and "bad payload" in record.getMessage() for record in logged)
     # Each neighbour's outcome is its own, written in the same batch.
     assert [rows[row_id].status for row_id in (ids[0], ids[1], ids[3])] == ["done"] * 3
     assert (rows[rejected_id].status, rows[rejected_id].last_status_code) == ("stuck", 400)
