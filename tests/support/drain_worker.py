@@ -9,8 +9,8 @@ sleeping:
 
 * ``ready pid=<pid>`` once the kit is built (with ``--wait-for-go`` it then
   waits for a ``go`` line on stdin, so several workers start together);
-* ``sending key=<idempotency key>`` when a delivery leaves, i.e. after its
-  claim committed;
+* with ``--report-sends``, ``sending key=<idempotency key>`` when a delivery
+  leaves, i.e. after its claim committed;
 * ``batch claimed=<n> delivered=<n> retried=<n> stuck=<n> lost_claims=<n> error=<text>``
   after each ``drain_once``;
 * ``idle`` when a batch found nothing due (the worker then exits with
@@ -56,13 +56,15 @@ FAST_COMMITS = "-c synchronous_commit=off"
 class ReportingTransport:
     """HTTP delivery that announces each send on stdout, and can die on a poison row."""
 
-    def __init__(self, *, poison_kills: bool) -> None:
+    def __init__(self, *, poison_kills: bool, report_sends: bool) -> None:
         self._http = HttpTransport()
         self._poison_kills = poison_kills
+        self._report_sends = report_sends
         self._print_lock = threading.Lock()
 
     def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult:
-        say(f"sending key={idempotency_key}", lock=self._print_lock)
+        if self._report_sends:
+            say(f"sending key={idempotency_key}", lock=self._print_lock)
         if self._poison_kills and isinstance(delivery.json, dict) and delivery.json.get("poison"):
             os.kill(os.getpid(), signal.SIGKILL)
         return self._http.send(delivery, idempotency_key=idempotency_key, timeout=timeout)
@@ -87,6 +89,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="stop after this many seconds")
     parser.add_argument("--until-idle", action="store_true", help="exit once a batch finds nothing due")
     parser.add_argument("--poison-kills", action="store_true", help='SIGKILL self when sending a "poison" row')
+    parser.add_argument("--report-sends", action="store_true", help="print a line for every delivery sent")
     parser.add_argument("--wait-for-go", action="store_true", help="after 'ready', wait for 'go' on stdin")
     parser.add_argument("--application-name", default="outboxkit-test-worker")
     return parser.parse_args(argv)
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         max_overflow=2,
         connect_args={"application_name": arguments.application_name, "options": FAST_COMMITS},
     )
-    transport = ReportingTransport(poison_kills=arguments.poison_kills)
+    transport = ReportingTransport(poison_kills=arguments.poison_kills, report_sends=arguments.report_sends)
     kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(), clock=clock, transport=transport)
     try:
         say(f"ready pid={os.getpid()}")
