@@ -12,7 +12,9 @@ invariant it protects.
    before any network call, so a row that kills the worker every time still
    runs out of attempts and ends ``stuck``.  Rows whose previous attempt never
    recorded an outcome and that have no attempts left are parked as ``stuck``
-   here instead of being sent again.
+   here instead of being sent again.  A row still holding the claim of a worker
+   that died is claimed alone, so a row that kills its worker does not take
+   healthy batch-mates down with it again.
 
 2. Build.  The application's ``build_delivery`` runs for each row.  An
    exception is one failed attempt for that row only (traceback logged,
@@ -172,7 +174,9 @@ class Drainer:
         while not (stop is not None and stop.is_set()):
             batch = self.drain_once()
             total.add(batch)
-            if batch.error or batch.claimed < self.options.batch_size:
+            # A short batch does not mean the outbox is empty: an orphaned row is
+            # claimed alone and parked rows are not counted; stop when nothing came.
+            if batch.error or (batch.claimed == 0 and batch.stuck == 0):
                 break
             if max_batches is not None and total.batches >= max_batches:
                 break

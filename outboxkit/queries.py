@@ -26,13 +26,23 @@ __all__ = ["OutboxQueries", "queries_for"]
 # The claim stamps a lease (claimed_until) and a fresh token, counts the
 # attempt and moves next_attempt_at to the lease's end, so a row whose worker
 # dies comes due again by itself.
+# A due row that still carries a claim token was held by a worker that died
+# before recording its outcome, and may be the row that killed it.  Such a
+# row is claimed alone: otherwise it would be claimed again with the
+# batch-mates its crash took down (they share its lease end) and take them
+# down again until they too ran out of attempts.  The other candidates it
+# locked are left untouched and free again when the claim commits.
 CLAIM_DUE_ROWS = """
-WITH due AS (
-    SELECT id FROM {table}
+WITH candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
     WHERE status = 'pending' AND next_attempt_at <= :now
     ORDER BY next_attempt_at, id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
+    UNION ALL
+    (SELECT id FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
 )
 UPDATE {table} AS outbox
 SET attempts = outbox.attempts + 1,

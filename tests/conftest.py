@@ -64,3 +64,68 @@ def _install_notify_triggers() -> None:
 
 
 _install_notify_triggers()
+
+
+# -- sample outbox rows (added for the drain invariant tests) ------------------
+
+
+@pytest.fixture
+def insert_events(engine: Engine, receiver: Receiver):
+    """``insert_events(payloads, next_attempt_at=None) -> [id, ...]``: SampleEvent rows aimed at the receiver."""
+    from sqlalchemy import insert
+
+    from tests.support.models import SampleEvent
+
+    def insert_events(
+        payloads: list[dict], *, next_attempt_at: datetime | None = None, path: str = "/events"
+    ) -> list[int]:
+        values = [{"target_url": receiver.url + path, "payload": payload} for payload in payloads]
+        if next_attempt_at is not None:
+            for value in values:
+                value["next_attempt_at"] = next_attempt_at
+        statement = insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True)
+        with engine.begin() as connection:
+            return list(connection.scalars(statement, values))
+
+    return insert_events
+
+
+@pytest.fixture
+def read_events(engine: Engine):
+    """``read_events() -> {id: SampleEvent}``: every SampleEvent row as it is now in the database."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from tests.support.models import SampleEvent
+
+    def read_events() -> dict:
+        with Session(engine) as session:
+            return {row.id: row for row in session.scalars(select(SampleEvent).order_by(SampleEvent.id))}
+
+    return read_events
+
+
+@pytest.fixture
+def make_drainer(engine: Engine, clock: ManualClock):
+    """``make_drainer(engine=None, **option_overrides) -> Drainer`` for SampleEvent on the manual clock.
+
+    Each drainer gets its own ``HttpTransport``; both are closed after the test.
+    """
+    import dataclasses
+
+    from outboxkit import Drainer, HttpTransport
+    from tests.support.models import SampleEvent
+
+    made = []
+
+    def make_drainer(drainer_engine: Engine | None = None, **option_overrides) -> Drainer:
+        options = dataclasses.replace(SampleEvent.__outbox__, **option_overrides)
+        transport = HttpTransport()
+        drainer = Drainer(drainer_engine or engine, SampleEvent, transport=transport, clock=clock, options=options)
+        made.append((drainer, transport))
+        return drainer
+
+    yield make_drainer
+    for drainer, transport in made:
+        drainer.close()
+        transport.close()
