@@ -18,6 +18,7 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     admin_harness,
     audit_entries,
     empty_tables,
+    record_run,
     row_of,
     snapshot,
 )
@@ -33,14 +34,7 @@ def test_overview_counts_statuses_in_flight_oldest_due_and_last_drain(admin):
     lease = now + timedelta(minutes=2)
     add_webhooks(admin.engine, 2, status="pending", next_attempt_at=lease, claimed_until=lease)
     add_webhooks(admin.engine, 4, status="done", error=None, status_code=200)
-    with admin.engine.begin() as connection:
-        connection.execute(
-            text(
-                "INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, leader) "
-                "VALUES ('outboxkit.drain.webhooks', 'drain webhooks', :at, :at, :at, 'ok', '{\"delivered\": 3}', 'host-a:11')"
-            ),
-            {"at": now - timedelta(seconds=30)},
-        )
+    record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(seconds=30), counts={"delivered": 3})
 
     response = admin.client.get("/admin/api/outboxes")
 
@@ -246,22 +240,11 @@ def test_audit_lists_newest_first_with_outbox_filter_and_cursor(admin):
     assert admin.client.get("/admin/api/audit", params={"outbox": "nope"}).status_code == 404
 
 
-def _record_run(engine, job_id, job_name, at, outcome="ok"):
-    with engine.begin() as connection:
-        connection.execute(
-            text(
-                "INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, outcome, leader) "
-                "VALUES (:job_id, :job_name, :at, :at, :outcome, 'h:1')"
-            ),
-            {"job_id": job_id, "job_name": job_name, "at": at, "outcome": outcome},
-        )
-
-
 def test_jobs_from_run_history_show_each_jobs_last_run(admin):
     now = admin.clock.now()
-    _record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=2), "error")
-    _record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=1))
-    _record_run(admin.engine, "app.report", "nightly report", now - timedelta(hours=5))
+    record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=2), "error")
+    record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=1))
+    record_run(admin.engine, "app.report", "nightly report", now - timedelta(hours=5))
     view = admin.client.get("/admin/api/jobs").json()
     assert view["source"] == "run_history"
     jobs = {job["id"]: job for job in view["jobs"]}

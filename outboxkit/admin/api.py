@@ -19,12 +19,17 @@ clamped.
 """
 
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.responses import Response
 
 from outboxkit.admin.cursor import InvalidCursor
 from outboxkit.admin.schemas import (
@@ -45,7 +50,7 @@ from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
 from outboxkit.queries import RowFilter
 
-__all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
+__all__ = ["MAX_PAGE_SIZE", "AdminRoute", "api_router", "http_errors"]
 
 MAX_PAGE_SIZE = 200
 
@@ -75,6 +80,27 @@ def http_errors() -> Iterator[None]:
         raise HTTPException(status_code=400, detail=str(exc)) from None
 
 
+class AdminRoute(APIRoute):
+    """Answers malformed input with 422 itself, whatever the application's handlers do.
+
+    FastAPI's default handler echoes the offending input as UTF-8 JSON, which
+    fails (500) on a lone surrogate such as ``"\\ud800"``; here the body is
+    written ASCII-escaped, so any input gets its 422.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True, default=str)
+                return Response(body, status_code=422, media_type="application/json")
+
+        return handle
+
+
 def require_json(request: Request) -> None:
     """Only JSON bodies: a cross-site form or no-CORS fetch cannot send them, which is the API's CSRF guard."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -90,7 +116,7 @@ Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor fr
 
 def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
-    router = APIRouter(prefix="/api", tags=["outboxkit admin"])
+    router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=AdminRoute)
     Actor = Annotated[str, Depends(actor)]
 
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
-from outboxkit.admin.api import OutboxName, RowIdPath
+from outboxkit.admin.api import AdminRoute, OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD, CsrfTokens
 from outboxkit.admin.cursor import InvalidCursor
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
@@ -59,7 +59,7 @@ def _int_or_none(value: str | None) -> int | None:
 
 def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: CsrfTokens, page_size: int) -> APIRouter:
     """The HTML routes over ``service``."""
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter(include_in_schema=False, route_class=AdminRoute)
     environment = make_environment()
     Actor = Annotated[str, Depends(actor)]
 

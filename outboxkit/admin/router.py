@@ -97,7 +97,11 @@ def create_admin_router(
         actor = actor_from_request_state if dependencies else _insecure_actor
 
     service = AdminService(kit, job_source=job_source, preview_chars=preview_chars)
-    router = APIRouter(dependencies=dependencies)
+    refused_by_auth = {
+        401: {"description": "The application's auth dependency refused the request (no or wrong credentials)."},
+        403: {"description": "The application's auth dependency refused the request (not allowed)."},
+    }
+    router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
     router.include_router(api_router(service, actor=actor))
     router.include_router(pages_router(service, actor=actor, csrf=csrf, page_size=page_size))
     return router

@@ -146,3 +146,17 @@ def row_of(engine: Engine, row_id: int) -> dict[str, Any]:
 def audit_entries(engine: Engine) -> list[dict[str, Any]]:
     with engine.connect() as connection:
         return [dict(row._mapping) for row in connection.execute(text("SELECT * FROM outboxkit_reset_audit ORDER BY id"))]
+
+
+def record_run(
+    engine: Engine, job_id: str, job_name: str, at: datetime, outcome: str = "ok", counts: dict[str, int] | None = None
+) -> None:
+    """A scheduler run in ``outboxkit_job_runs``, as the scheduler would record it."""
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, leader) "
+                "VALUES (:job_id, :job_name, :at, :at, :at, :outcome, CAST(:counts AS jsonb), 'host-a:11')"
+            ),
+            {"job_id": job_id, "job_name": job_name, "at": at, "outcome": outcome, "counts": json.dumps(counts or {})},
+        )
