@@ -433,7 +433,14 @@ class AdminQueries:
     def reset_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, now: datetime) -> list[int]:
         """Reset every stuck row matching the filter.  Stuck rows carry no lease, so none is held."""
         filter_sql, params = row_filter.clauses()
-        statement = text(self._sql(_RESET + f" WHERE status = 'stuck'{filter_sql} RETURNING id"))
+        # Lock in id order first, so two bulk resets at once queue instead of deadlocking.
+        statement = text(
+            self._sql(
+                f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} ORDER BY id FOR UPDATE) "
+                + _RESET
+                + " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
+            )
+        )
         return sorted(connection.execute(statement, {**params, "now": now}).scalars())
 
 

@@ -6,6 +6,7 @@ import re
 from datetime import timedelta
 
 import pytest
+
 from outboxkit.admin import CSRF_COOKIE
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,

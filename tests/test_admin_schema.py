@@ -19,8 +19,14 @@ from hypothesis import HealthCheck, Phase, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from exampleapp.admin_app import create_app
-from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER, add_webhooks, admin_harness, empty_tables
-from tests.support.admin import admin_database_url  # noqa: F401  (fixture)
+from tests.support.admin import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    add_webhooks,
+    admin_database_url,  # noqa: F401  (fixture)
+    admin_harness,
+    empty_tables,
+)
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"{ADMIN_USER}:{ADMIN_PASSWORD}".encode()).decode()}
 

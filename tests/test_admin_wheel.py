@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.admin import empty_tables
-from tests.support.admin import admin_database_url  # noqa: F401  (fixture)
+from tests.support.admin import (
+    admin_database_url,  # noqa: F401  (fixture)
+    empty_tables,
+)
 from tests.support.database import sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[1]

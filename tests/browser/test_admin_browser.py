@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER, add_webhooks, admin_harness, empty_tables, row_of
-from tests.support.admin import admin_database_url  # noqa: F401  (fixture)
+from tests.support.admin import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    add_webhooks,
+    admin_database_url,  # noqa: F401  (fixture)
+    admin_harness,
+    empty_tables,
+    row_of,
+)
 from tests.support.receiver import Reply
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -118,7 +125,7 @@ def test_reset_a_stuck_row_and_watch_it_deliver(served, page_factory, receiver):
 
     page.goto(f"{base_url}/admin/")
     page.get_by_role("link", name="webhooks").first.wait_for()
-    page.locator(f'a[href="/admin/outboxes/webhooks?status=stuck"]').click()
+    page.locator('a[href="/admin/outboxes/webhooks?status=stuck"]').click()
     page.get_by_role("link", name=str(row_id), exact=True).click()
     assert page.locator("#row-status").inner_text().startswith("stuck")
     assert "400" in page.locator("dl.facts").first.inner_text()

@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from exampleapp.admin_app import create_app
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
-from exampleapp.admin_app import create_app
 from outboxkit import ManualClock, OutboxKit
 from tests.support.database import sqlalchemy_url
 
