@@ -63,7 +63,7 @@ def live_admin(admin_database_url):
 
 @schema.parametrize()
 @settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     derandomize=True,
     phases=[Phase.explicit, Phase.generate],
