@@ -295,3 +295,27 @@ def test_leader_is_the_lock_holder_in_this_database_only(admin, admin_database_u
         # Unlock explicitly: a closed connection's backend may linger for a moment.
         here.execute("SELECT pg_advisory_unlock(727272)")
         assert admin.client.get("/admin/api/jobs").json()["leader"] is None
+
+
+def test_concurrent_bulk_and_list_resets_queue_instead_of_failing(admin):
+    ids = add_webhooks(admin.engine, 300, status="stuck", error="timeout")
+    barrier = threading.Barrier(3)
+    answers = []
+
+    def bulk():
+        barrier.wait()
+        answers.append(admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"error_contains": "timeout", "dry_run": False}))
+
+    def listed():
+        barrier.wait()
+        answers.append(admin.client.post("/admin/api/outboxes/webhooks/reset", json={"ids": list(reversed(ids))}))
+
+    threads = [threading.Thread(target=target) for target in (bulk, bulk, listed)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert sorted(answer.status_code for answer in answers) == [200, 200, 200]
+    assert sum(answer.json()["changed"] for answer in answers) == 300
+    assert sum(entry["row_count"] for entry in audit_entries(admin.engine)) == 300
