@@ -12,7 +12,7 @@ Routes, relative to where the application mounts the router::
     GET  /api/jobs                                  jobs, their last runs, and the leader
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
-changed), 400 a cursor that does not decode, 415 a POST that is not JSON,
+changed), 400 a cursor or body that does not decode, 415 a POST that is not JSON,
 422 anything else malformed (ids out of range, page size outside 1..200, a
 filter with NUL characters, more than 500 ids).  Page sizes are refused, not
 clamped.
@@ -59,9 +59,11 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-ERRORS = {
-    400: {"model": ErrorBody, "description": "The cursor does not decode."},
-    404: {"model": ErrorBody, "description": "Unknown outbox or row."},
+_NOT_FOUND = {"model": ErrorBody, "description": "Unknown outbox or row."}
+READ_ERRORS = {400: {"model": ErrorBody, "description": "The cursor does not decode."}, 404: _NOT_FOUND}
+WRITE_ERRORS = {
+    400: {"model": ErrorBody, "description": "The body does not parse (for example, it is not UTF-8)."},
+    404: _NOT_FOUND,
     409: {"model": ErrorBody, "description": "A drain holds a listed row; nothing was changed."},
     415: {"model": ErrorBody, "description": "The body is not application/json."},
 }
@@ -124,7 +126,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
         return service.overview()
 
     @router.get(
-        "/outboxes/{outbox}/rows", response_model=RowPage, responses=ERRORS, summary="Rows of one outbox in one status"
+        "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"
     )
     def rows(
         outbox: OutboxName,
@@ -138,7 +140,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
             row_filter = RowFilter(error_contains=error_contains, status_code=status_code)
             return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit)
 
-    @router.get("/outboxes/{outbox}/rows/{row_id}", response_model=RowDetailModel, responses=ERRORS, summary="One row")
+    @router.get("/outboxes/{outbox}/rows/{row_id}", response_model=RowDetailModel, responses={404: _NOT_FOUND}, summary="One row")
     def row(outbox: OutboxName, row_id: RowIdPath) -> RowDetailModel:
         with http_errors():
             return service.row(outbox, row_id)
@@ -155,7 +157,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
             act,
             methods=["POST"],
             response_model=ActionResult,
-            responses=ERRORS,
+            responses=WRITE_ERRORS,
             dependencies=[Depends(require_json)],
             summary=summary,
             name=f"outboxkit_admin_api_{action}",
@@ -167,7 +169,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
     @router.post(
         "/outboxes/{outbox}/reset-matching",
         response_model=MatchOutcome,
-        responses=ERRORS,
+        responses=WRITE_ERRORS,
         dependencies=[Depends(require_json)],
         summary="Reset every stuck row matching a filter (dry_run defaults to true)",
     )
@@ -176,7 +178,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
             row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
             return service.reset_matching(outbox, row_filter, dry_run=body.dry_run, actor=who)
 
-    @router.get("/audit", response_model=AuditPage, responses=ERRORS, summary="Reset audit, newest first")
+    @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
     def audit(
         outbox: Annotated[str | None, Query(max_length=100, description="Only this outbox.")] = None,
         cursor: Cursor = None,
