@@ -190,3 +190,22 @@ def test_without_the_admin_extra_the_import_says_how_to_install_it():
     assert result.returncode != 0
     assert "pip install 'outboxkit[admin]'" in result.stderr
     assert "jinja2 is missing" in result.stderr
+
+
+def test_the_admin_package_exports_exactly_its_public_api():
+    import outboxkit.admin
+
+    assert sorted(outboxkit.admin.__all__) == [
+        "ACTOR_STATE_ATTRIBUTE",
+        "AdminService",
+        "CSRF_COOKIE",
+        "CSRF_FIELD",
+        "DRAIN_JOB_PREFIX",
+        "JobInfo",
+        "JobSource",
+        "RowsHeld",
+        "RowsNotFound",
+        "create_admin_router",
+        "drain_job_id",
+    ]
+    assert all(hasattr(outboxkit.admin, name) for name in outboxkit.admin.__all__)
