@@ -151,3 +151,310 @@ def _quote(table: Any) -> str:
 def queries_for(outbox: type[Outbox]) -> OutboxQueries:
     """The (cached) statements for ``outbox``."""
     return OutboxQueries(outbox)
+
+
+# ===========================================================================
+# Admin queries.  Appended: the admin owns everything below this line; the
+# drain's statements above stay untouched.
+#
+# What an operator sees and does through ``outboxkit.admin`` (and the CLI):
+# counts, a keyset page of rows, one row's detail, reset and retry-now.  A row
+# a drain holds (pending with a live lease, ``claimed_until > now``) is never
+# written: every write re-checks that in its WHERE clause under the row lock,
+# so a claim that commits first wins and the admin's update matches nothing.
+# No string from a request is ever spliced into SQL: filters are bind
+# parameters, and the fragments below are fixed.
+
+from outboxkit.model import STATUSES  # noqa: E402  (kept with the section it serves)
+
+__all__ += [
+    "AdminQueries",
+    "PayloadField",
+    "RowDetail",
+    "RowFilter",
+    "RowState",
+    "RowSummary",
+    "StatusCounts",
+    "admin_queries_for",
+]
+
+# Columns the kit owns on every outbox; whatever else a table has is the
+# application's payload.
+KIT_COLUMNS = frozenset(name for name, annotation in Outbox.__annotations__.items() if str(annotation).startswith("Mapped["))
+# Below this many rows in the table, ``done`` is counted exactly (a capped
+# scan); above it, it is derived from the planner's row estimate.
+DONE_EXACT_LIMIT = 10_000
+LIST_ERROR_CHARS = 200
+
+_ROW_SUMMARY_COLUMNS = (
+    "id, status, attempts, next_attempt_at, last_status_code, left(last_error, :error_chars) AS last_error, "
+    "length(last_error) AS last_error_length, created_at, updated_at, delivered_at, claimed_until"
+)
+_RESET = (
+    "UPDATE {table} SET status = 'pending', attempts = 0, next_attempt_at = :now, "
+    "claimed_until = NULL, claim_token = NULL, updated_at = :now"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowFilter:
+    """Which rows an operator means: a substring of ``last_error`` and/or a status code."""
+
+    error_contains: str | None = None
+    status_code: int | None = None
+
+    def clauses(self) -> tuple[str, dict[str, Any]]:
+        """Fixed SQL fragments and their bind parameters (the strings stay data)."""
+        sql, params = "", {}
+        if self.error_contains:
+            sql += " AND last_error ILIKE :error_pattern ESCAPE '\\'"
+            params["error_pattern"] = "%" + escape_like(self.error_contains) + "%"
+        if self.status_code is not None:
+            sql += " AND last_status_code = :status_code"
+            params["status_code"] = self.status_code
+        return sql, params
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"error_contains": self.error_contains, "status_code": self.status_code}
+
+
+def escape_like(value: str) -> str:
+    """Make ``%``, ``_`` and ``\\`` match themselves in a LIKE pattern with ``ESCAPE '\\'``."""
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatusCounts:
+    """One outbox's counts.  ``done`` is exact only when ``done_estimated`` is False."""
+
+    pending: int
+    in_flight: int
+    stuck: int
+    done: int
+    done_estimated: bool
+    oldest_due_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowSummary:
+    """A row as a list shows it: the kit's columns, ``last_error`` cut to ``LIST_ERROR_CHARS``."""
+
+    id: int
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None
+    last_error_length: int | None
+    created_at: datetime
+    updated_at: datetime
+    delivered_at: datetime | None
+    claimed_until: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PayloadField:
+    """One application column of a row, as text cut in SQL to the preview size."""
+
+    name: str
+    type: str
+    text: str | None
+    length: int | None
+
+    @property
+    def truncated(self) -> bool:
+        return self.text is not None and self.length is not None and self.length > len(self.text)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowDetail:
+    summary: RowSummary
+    idempotency_key: uuid.UUID
+    claim_token: uuid.UUID | None
+    payload: list[PayloadField]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowState:
+    """What an action may do with a row, read under its lock."""
+
+    id: int
+    status: str
+    next_attempt_at: datetime
+    claimed_until: datetime | None
+
+    def held(self, now: datetime) -> bool:
+        """A drain holds the row: it is pending with a live lease."""
+        return self.status == "pending" and self.claimed_until is not None and self.claimed_until > now
+
+    def in_backoff(self, now: datetime) -> bool:
+        return self.status == "pending" and not self.held(now) and self.next_attempt_at > now
+
+
+class AdminQueries:
+    """The admin's statements for one outbox class."""
+
+    def __init__(self, outbox: type[Outbox]) -> None:
+        from sqlalchemy.dialects import postgresql
+
+        table = outbox.__table__  # type: ignore[attr-defined]
+        self.table_name = _quote(table)
+        preparer = postgresql.dialect().identifier_preparer
+        self.payload_columns = [
+            (column.name, preparer.quote(column.name), column.type.compile(dialect=postgresql.dialect()))
+            for column in table.columns
+            if column.name not in KIT_COLUMNS
+        ]
+
+    def _sql(self, template: str) -> str:
+        return template.format(table=self.table_name)
+
+    def status_counts(self, connection: Connection, *, now: datetime) -> StatusCounts:
+        """Exact pending, in-flight and stuck counts (partial indexes); ``done`` exact or estimated."""
+        row = connection.execute(
+            text(
+                self._sql(
+                    "SELECT (SELECT count(*) FROM {table} WHERE status = 'pending') AS pending, "
+                    "(SELECT count(*) FROM {table} WHERE status = 'pending' AND claimed_until > :now) AS in_flight, "
+                    "(SELECT count(*) FROM {table} WHERE status = 'stuck') AS stuck, "
+                    "(SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now) "
+                    "AS oldest_due_at, "
+                    "(SELECT reltuples FROM pg_class WHERE oid = to_regclass(:table_name)) AS total_estimate"
+                )
+            ),
+            {"now": now, "table_name": self.table_name},
+        ).one()
+        others = row.pending + row.stuck
+        total_estimate = int(row.total_estimate) if row.total_estimate is not None else -1
+        if total_estimate > DONE_EXACT_LIMIT:
+            done, estimated = max(0, total_estimate - others), True
+        else:
+            done = connection.execute(
+                text(self._sql("SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'done' LIMIT :cap) AS capped")),
+                {"cap": DONE_EXACT_LIMIT + 1},
+            ).scalar_one()
+            estimated = done > DONE_EXACT_LIMIT
+        return StatusCounts(
+            pending=row.pending,
+            in_flight=row.in_flight,
+            stuck=row.stuck,
+            done=done,
+            done_estimated=estimated,
+            oldest_due_at=row.oldest_due_at,
+        )
+
+    def page(
+        self,
+        connection: Connection,
+        *,
+        status: str,
+        row_filter: RowFilter,
+        after: tuple[Any, ...] | None,
+        limit: int,
+    ) -> list[RowSummary]:
+        """Up to ``limit`` rows of one status after the keyset position ``after``.
+
+        Pending rows come in due order (``next_attempt_at, id``, the drain's
+        index); stuck and done rows newest first (``id`` descending).  The
+        position is ``(next_attempt_at, id)`` for pending, ``(id,)`` otherwise.
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        filter_sql, params = row_filter.clauses()
+        params.update(status=status, limit=limit, error_chars=LIST_ERROR_CHARS)
+        if status == "pending":
+            order = "next_attempt_at, id"
+            if after is not None:
+                filter_sql += " AND (next_attempt_at, id) > (:after_time, :after_id)"
+                params.update(after_time=after[0], after_id=after[1])
+        else:
+            order = "id DESC"
+            if after is not None:
+                filter_sql += " AND id < :after_id"
+                params["after_id"] = after[0]
+        statement = text(
+            self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE status = :status{filter_sql} ORDER BY {order} LIMIT :limit")
+        )
+        return [RowSummary(**row._mapping) for row in connection.execute(statement, params)]
+
+    def detail(self, connection: Connection, row_id: int, *, preview_chars: int) -> RowDetail | None:
+        """One row with its application columns as text, each cut to ``preview_chars`` in SQL."""
+        payload_sql = "".join(
+            f", left(CAST({quoted} AS text), :preview) AS payload_{index}, length(CAST({quoted} AS text)) AS length_{index}"
+            for index, (_, quoted, _) in enumerate(self.payload_columns)
+        )
+        statement = text(
+            self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS}, idempotency_key, claim_token{payload_sql} FROM {{table}} WHERE id = :id")
+        )
+        params = {"id": row_id, "preview": preview_chars, "error_chars": LAST_ERROR_LIMIT}
+        row = connection.execute(statement, params).one_or_none()
+        if row is None:
+            return None
+        values = row._mapping
+        summary = RowSummary(**{name: values[name] for name in RowSummary.__dataclass_fields__})
+        payload = [
+            PayloadField(name=name, type=type_name, text=values[f"payload_{index}"], length=values[f"length_{index}"])
+            for index, (name, _, type_name) in enumerate(self.payload_columns)
+        ]
+        return RowDetail(
+            summary=summary, idempotency_key=values["idempotency_key"], claim_token=values["claim_token"], payload=payload
+        )
+
+    def lock_row_states(self, connection: Connection, ids: list[int]) -> dict[int, RowState]:
+        """Lock the listed rows (in id order, so two admins cannot deadlock) and say where each stands."""
+        rows = connection.execute(
+            text(
+                self._sql(
+                    "SELECT id, status, next_attempt_at, claimed_until FROM {table} WHERE id = ANY(:ids) ORDER BY id FOR UPDATE"
+                )
+            ),
+            {"ids": ids},
+        )
+        return {row.id: RowState(**row._mapping) for row in rows}
+
+    def reset_rows(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
+        """Stuck -> pending, attempts 0, due now, claim cleared; only rows still stuck.  Returns the ids reset."""
+        statement = text(self._sql(_RESET + " WHERE id = ANY(:ids) AND status = 'stuck' RETURNING id"))
+        return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
+
+    def retry_rows_now(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
+        """Pending rows in backoff and not held -> due now (attempts kept).  Returns the ids moved."""
+        statement = text(
+            self._sql(
+                "UPDATE {table} SET next_attempt_at = :now, updated_at = :now "
+                "WHERE id = ANY(:ids) AND status = 'pending' AND next_attempt_at > :now "
+                "AND (claimed_until IS NULL OR claimed_until <= :now) RETURNING id"
+            )
+        )
+        return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
+
+    def count_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, sample_size: int) -> tuple[int, list[int]]:
+        """How many stuck rows match, and the newest ``sample_size`` of their ids."""
+        filter_sql, params = row_filter.clauses()
+        count = connection.execute(
+            text(self._sql(f"SELECT count(*) FROM {{table}} WHERE status = 'stuck'{filter_sql}")), params
+        ).scalar_one()
+        sample = connection.execute(
+            text(self._sql(f"SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} ORDER BY id DESC LIMIT :sample")),
+            {**params, "sample": sample_size},
+        ).scalars()
+        return count, list(sample)
+
+    def reset_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, now: datetime) -> list[int]:
+        """Reset every stuck row matching the filter.  Stuck rows carry no lease, so none is held."""
+        filter_sql, params = row_filter.clauses()
+        # Lock in id order first, so two bulk resets at once queue instead of deadlocking.
+        statement = text(
+            self._sql(
+                f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} ORDER BY id FOR UPDATE) "
+                + _RESET
+                + " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
+            )
+        )
+        return sorted(connection.execute(statement, {**params, "now": now}).scalars())
+
+
+@cache
+def admin_queries_for(outbox: type[Outbox]) -> AdminQueries:
+    """The (cached) admin statements for ``outbox``."""
+    return AdminQueries(outbox)

@@ -1,0 +1,141 @@
+"""Benchmark: the admin's overview and first stuck page on a big outbox.
+
+Builds a scratch database (dropped afterwards) holding the example service's
+tables, fills ``webhook_outbox`` with 1,000,000 done, 10,000 stuck and 10,000
+pending rows (half due, half in backoff) and 10,000 recorded drain runs, all
+with ``generate_series``, then ``VACUUM ANALYZE`` (what autovacuum would have
+done by then).  It times the overview API and the first page of stuck rows
+through the in-process ASGI client, behind the example's HTTP Basic auth.
+
+    python bench/admin_overview.py [--done 1000000] [--requests 200]
+
+Server: ``OUTBOXKIT_BENCH_DATABASE_URL`` (a libpq URL of any database on a
+server where the user may create databases), else 127.0.0.1:5432/test.
+Target: p95 <= 100 ms for both.  The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
+
+import psycopg  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from exampleapp.admin_app import create_app  # noqa: E402
+from exampleapp.models import Base  # noqa: E402
+from outboxkit.tables import kit_metadata  # noqa: E402
+
+PASSWORD = "bench"
+
+FILL = [
+    # done: delivered long ago
+    """INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, last_status_code,
+           next_attempt_at, created_at, updated_at, delivered_at)
+       SELECT 'grant.created', 'http://127.0.0.1:9/hook', jsonb_build_object('n', g, 'note', repeat('x', 200)), 'done', 1, 200,
+              now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+       FROM generate_series(1, %(done)s) AS g""",
+    # stuck: a mix of errors, interleaved in time with the rest
+    """INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, last_status_code, last_error, next_attempt_at)
+       SELECT 'grant.created', 'http://127.0.0.1:9/hook', jsonb_build_object('n', g), 'stuck', 1 + g %% 24,
+              CASE WHEN g %% 3 = 0 THEN 400 WHEN g %% 3 = 1 THEN 422 END,
+              CASE WHEN g %% 3 = 2 THEN 'max attempts (24) reached: timeout after 10s' ELSE 'receiver answered ' || (400 + 22 * (g %% 3)) || ': bad amount' END,
+              now() - g * interval '1 second'
+       FROM generate_series(1, %(stuck)s) AS g""",
+    # pending: half due (a backlog), half in backoff
+    """INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, next_attempt_at)
+       SELECT 'grant.created', 'http://127.0.0.1:9/hook', jsonb_build_object('n', g), 'pending', g %% 5,
+              now() + CASE WHEN g %% 2 = 0 THEN g * interval '1 second' ELSE -g * interval '1 second' END
+       FROM generate_series(1, %(pending)s) AS g""",
+    """INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, leader)
+       SELECT 'outboxkit.drain.' || CASE WHEN g %% 2 = 0 THEN 'webhooks' ELSE 'credit-grants' END, 'drain',
+              now() - g * interval '1 minute', now() - g * interval '1 minute', now() - g * interval '1 minute', 'ok',
+              '{"delivered": 50}', 'bench:1'
+       FROM generate_series(1, 10000) AS g""",
+]
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def time_requests(client: TestClient, path: str, count: int) -> list[float]:
+    for _ in range(10):  # warm the pool, the statement caches and the planner
+        assert client.get(path).status_code == 200
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        response = client.get(path)
+        samples.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.text
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--done", type=int, default=1_000_000)
+    parser.add_argument("--stuck", type=int, default=10_000)
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=200)
+    arguments = parser.parse_args()
+
+    server = os.environ.get("OUTBOXKIT_BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
+    scratch = f"outboxkit_bench_admin_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{scratch}"')
+    url = make_url(server).set(database=scratch).render_as_string(hide_password=False)
+    try:
+        engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"))
+        try:
+            Base.metadata.create_all(engine)
+            kit_metadata.create_all(engine)
+        finally:
+            engine.dispose()
+        started = time.perf_counter()
+        with psycopg.connect(url, autocommit=True) as connection:
+            for statement in FILL:
+                connection.execute(statement, {"done": arguments.done, "stuck": arguments.stuck, "pending": arguments.pending})
+            connection.execute("VACUUM ANALYZE")
+        print(f"filled {arguments.done:,} done, {arguments.stuck:,} stuck, {arguments.pending:,} pending in {time.perf_counter() - started:.1f}s")
+
+        app = create_app(url, admin_password=PASSWORD, pool_size=2)
+        with TestClient(app) as client:
+            client.auth = ("admin", PASSWORD)
+            overview = client.get("/admin/api/outboxes").json()
+            webhooks = next(box for box in overview["outboxes"] if box["name"] == "webhooks")
+            print("overview counts:", json.dumps(webhooks["counts"]))
+            overview_samples = time_requests(client, "/admin/api/outboxes", arguments.requests)
+            stuck_samples = time_requests(client, "/admin/api/outboxes/webhooks/rows?status=stuck&limit=50", arguments.requests)
+    finally:
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+
+    result = {
+        "overview_p50_ms": round(statistics.median(overview_samples), 2),
+        "overview_p95_ms": round(percentile(overview_samples, 0.95), 2),
+        "stuck_page_p50_ms": round(statistics.median(stuck_samples), 2),
+        "stuck_page_p95_ms": round(percentile(stuck_samples, 0.95), 2),
+        "requests": arguments.requests,
+        "done_rows": arguments.done,
+        "stuck_rows": arguments.stuck,
+        "pending_rows": arguments.pending,
+    }
+    target_met = result["overview_p95_ms"] <= 100 and result["stuck_page_p95_ms"] <= 100
+    print(f"target p95 <= 100 ms: {'met' if target_met else 'NOT met'}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The outboxkit admin: a FastAPI router with a JSON API and server-rendered pages.
+
+::
+
+    from outboxkit.admin import create_admin_router
+    app.include_router(create_admin_router(kit, dependencies=[Depends(require_admin)]), prefix="/admin")
+
+Needs the ``admin`` extra (FastAPI, Jinja2, python-multipart); this package is
+the only place outboxkit imports them.  See docs/admin.md.
+"""
+
+try:
+    import fastapi  # noqa: F401
+    import jinja2  # noqa: F401
+    import python_multipart  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        f"outboxkit.admin needs FastAPI, Jinja2 and python-multipart ({exc.name} is missing): "
+        "pip install 'outboxkit[admin]'"
+    ) from exc
+
+from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD
+from outboxkit.admin.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
+from outboxkit.admin.router import ACTOR_STATE_ATTRIBUTE, create_admin_router
+from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
+
+__all__ = [
+    "ACTOR_STATE_ATTRIBUTE",
+    "CSRF_COOKIE",
+    "CSRF_FIELD",
+    "DRAIN_JOB_PREFIX",
+    "AdminService",
+    "JobInfo",
+    "JobSource",
+    "RowsHeld",
+    "RowsNotFound",
+    "create_admin_router",
+    "drain_job_id",
+]

@@ -1,0 +1,194 @@
+"""The admin's JSON API (documented in the application's OpenAPI schema).
+
+Routes, relative to where the application mounts the router::
+
+    GET  /api/outboxes                              counts, heartbeat and leader per outbox
+    GET  /api/outboxes/{outbox}/rows                one status, keyset-paginated, filterable
+    GET  /api/outboxes/{outbox}/rows/{row_id}       one row with its payload
+    POST /api/outboxes/{outbox}/reset               {"ids": [...]}: stuck -> pending
+    POST /api/outboxes/{outbox}/retry-now           {"ids": [...]}: pending in backoff -> due now
+    POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
+    GET  /api/audit                                 the reset audit, newest first
+    GET  /api/jobs                                  jobs, their last runs, and the leader
+
+Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
+changed), 400 a cursor or body that does not decode, 415 a POST that is not JSON,
+422 anything else malformed (ids out of range, page size outside 1..200, a
+filter with NUL characters, more than 500 ids).  Page sizes are refused, not
+clamped.
+"""
+
+
+import json
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from outboxkit.admin.cursor import InvalidCursor
+from outboxkit.admin.schemas import (
+    MAX_ROW_ID,
+    ActionResult,
+    AuditPage,
+    FilterText,
+    IdsRequest,
+    JobsView,
+    MatchOutcome,
+    MatchRequest,
+    Overview,
+    RowDetailModel,
+    RowPage,
+    Status,
+)
+from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.errors import UnknownOutboxError
+from outboxkit.queries import RowFilter
+
+__all__ = ["MAX_PAGE_SIZE", "AdminRoute", "api_router", "http_errors"]
+
+MAX_PAGE_SIZE = 200
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+_NOT_FOUND = {"model": ErrorBody, "description": "Unknown outbox or row."}
+READ_ERRORS = {400: {"model": ErrorBody, "description": "The cursor does not decode."}, 404: _NOT_FOUND}
+WRITE_ERRORS = {
+    400: {"model": ErrorBody, "description": "The body does not parse (for example, it is not UTF-8)."},
+    404: _NOT_FOUND,
+    409: {"model": ErrorBody, "description": "A drain holds a listed row; nothing was changed."},
+    415: {"model": ErrorBody, "description": "The body is not application/json."},
+}
+
+
+@contextmanager
+def http_errors() -> Iterator[None]:
+    """Turn the service's refusals into HTTP answers."""
+    try:
+        yield
+    except (UnknownOutboxError, RowsNotFound) as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    except RowsHeld as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    except InvalidCursor as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
+
+
+class AdminRoute(APIRoute):
+    """Answers malformed input with 422 itself, whatever the application's handlers do.
+
+    FastAPI's default handler echoes the offending input as UTF-8 JSON, which
+    fails (500) on a lone surrogate such as ``"\\ud800"``; here the body is
+    written ASCII-escaped, so any input gets its 422.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True, default=str)
+                return Response(body, status_code=422, media_type="application/json")
+
+        return handle
+
+
+def require_json(request: Request) -> None:
+    """Only JSON bodies: a cross-site form or no-CORS fetch cannot send them, which is the API's CSRF guard."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise HTTPException(status_code=415, detail="send the body as application/json")
+
+
+OutboxName = Annotated[str, Path(description="The outbox's job_name.", max_length=100)]
+RowIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="The row id.")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 to {MAX_PAGE_SIZE} (refused, not clamped).")]
+Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
+
+
+def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter:
+    """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
+    router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=AdminRoute)
+    Actor = Annotated[str, Depends(actor)]
+
+    @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
+    def overview() -> Overview:
+        return service.overview()
+
+    @router.get(
+        "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"
+    )
+    def rows(
+        outbox: OutboxName,
+        status: Annotated[Status, Query(description="pending rows come due-first; stuck and done newest first")] = "stuck",
+        error_contains: Annotated[FilterText, Query()] = None,
+        status_code: Annotated[int | None, Query(ge=100, le=599, description="Exact last HTTP status code.")] = None,
+        cursor: Cursor = None,
+        limit: Limit = 50,
+    ) -> RowPage:
+        with http_errors():
+            row_filter = RowFilter(error_contains=error_contains, status_code=status_code)
+            return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit)
+
+    @router.get("/outboxes/{outbox}/rows/{row_id}", response_model=RowDetailModel, responses={404: _NOT_FOUND}, summary="One row")
+    def row(outbox: OutboxName, row_id: RowIdPath) -> RowDetailModel:
+        with http_errors():
+            return service.row(outbox, row_id)
+
+    def id_action(action: str, summary: str) -> None:
+        perform = service.reset if action == "reset" else service.retry_now
+
+        def act(outbox: OutboxName, body: IdsRequest, who: Actor) -> ActionResult:
+            with http_errors():
+                return perform(outbox, body.ids, actor=who)
+
+        router.add_api_route(
+            f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
+            act,
+            methods=["POST"],
+            response_model=ActionResult,
+            responses=WRITE_ERRORS,
+            dependencies=[Depends(require_json)],
+            summary=summary,
+            name=f"outboxkit_admin_api_{action}",
+        )
+
+    id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now")
+    id_action("retry_now", "Make pending rows in backoff due now (attempts kept)")
+
+    @router.post(
+        "/outboxes/{outbox}/reset-matching",
+        response_model=MatchOutcome,
+        responses=WRITE_ERRORS,
+        dependencies=[Depends(require_json)],
+        summary="Reset every stuck row matching a filter (dry_run defaults to true)",
+    )
+    def reset_matching(outbox: OutboxName, body: MatchRequest, who: Actor) -> MatchOutcome:
+        with http_errors():
+            row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
+            return service.reset_matching(outbox, row_filter, dry_run=body.dry_run, actor=who)
+
+    @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
+    def audit(
+        outbox: Annotated[str | None, Query(max_length=100, description="Only this outbox.")] = None,
+        cursor: Cursor = None,
+        limit: Limit = 50,
+    ) -> AuditPage:
+        with http_errors():
+            return service.audit(outbox_name=outbox, cursor=cursor, limit=limit)
+
+    @router.get("/jobs", response_model=JobsView, summary="Scheduled jobs with their last run, and the leader")
+    def jobs() -> JobsView:
+        return service.jobs()
+
+    return router

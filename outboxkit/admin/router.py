@@ -1,0 +1,107 @@
+"""``create_admin_router``: the one entry point of the admin."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from fastapi import APIRouter, Request, params
+
+from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
+from outboxkit.admin.csrf import CsrfTokens
+from outboxkit.admin.jobs import JobSource
+from outboxkit.admin.pages import pages_router
+from outboxkit.admin.service import AdminService
+from outboxkit.errors import ConfigurationError
+from outboxkit.kit import OutboxKit
+
+__all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
+
+logger = logging.getLogger("outboxkit.admin")
+
+ACTOR_STATE_ATTRIBUTE = "outboxkit_actor"
+
+
+def actor_from_request_state(request: Request) -> str:
+    """The default actor: what the application's auth dependency stored in ``request.state.outboxkit_actor``."""
+    value = getattr(request.state, ACTOR_STATE_ATTRIBUTE, None)
+    return str(value) if value else "unknown"
+
+
+def _insecure_actor() -> str:
+    return "anonymous (insecure_no_auth)"
+
+
+def create_admin_router(
+    kit: OutboxKit,
+    *,
+    dependencies: Sequence[params.Depends] = (),
+    insecure_no_auth: bool = False,
+    actor: Callable[..., str] | None = None,
+    job_source: JobSource | None = None,
+    csrf_secret: str | bytes | None = None,
+    page_size: int = 50,
+    preview_chars: int = 10_000,
+) -> APIRouter:
+    """The admin as a FastAPI router; mount it under a prefix of your choice::
+
+        def require_admin(request: Request, credentials = Depends(HTTPBasic())) -> None:
+            ...check, raise HTTPException(401) if wrong...
+            request.state.outboxkit_actor = credentials.username
+
+        app.include_router(
+            create_admin_router(kit, dependencies=[Depends(require_admin)]), prefix="/admin"
+        )
+
+    ``dependencies`` guard every route (JSON and pages).  There is no default:
+    without one the call raises ``ConfigurationError`` unless
+    ``insecure_no_auth=True`` (local development only).
+
+    ``actor`` is a FastAPI dependency returning who acts, for the audit; by
+    default it is ``request.state.outboxkit_actor`` as set by your auth
+    dependency, else ``"unknown"``.
+
+    ``job_source`` lists the scheduled jobs (see ``outboxkit.admin.JobSource``);
+    without it the jobs page lists jobs seen in the run history.
+
+    ``csrf_secret`` signs the pages' form tokens; give every worker process the
+    same one (at least 16 bytes), or a form from one worker fails at another.
+    Without it a random per-process secret is used.
+
+    ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
+    200); ``preview_chars`` caps each payload column in the row detail.
+    """
+    dependencies = list(dependencies)
+    for dependency in dependencies:
+        if not isinstance(dependency, params.Depends):
+            raise ConfigurationError(f"dependencies must be fastapi.Depends(...) objects, got {dependency!r}")
+    if not dependencies and not insecure_no_auth:
+        raise ConfigurationError(
+            "create_admin_router needs an auth dependency: pass dependencies=[Depends(require_admin)], "
+            "where require_admin raises HTTPException(401 or 403) for anyone who may not reset rows. "
+            "For local development only, pass insecure_no_auth=True to serve the admin to anyone."
+        )
+    if not dependencies:
+        logger.warning("outboxkit admin is mounted with insecure_no_auth=True: anyone who can reach it can reset rows")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise ConfigurationError(f"page_size must be an integer from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
+    if isinstance(preview_chars, bool) or not isinstance(preview_chars, int) or not 100 <= preview_chars <= 1_000_000:
+        raise ConfigurationError(f"preview_chars must be an integer from 100 to 1000000, got {preview_chars!r}")
+    if job_source is not None and not isinstance(job_source, JobSource):
+        raise ConfigurationError(f"job_source must have a jobs() -> list[JobInfo] method, got {job_source!r}")
+    try:
+        csrf = CsrfTokens(csrf_secret)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    if actor is None:
+        actor = actor_from_request_state if dependencies else _insecure_actor
+
+    service = AdminService(kit, job_source=job_source, preview_chars=preview_chars)
+    refused_by_auth = {
+        401: {"description": "The application's auth dependency refused the request (no or wrong credentials)."},
+        403: {"description": "The application's auth dependency refused the request (not allowed)."},
+    }
+    router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
+    router.include_router(api_router(service, actor=actor))
+    router.include_router(pages_router(service, actor=actor, csrf=csrf, page_size=page_size))
+    return router

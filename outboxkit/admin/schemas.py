@@ -1,0 +1,237 @@
+"""The admin's data: what the JSON API returns and the pages render.
+
+These pydantic models are the documented shapes of the API (they become its
+OpenAPI schema) and the values the service hands to the templates, so the two
+views never disagree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ActionResult",
+    "AuditEntry",
+    "AuditPage",
+    "FilterText",
+    "IdsRequest",
+    "JobEntry",
+    "JobsView",
+    "LeaderModel",
+    "MatchOutcome",
+    "MatchRequest",
+    "Overview",
+    "OutboxCounts",
+    "OutboxOverview",
+    "PayloadFieldModel",
+    "RowDetailModel",
+    "RowFilterModel",
+    "RowId",
+    "RowPage",
+    "RowSummaryModel",
+    "RunModel",
+    "SkippedRow",
+]
+
+MAX_ROW_ID = 2**63 - 1
+MAX_BULK_IDS = 500
+MAX_FILTER_LENGTH = 200
+
+Status = Literal["pending", "done", "stuck"]
+STATUS_VALUES = ("stuck", "pending", "done")  # the order of the tabs
+RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID, description="A row id (bigint, 1 to 2^63-1).")]
+
+
+def _plain_text(value: str | None) -> str | None:
+    """Filters are data; refuse what PostgreSQL cannot store as text (NUL, lone surrogates)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text") from None
+    return value or None
+
+
+FilterText = Annotated[
+    str | None,
+    Field(max_length=MAX_FILTER_LENGTH, description="Case-insensitive substring of last_error; %, _ and \\ match themselves."),
+    AfterValidator(_plain_text),
+]
+StatusCode = Annotated[int | None, Field(ge=100, le=599, description="Exact last HTTP status code.")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class RunModel(_Model):
+    """One recorded scheduler run (``outboxkit_job_runs``)."""
+
+    job_id: str
+    job_name: str
+    scheduled_for: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str = Field(description="running, ok or error")
+    counts: dict[str, Any]
+    error: str | None
+    leader: str
+
+
+class LeaderModel(_Model):
+    """The session holding the election lock, from pg_locks + pg_stat_activity."""
+
+    host: str
+    pid: int | None = Field(description="The leader process id on its host, from its application_name.")
+    backend_pid: int = Field(description="The PostgreSQL backend pid of the lock connection.")
+    application_name: str
+    since: datetime | None
+
+
+class OutboxCounts(_Model):
+    pending: int = Field(description="Exact count of pending rows (including those in flight).")
+    in_flight: int = Field(description="Pending rows a drain holds now (claimed_until in the future).")
+    stuck: int = Field(description="Exact count of stuck rows.")
+    done: int = Field(description="Delivered rows; an estimate when done_estimated is true.")
+    done_estimated: bool = Field(
+        description="True when done comes from the planner's row estimate (pg_class.reltuples) instead of a count."
+    )
+
+
+class OutboxOverview(_Model):
+    name: str = Field(description="The outbox's job_name.")
+    table: str
+    counts: OutboxCounts
+    oldest_due_at: datetime | None = Field(description="next_attempt_at of the oldest due pending row.")
+    oldest_due_age_seconds: float | None
+    drain_job_id: str
+    last_drain: RunModel | None = Field(description="The last recorded run of this outbox's drain job (the heartbeat).")
+
+
+class Overview(_Model):
+    generated_at: datetime
+    leader: LeaderModel | None
+    leaders: list[LeaderModel] = Field(description="Every session holding the lock; more than one would be a bug.")
+    outboxes: list[OutboxOverview]
+
+
+class RowFilterModel(_Model):
+    error_contains: str | None = None
+    status_code: int | None = None
+
+
+class RowSummaryModel(_Model):
+    id: int
+    status: Status
+    attempts: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None = Field(description="Cut to 200 characters in lists; whole in the row detail.")
+    last_error_truncated: bool
+    created_at: datetime
+    updated_at: datetime
+    delivered_at: datetime | None
+    claimed_until: datetime | None
+    held: bool = Field(description="A drain holds the row (pending, claimed_until in the future); actions refuse it.")
+    in_backoff: bool = Field(description="Pending, not held, next attempt in the future: retry-now applies.")
+
+
+class RowPage(_Model):
+    outbox: str
+    status: Status
+    filter: RowFilterModel
+    limit: int
+    rows: list[RowSummaryModel]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
+
+
+class PayloadFieldModel(_Model):
+    name: str
+    type: str
+    text: str | None = Field(description="The value as PostgreSQL text, cut to the preview size.")
+    length: int | None = Field(description="The full length of the value as text.")
+    truncated: bool
+
+
+class RowDetailModel(RowSummaryModel):
+    outbox: str
+    idempotency_key: uuid.UUID
+    claim_token: uuid.UUID | None
+    payload: list[PayloadFieldModel] = Field(description="The application's own columns.")
+
+
+class IdsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[RowId] = Field(min_length=1, max_length=MAX_BULK_IDS, description=f"1 to {MAX_BULK_IDS} row ids.")
+
+
+class MatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    error_contains: FilterText = None
+    status_code: StatusCode = None
+    dry_run: bool = Field(default=True, description="Count and sample only; nothing changes. Defaults to true.")
+
+
+class SkippedRow(_Model):
+    id: int
+    reason: str
+
+
+class ActionResult(_Model):
+    action: Literal["reset", "retry_now"]
+    outbox: str
+    changed: int
+    changed_ids: list[int]
+    skipped: list[SkippedRow] = Field(description="Listed rows left as they were, and why (idempotent repeats).")
+    audit_id: int | None = Field(description="The audit record; null when nothing changed.")
+
+
+class MatchOutcome(_Model):
+    outbox: str
+    filter: RowFilterModel
+    dry_run: bool
+    matched: int = Field(description="Stuck rows matching the filter (before the reset, for a real run).")
+    sample_ids: list[int] = Field(description="Up to 20 of the matching ids, newest first.")
+    changed: int
+    audit_id: int | None
+
+
+class AuditEntry(_Model):
+    id: int
+    at: datetime
+    actor: str
+    outbox: str
+    action: str
+    row_count: int
+    row_ids: list[int]
+    filter: dict[str, Any]
+
+
+class AuditPage(_Model):
+    entries: list[AuditEntry]
+    next_cursor: str | None
+
+
+class JobEntry(_Model):
+    id: str
+    name: str
+    trigger: str | None = Field(description="From the job source; null when listed from run history.")
+    next_run_at: datetime | None
+    last_run: RunModel | None
+
+
+class JobsView(_Model):
+    source: Literal["job_source", "run_history"]
+    source_error: str | None = Field(description="Why the job source failed, if it did (the list then falls back to run history).")
+    leader: LeaderModel | None
+    leaders: list[LeaderModel]
+    jobs: list[JobEntry]

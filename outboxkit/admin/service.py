@@ -1,0 +1,320 @@
+"""What the admin does, independent of HTTP.
+
+``AdminService`` reads counts, pages and rows, and performs resets, through
+the named statements in ``outboxkit.queries``; it records every change in
+``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
+API and the pages are thin layers over it.
+
+Action rules (the same for one id, a list, or a filter):
+
+* reset: ``stuck`` -> ``pending``, attempts 0, due now, claim cleared;
+* retry now: ``pending`` in backoff -> due now (attempts kept);
+* a row a drain holds (pending, ``claimed_until`` in the future) is refused:
+  the whole request raises ``RowsHeld`` and nothing changes;
+* an unknown id raises ``RowsNotFound`` and nothing changes;
+* any other row is left alone and reported as skipped, so repeating an
+  action is harmless (idempotent);
+* a change is audited with its actor; a request that changed nothing is not.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select
+
+from outboxkit.admin.cursor import decode_cursor, encode_cursor
+from outboxkit.admin.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.admin.schemas import (
+    ActionResult,
+    AuditEntry,
+    AuditPage,
+    JobEntry,
+    JobsView,
+    LeaderModel,
+    MatchOutcome,
+    OutboxCounts,
+    OutboxOverview,
+    Overview,
+    PayloadFieldModel,
+    RowDetailModel,
+    RowFilterModel,
+    RowPage,
+    RowSummaryModel,
+    RunModel,
+    SkippedRow,
+)
+from outboxkit.errors import OutboxKitError
+from outboxkit.kit import OutboxKit
+from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
+from outboxkit.tables import reset_audit
+
+__all__ = ["AdminService", "RowsHeld", "RowsNotFound"]
+
+SAMPLE_SIZE = 20
+# A filter reset may touch many rows; the audit keeps this many of their ids
+# (and the exact count, and the filter that selected them).
+AUDIT_IDS_LIMIT = 10_000
+
+
+class RowsNotFound(OutboxKitError, LookupError):
+    """Some requested ids are not rows of the outbox."""
+
+    def __init__(self, outbox: str, ids: list[int]) -> None:
+        self.ids = ids
+        super().__init__(f"outbox {outbox!r} has no row with id {', '.join(map(str, ids[:20]))}")
+
+
+class RowsHeld(OutboxKitError):
+    """Some requested rows are held by a drain right now; nothing was changed."""
+
+    def __init__(self, outbox: str, ids: list[int]) -> None:
+        self.ids = ids
+        super().__init__(
+            f"a drain holds row(s) {', '.join(map(str, ids[:20]))} of {outbox!r} (delivery in flight); "
+            "nothing was changed, try again when the delivery has finished"
+        )
+
+
+class AdminService:
+    """The admin's reads and actions over one kit."""
+
+    def __init__(self, kit: OutboxKit, *, job_source: JobSource | None = None, preview_chars: int = 10_000) -> None:
+        self.kit = kit
+        self.job_source = job_source
+        self.preview_chars = preview_chars
+
+    @property
+    def outbox_names(self) -> list[str]:
+        return [outbox.__outbox__.job_name for outbox in self.kit.outboxes]
+
+    def _queries(self, outbox_name: str) -> AdminQueries:
+        return admin_queries_for(self.kit.outbox(outbox_name))  # UnknownOutboxError for a bad name
+
+    # -- reads ---------------------------------------------------------------
+
+    def overview(self) -> Overview:
+        """Every outbox's counts and heartbeat, and who leads."""
+        now = self.kit.clock.now()
+        names = self.outbox_names
+        with self.kit.engine.connect() as connection:
+            runs = last_runs(connection, [drain_job_id(name) for name in names])
+            entries = [self._outbox_overview(connection, name, runs, now) for name in names]
+            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
+        return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
+
+    def outbox_overview(self, outbox_name: str) -> OutboxOverview:
+        """One outbox's counts and heartbeat."""
+        self._queries(outbox_name)
+        with self.kit.engine.connect() as connection:
+            runs = last_runs(connection, [drain_job_id(outbox_name)])
+            return self._outbox_overview(connection, outbox_name, runs, self.kit.clock.now())
+
+    def _outbox_overview(self, connection: Connection, name: str, runs: dict[str, Any], now: datetime) -> OutboxOverview:
+        queries = self._queries(name)
+        counts = queries.status_counts(connection, now=now)
+        oldest = counts.oldest_due_at
+        return OutboxOverview(
+            name=name,
+            table=queries.table_name,
+            counts=OutboxCounts.model_validate(counts),
+            oldest_due_at=oldest,
+            oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
+            drain_job_id=drain_job_id(name),
+            last_drain=_run(runs.get(drain_job_id(name))),
+        )
+
+    def rows(
+        self, outbox_name: str, *, status: str, row_filter: RowFilter, cursor: str | None, limit: int
+    ) -> RowPage:
+        queries = self._queries(outbox_name)
+        scope = f"rows:{status}"
+        after = decode_cursor(cursor, scope=scope, with_time=status == "pending") if cursor else None
+        now = self.kit.clock.now()
+        with self.kit.engine.connect() as connection:
+            found = queries.page(connection, status=status, row_filter=row_filter, after=after, limit=limit + 1)
+        rows = found[:limit]
+        next_cursor = None
+        if len(found) > limit:
+            last = rows[-1]
+            next_cursor = encode_cursor(scope, (last.next_attempt_at, last.id) if status == "pending" else (last.id,))
+        return RowPage(
+            outbox=outbox_name,
+            status=status,
+            filter=RowFilterModel(**row_filter.as_dict()),
+            limit=limit,
+            rows=[_summary(row, now) for row in rows],
+            next_cursor=next_cursor,
+        )
+
+    def row(self, outbox_name: str, row_id: int) -> RowDetailModel:
+        queries = self._queries(outbox_name)
+        with self.kit.engine.connect() as connection:
+            detail = queries.detail(connection, row_id, preview_chars=self.preview_chars)
+        if detail is None:
+            raise RowsNotFound(outbox_name, [row_id])
+        summary = _summary(detail.summary, self.kit.clock.now())
+        return RowDetailModel(
+            **summary.model_dump(),
+            outbox=outbox_name,
+            idempotency_key=detail.idempotency_key,
+            claim_token=detail.claim_token,
+            payload=[
+                PayloadFieldModel(name=field.name, type=field.type, text=field.text, length=field.length, truncated=field.truncated)
+                for field in detail.payload
+            ],
+        )
+
+    def audit(self, *, outbox_name: str | None, cursor: str | None, limit: int) -> AuditPage:
+        if outbox_name is not None:
+            self.kit.outbox(outbox_name)
+        statement = select(reset_audit).order_by(reset_audit.c.id.desc()).limit(limit + 1)
+        if outbox_name is not None:
+            statement = statement.where(reset_audit.c.outbox == outbox_name)
+        if cursor:
+            (after,) = decode_cursor(cursor, scope="audit", with_time=False)
+            statement = statement.where(reset_audit.c.id < after)
+        with self.kit.engine.connect() as connection:
+            found = [AuditEntry.model_validate(dict(row._mapping)) for row in connection.execute(statement)]
+        entries = found[:limit]
+        next_cursor = encode_cursor("audit", (entries[-1].id,)) if len(found) > limit else None
+        return AuditPage(entries=entries, next_cursor=next_cursor)
+
+    def jobs(self) -> JobsView:
+        scheduled: list[JobInfo] | None = None
+        source_error = None
+        if self.job_source is not None:
+            try:
+                scheduled = [_job_info(job) for job in self.job_source.jobs()]
+            except Exception as exc:  # a scheduler's trouble must not take the page down
+                source_error = f"{type(exc).__name__}: {exc}"
+        with self.kit.engine.connect() as connection:
+            runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
+            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
+        if scheduled is not None:
+            jobs = [
+                JobEntry(id=job.id, name=job.name, trigger=job.trigger, next_run_at=job.next_run_at, last_run=_run(runs.get(job.id)))
+                for job in scheduled
+            ]
+        else:
+            jobs = [JobEntry(id=run.job_id, name=run.job_name, trigger=None, next_run_at=None, last_run=_run(run)) for run in runs.values()]
+        return JobsView(
+            source="job_source" if scheduled is not None else "run_history",
+            source_error=source_error,
+            leader=holders[0] if holders else None,
+            leaders=holders,
+            jobs=jobs,
+        )
+
+    # -- actions -------------------------------------------------------------
+
+    def reset(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
+        """Reset the listed stuck rows (see the module's rules)."""
+        return self._act(outbox_name, ids, action="reset", actor=actor)
+
+    def retry_now(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
+        """Make the listed pending rows in backoff due now (see the module's rules)."""
+        return self._act(outbox_name, ids, action="retry_now", actor=actor)
+
+    def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
+        queries = self._queries(outbox_name)
+        wanted = sorted(set(ids))
+        with self.kit.engine.begin() as connection:
+            states = queries.lock_row_states(connection, wanted)
+            missing = [row_id for row_id in wanted if row_id not in states]
+            if missing:
+                raise RowsNotFound(outbox_name, missing)
+            now = self.kit.clock.now()
+            held = [row_id for row_id, state in states.items() if state.held(now)]
+            if held:
+                raise RowsHeld(outbox_name, held)
+            if action == "reset":
+                changed = queries.reset_rows(connection, wanted, now=now)
+            else:
+                changed = queries.retry_rows_now(connection, wanted, now=now)
+            audit_id = self._record(connection, actor=actor, outbox_name=outbox_name, action=action, ids=changed, row_filter={})
+        done = set(changed)
+        skipped = [SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done]
+        return ActionResult(
+            action=action, outbox=outbox_name, changed=len(changed), changed_ids=changed, skipped=skipped, audit_id=audit_id
+        )
+
+    def reset_matching(self, outbox_name: str, row_filter: RowFilter, *, dry_run: bool, actor: str) -> MatchOutcome:
+        """Count (dry run) or reset every stuck row that matches ``row_filter``."""
+        queries = self._queries(outbox_name)
+        changed: list[int] = []
+        audit_id = None
+        with self.kit.engine.begin() as connection:
+            matched, sample = queries.count_stuck_matching(connection, row_filter, sample_size=SAMPLE_SIZE)
+            if not dry_run:
+                changed = queries.reset_stuck_matching(connection, row_filter, now=self.kit.clock.now())
+                audit_id = self._record(
+                    connection, actor=actor, outbox_name=outbox_name, action="reset", ids=changed, row_filter=row_filter.as_dict()
+                )
+        return MatchOutcome(
+            outbox=outbox_name,
+            filter=RowFilterModel(**row_filter.as_dict()),
+            dry_run=dry_run,
+            matched=matched,
+            sample_ids=sample,
+            changed=len(changed),
+            audit_id=audit_id,
+        )
+
+    @staticmethod
+    def _record(
+        connection: Connection, *, actor: str, outbox_name: str, action: str, ids: list[int], row_filter: dict[str, Any]
+    ) -> int | None:
+        if not ids:
+            return None
+        statement = (
+            insert(reset_audit)
+            .values(actor=actor[:300], outbox=outbox_name, action=action, row_count=len(ids), row_ids=ids[:AUDIT_IDS_LIMIT], filter=row_filter)
+            .returning(reset_audit.c.id)
+        )
+        return connection.execute(statement).scalar_one()
+
+
+def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:
+    state = RowState(id=row.id, status=row.status, next_attempt_at=row.next_attempt_at, claimed_until=row.claimed_until)
+    return RowSummaryModel(
+        id=row.id,
+        status=row.status,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        last_status_code=row.last_status_code,
+        last_error=row.last_error,
+        last_error_truncated=bool(row.last_error is not None and (row.last_error_length or 0) > len(row.last_error)),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        delivered_at=row.delivered_at,
+        claimed_until=row.claimed_until,
+        held=state.held(now),
+        in_backoff=state.in_backoff(now),
+    )
+
+
+def _skip_reason(action: str, state: RowState, now: datetime) -> str:
+    if state.status == "done":
+        return "delivered; a delivered row is never sent again"
+    if action == "reset":
+        return "already pending" if state.status == "pending" else f"status is {state.status}"
+    if state.status == "stuck":
+        return "stuck; reset it instead"
+    return "already due"
+
+
+def _run(run: Any) -> RunModel | None:
+    return RunModel.model_validate(run) if run is not None else None
+
+
+def _job_info(job: Any) -> JobInfo:
+    """Accept a JobInfo or any object with the same attributes; refuse anything else clearly."""
+    try:
+        info = JobInfo(id=str(job.id), name=str(job.name), trigger=str(job.trigger), next_run_at=getattr(job, "next_run_at", None))
+    except AttributeError as exc:
+        raise TypeError(f"a JobSource returned {type(job).__name__}, which lacks {exc.name!r}") from None
+    if info.next_run_at is not None and not isinstance(info.next_run_at, datetime):
+        raise TypeError(f"job {info.id!r}: next_run_at must be a datetime or None")
+    return info
