@@ -9,6 +9,7 @@ demo's rows are still there.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ class EmbeddedPostgres:
                 "pip install 'outboxkit[demo]', or set DATABASE_URL=postgresql://user@host/db"
             ) from None
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime dir it does not need; its
+            # fallback warning (no XDG_RUNTIME_DIR) is noise here.
+            warnings.simplefilter("ignore")
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
         return self.url
 
     @property

@@ -57,12 +57,15 @@ def drain_job_id(outbox: type[Outbox]) -> str:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """A registered job as the admin lists it."""
+    """A registered job as the admin lists it (the admin's ``JobSource`` contract).
+
+    ``next_run_at`` is an aware datetime, or None for a paused job.
+    """
 
     id: str
     name: str
     trigger: str
-    next_run_time: datetime | None
+    next_run_at: datetime | None = None
 
 
 class _OccurrenceExecutor(ThreadPoolExecutor):
@@ -150,7 +153,7 @@ class OutboxScheduler:
             for job in self._jobs.values():
                 live = self._scheduler.get_job(job.id) if self._scheduler is not None else None
                 next_run = live.next_run_time if live is not None else job.trigger.get_next_fire_time(None, now)
-                infos.append(JobInfo(id=job.id, name=job.name, trigger=str(job.trigger), next_run_time=next_run))
+                infos.append(JobInfo(id=job.id, name=job.name, trigger=str(job.trigger), next_run_at=next_run))
             return infos
 
     def run_job(self, id: str, *, scheduled_for: datetime) -> RunRecord:

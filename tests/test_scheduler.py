@@ -37,7 +37,7 @@ def test_each_outbox_gets_a_drain_job_with_a_stable_id_and_name(engine):
         [info] = kit.scheduler.jobs()
         assert (info.id, info.name) == ("outboxkit.drain.sample-events", "sample-events")
         assert info.trigger == "interval[0:01:00]"
-        assert info.next_run_time is not None
+        assert info.next_run_at is not None
 
 
 def test_drain_job_delivers_due_rows_and_records_its_run(engine, receiver, kit):
@@ -142,11 +142,11 @@ def test_registry_accepts_each_trigger_kind_and_lists_next_runs(kit):
     infos = {info.id: info for info in kit.scheduler.jobs()}
     assert set(infos) == {"outboxkit.drain.sample-events", "test.cron", "test.interval", "test.monthly", "test.once"}
     assert infos["test.interval"].name == "five minutes"
-    assert infos["test.once"].next_run_time == tomorrow + timedelta(hours=1)
-    assert infos["test.cron"].next_run_time.astimezone(cron_zone()).strftime("%H:%M") == "03:30"
+    assert infos["test.once"].next_run_at == tomorrow + timedelta(hours=1)
+    assert infos["test.cron"].next_run_at.astimezone(cron_zone()).strftime("%H:%M") == "03:30"
     kit.scheduler.start()
     live = {info.id: info for info in kit.scheduler.jobs()}
-    assert live["test.once"].next_run_time == tomorrow + timedelta(hours=1)
+    assert live["test.once"].next_run_at == tomorrow + timedelta(hours=1)
     kit.scheduler.remove_job("test.once")
     assert "test.once" not in {info.id for info in kit.scheduler.jobs()}
 

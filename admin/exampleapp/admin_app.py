@@ -29,7 +29,7 @@ from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 from outboxkit import Clock, ConfigurationError, OutboxKit, OutboxKitSettings, Transport
 from outboxkit.admin import ACTOR_STATE_ATTRIBUTE, JobSource, create_admin_router
 
-__all__ = ["app_from_environment", "create_app", "require_admin"]
+__all__ = ["app_from_environment", "create_app", "mount_admin", "require_admin"]
 
 basic_auth = HTTPBasic(realm="outboxkit admin", auto_error=False)
 
@@ -85,14 +85,32 @@ def create_app(
     app = FastAPI(title="exampleapp admin", lifespan=lifespan)
     app.state.outboxkit = kit
     app.state.engine = engine
+    mount_admin(app, kit, admin_user=admin_user, admin_password=password, csrf_secret=csrf_secret, job_source=job_source)
+    return app
+
+
+def mount_admin(
+    app: FastAPI,
+    kit: OutboxKit,
+    *,
+    admin_user: str,
+    admin_password: str,
+    csrf_secret: str | None = None,
+    job_source: JobSource | None = None,
+) -> None:
+    """Mount the outboxkit admin under ``/admin`` behind HTTP Basic auth.
+
+    With several workers, pass the same ``csrf_secret`` to each (or set
+    ``EXAMPLE_ADMIN_CSRF_SECRET``), so a form served by one worker is accepted
+    by another.
+    """
     router = create_admin_router(
         kit,
-        dependencies=[Depends(require_admin(admin_user, password))],
+        dependencies=[Depends(require_admin(admin_user, admin_password))],
         job_source=job_source,
         csrf_secret=csrf_secret or os.environ.get("EXAMPLE_ADMIN_CSRF_SECRET"),
     )
     app.include_router(router, prefix="/admin")
-    return app
 
 
 def app_from_environment() -> FastAPI:

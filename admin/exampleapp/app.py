@@ -24,6 +24,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from exampleapp.admin_app import mount_admin
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import OutboxKit, OutboxKitSettings
 
@@ -35,8 +36,20 @@ class GrantRequest(BaseModel):
     amount: int = Field(gt=0)
 
 
-def create_app(database_url: str, *, settings: OutboxKitSettings | None = None) -> FastAPI:
-    """The service: its routes, the kit and the kit's lifespan (election and scheduler)."""
+def create_app(
+    database_url: str,
+    *,
+    settings: OutboxKitSettings | None = None,
+    admin_user: str = "admin",
+    admin_password: str | None = None,
+    csrf_secret: str | None = None,
+) -> FastAPI:
+    """The service: its routes, the kit and the kit's lifespan (election and scheduler).
+
+    The outboxkit admin is mounted at ``/admin`` behind HTTP Basic auth when an
+    admin password is given (``admin_password`` or ``EXAMPLE_ADMIN_PASSWORD``);
+    without one the service runs without an admin rather than an open one.
+    """
     if not logging.getLogger().handlers:  # a bare uvicorn configures only its own loggers
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     engine = create_engine(make_url(database_url).set(drivername="postgresql+psycopg"), pool_size=5, max_overflow=5)
@@ -50,6 +63,13 @@ def create_app(database_url: str, *, settings: OutboxKitSettings | None = None) 
 
     app = FastAPI(title="exampleapp", lifespan=lifespan)
     app.state.kit = kit
+    password = admin_password if admin_password is not None else os.environ.get("EXAMPLE_ADMIN_PASSWORD")
+    if password:
+        # The scheduler's registry is the same in every worker, leader or not.
+        mount_admin(app, kit, admin_user=admin_user, admin_password=password, csrf_secret=csrf_secret,
+                    job_source=kit.scheduler)
+    else:
+        logging.getLogger("exampleapp").warning("EXAMPLE_ADMIN_PASSWORD is not set: the admin is not mounted")
 
     @app.get("/health")
     def health() -> dict[str, str]:

@@ -9,7 +9,7 @@
    with two workers, so the leader election is real;
 4. seeds grants (each with its outbox row, in one transaction) and keeps a
    trickle going;
-5. prints the admin URL with a generated token, and a line per notable
+5. prints the admin URL with generated credentials, and a line per notable
    event, until Ctrl-C, which stops every process it started.
 """
 
@@ -179,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
             **os.environ,
             "DATABASE_URL": sqlalchemy_url(database_url),
             "EXAMPLE_RECEIVER_URL": f"http://127.0.0.1:{receiver_port}",
-            "EXAMPLE_ADMIN_TOKEN": token,
+            "EXAMPLE_ADMIN_PASSWORD": token,
+            "EXAMPLE_ADMIN_CSRF_SECRET": secrets.token_urlsafe(32),  # shared by both workers
             "OUTBOXKIT_ENVIRONMENT": "development",
+            # Retries come due within seconds in the demo; NOTIFY wakes the drain for new rows.
+            "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": os.environ.get("OUTBOXKIT_DRAIN_INTERVAL_SECONDS", "5"),
             "PYTHONPATH": os.pathsep.join([str(ADMIN_FOLDER), str(REPOSITORY), os.environ.get("PYTHONPATH", "")]),
         }
         env.update(args.extra_env or {})
@@ -192,9 +195,7 @@ def run(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "uvicorn", "exampleapp.app:app", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(args.workers)], env, logs / "app.log"))
         wait_for_http(f"http://127.0.0.1:{port}/health")
-        admin_url = f"http://127.0.0.1:{port}/admin/?token={token}"
-        say(f"admin: {admin_url}")
-        say(f"admin API token (Authorization: Bearer ...): {token}")
+        say(f"admin: http://127.0.0.1:{port}/admin/  (user: admin, password: {token})")
 
         seed(engine, args.seed, progress=progress_bar)
         watcher = Watcher(engine)
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=150, help="grants to create at start")
     parser.add_argument("--trickle", type=float, default=0.5, help="grants per second after seeding (0: none)")
     parser.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
-    parser.add_argument("--admin-token", help="admin token (default: generated)")
+    parser.add_argument("--admin-token", help="the admin password (default: generated)")
     parser.add_argument("--log-dir", help="where the service and receiver logs go (default: ./.demo-logs)")
     args = parser.parse_args(argv)
     args.extra_env = {}

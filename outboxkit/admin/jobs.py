@@ -32,30 +32,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import Connection, text
 
+from outboxkit.scheduler import DRAIN_JOB_PREFIX, JobInfo
+
 __all__ = ["DRAIN_JOB_PREFIX", "JobInfo", "JobRun", "JobSource", "Leader", "drain_job_id", "last_runs", "leaders"]
 
-DRAIN_JOB_PREFIX = "outboxkit.drain."
 LEADER_APPLICATION_PREFIX = "outboxkit-leader:"
 
 
 def drain_job_id(job_name: str) -> str:
     """The scheduler's job id for an outbox's drain, e.g. ``outboxkit.drain.credit-grants``."""
     return DRAIN_JOB_PREFIX + job_name
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobInfo:
-    """A job as the scheduler knows it.
-
-    ``trigger`` is a human description (``interval[0:01:00]``, ``cron[hour='3']``).
-    ``next_run_at`` is an aware datetime, or None for a paused job or a
-    standby worker that does not run the schedule.
-    """
-
-    id: str
-    name: str
-    trigger: str
-    next_run_at: datetime | None = None
 
 
 @runtime_checkable
