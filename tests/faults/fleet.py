@@ -64,6 +64,7 @@ class Exit:
     pid: int
     returncode: int
     at: float  # time.time()
+    during_stop: bool  # ended after the fleet was told to stop
 
 
 @dataclass
@@ -136,7 +137,7 @@ class WorkerFleet:
                 self._read_event(slot, process.pid, line)
             returncode = process.wait()
             with self._lock:
-                self.exits.append(Exit(slot.name, process.pid, returncode, time.time()))
+                self.exits.append(Exit(slot.name, process.pid, returncode, time.time(), self._stopping))
                 if self._stopping or not self.restart:
                     return
 
@@ -200,6 +201,11 @@ class WorkerFleet:
         if slot.thread.is_alive():
             return None
         return self.exits_of(name)[-1].returncode
+
+    def deaths(self) -> list[Exit]:
+        """Processes that ended before the fleet was told to stop."""
+        with self._lock:
+            return [exit for exit in self.exits if not exit.during_stop]
 
     def exits_of(self, name: str) -> list[Exit]:
         with self._lock:

@@ -152,8 +152,18 @@ class FaultScenario:
         return Ledger.read(self.engine, log.arrivals())
 
     def publish(
-        self, *, scenario: str, title: str, variant: str, faults: str, fault_count: int, ledger: Ledger, **details: Any
+        self,
+        *,
+        scenario: str,
+        title: str,
+        variant: str,
+        faults: str,
+        fault_count: int,
+        ledger: Ledger,
+        lost: int | None = None,
+        **details: Any,
     ) -> ScenarioFigures:
+        """Print (and write, for the report) the figures; ``lost`` defaults to ``ledger.lost()``."""
         figures = ScenarioFigures(
             scenario=scenario,
             title=title,
@@ -161,7 +171,7 @@ class FaultScenario:
             faults=faults,
             fault_count=fault_count,
             rows=len(ledger.rows),
-            lost=ledger.lost(),
+            lost=ledger.lost() if lost is None else lost,
             duplicates=ledger.duplicates(),
             seed=self.seed,
             seconds=round(time.monotonic() - self.started, 1),

@@ -62,7 +62,7 @@ def test_kill_soak_loses_no_row(fault_scenario: FaultScenario, size: SoakSize) -
 
     ledger = scenario.ledger(log)
     ledger.assert_invariants(scenario.context)
-    kills = [exit for exit in fleet.exits if exit.returncode == -9]
+    kills = [exit for exit in fleet.deaths() if exit.returncode == -9]
     assert len(kills) == size.kills, f"expected {size.kills} SIGKILLs, saw {kills} ({scenario.context})"
     missing = ledger.keys() - set(ledger.received)
     assert not missing, f"{len(missing)} keys never reached the receiver ({scenario.context})"
