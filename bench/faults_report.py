@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.faults.figures import REPORT_DIR_VARIABLE, load_figures, render_table, summary  # noqa: E402
+from tests.faults.figures import REPORT_DIR_VARIABLE, load_figures, render_details, render_table, summary  # noqa: E402
 from tests.faults.scenario import DEFAULT_SEED, SEED_VARIABLE  # noqa: E402
 
 
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no scenario published figures", file=sys.stderr)
         return completed.returncode or 1
     print(render_table(figures))
+    print()
+    print(render_details(figures))
     print()
     print(f"reproduce: {SEED_VARIABLE}={args.seed} .venv/bin/python bench/faults_report.py{' --long' if args.long else ''}")
     print(json.dumps(summary(figures), sort_keys=True))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPORT_DIR_VARIABLE", "ScenarioFigures", "load_figures", "render_table", "summary"]
+__all__ = ["REPORT_DIR_VARIABLE", "ScenarioFigures", "load_figures", "render_details", "render_table", "summary"]
 
 REPORT_DIR_VARIABLE = "OUTBOXKIT_FAULT_REPORT_DIR"
 
@@ -73,6 +73,15 @@ def render_table(figures: list[ScenarioFigures]) -> str:
             f"| {figure.duplicates} | {holders} | {failover} | {_seconds(figure.two_believer_window)} "
             f"| {figure.seed} | {figure.seconds:.1f} s |"
         )
+    return "\n".join(lines)
+
+
+def render_details(figures: list[ScenarioFigures]) -> str:
+    """One Markdown bullet per scenario run with its scenario-specific counts."""
+    lines = []
+    for figure in figures:
+        counts = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in figure.details.items())
+        lines.append(f"- {figure.title} ({figure.variant}): {counts}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,9 @@ receiver's arrivals.  Its checks are the promises the suite proves:
 * no request goes out without its attempt counted first (arrivals of a key
   <= its attempts);
 * no claim starts, and no request arrives, before the due time the previous
-  outcome wrote.
+  outcome wrote;
+* no row is claimed while an earlier claim's lease on it still runs, so
+  every duplicate comes from a lease that ran out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, select
 
 from tests.faults.arrivals import Arrival
-from tests.faults.models import FaultEvent, row_history
+from tests.faults.models import FAULT_OPTIONS, FaultEvent, row_history
 
 __all__ = ["CLOCK_GRANULARITY", "HistoryEntry", "Ledger", "RowState"]
 
@@ -191,6 +193,27 @@ class Ledger:
                     early.append((row_id, claim.attempts, claim.transaction_started_at, previous.next_attempt_at))
         return early
 
+    def claims_during_lease(self, lease: timedelta) -> list[tuple[int, int, datetime, datetime]]:
+        """(row, attempt, claim began, lease end) where a row was claimed while an earlier claim's lease ran.
+
+        A claim begins at the drain's clock reading, which is its lease end
+        (written as ``next_attempt_at``) minus the lease.
+        """
+        overlapping = []
+        for row_id in self._history_by_row:
+            claims = self.claims(row_id)
+            for previous, claim in zip(claims, claims[1:]):
+                if previous.next_attempt_at is None or claim.next_attempt_at is None:
+                    continue
+                began = claim.next_attempt_at - lease
+                settled = any(
+                    entry.kind == "outcome" and previous.written_at <= entry.written_at <= claim.written_at
+                    for entry in self._history_by_row[row_id]
+                )
+                if not settled and began + CLOCK_GRANULARITY < previous.next_attempt_at:
+                    overlapping.append((row_id, claim.attempts, began, previous.next_attempt_at))
+        return overlapping
+
     def early_arrivals(self) -> list[tuple[str, int, datetime, datetime]]:
         """(key, attempt, arrival, due) where a request arrived before the previous outcome's due time."""
         early = []
@@ -214,3 +237,5 @@ class Ledger:
         assert not self.sends_beyond_attempts(), f"sent without a counted attempt: {self.sends_beyond_attempts()[:5]} ({context})"
         assert not self.early_claims(), f"claimed before due: {self.early_claims()[:5]} ({context})"
         assert not self.early_arrivals(), f"arrived before due: {self.early_arrivals()[:5]} ({context})"
+        overlapping = self.claims_during_lease(timedelta(seconds=FAULT_OPTIONS.lease_seconds))
+        assert not overlapping, f"claimed while another lease ran: {overlapping[:5]} ({context})"

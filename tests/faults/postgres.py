@@ -19,7 +19,7 @@ class _Connection:
         self._connection = psycopg.connect(url, autocommit=True, application_name=application_name)
         self._lock = threading.Lock()
 
-    def fetch_one(self, statement: str, params: tuple[object, ...] = ()) -> tuple[object, ...]:
+    def fetch_one(self, statement: str, params: tuple[object, ...] | dict[str, object] = ()) -> tuple[object, ...]:
         with self._lock:
             row = self._connection.execute(statement, params).fetchone()
         assert row is not None
@@ -48,13 +48,18 @@ class SessionTerminator(_Connection):
     def __init__(self, url: str) -> None:
         super().__init__(url, "outboxkit-fault-terminator")
 
-    def terminate(self, application_name: str, *, timeout: float = 10.0) -> int:
-        """Terminate the sessions and wait until each has exited; return how many there were."""
+    def terminate(self, application_name: str, *, prefix: bool = False, timeout: float = 10.0) -> int:
+        """Terminate the sessions and wait until each has exited; return how many there were.
+
+        ``prefix=True`` matches every name that starts with ``application_name``
+        (e.g. ``outboxkit-leader:`` for whichever process leads).
+        """
+        compared = "left(application_name, length(%(name)s))" if prefix else "application_name"
         (terminated,) = self.fetch_one(
             # With a timeout, pg_terminate_backend waits for the backend to exit (PostgreSQL 14+).
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, %s)) FROM pg_stat_activity "
-            "WHERE application_name = %s AND datname = current_database() AND pid <> pg_backend_pid()",
-            (int(timeout * 1000), application_name),
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, %(wait)s)) FROM pg_stat_activity "
+            f"WHERE {compared} = %(name)s AND datname = current_database() AND pid <> pg_backend_pid()",
+            {"wait": int(timeout * 1000), "name": application_name},
         )
         assert isinstance(terminated, int)
         return terminated

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, func, insert, select
 
 from tests.faults.arrivals import Arrival, ArrivalLog
@@ -31,9 +32,12 @@ from tests.faults.postgres import DatabaseClock, SessionTerminator
 from tests.support.database import sqlalchemy_url
 from tests.support.receiver import Receiver, Reply
 
-__all__ = ["DEFAULT_SEED", "SEED_VARIABLE", "FaultScenario"]
+__all__ = ["DEFAULT_SEED", "LONG_VARIANT", "SEED_VARIABLE", "FaultScenario"]
 
 SEED_VARIABLE = "OUTBOXKIT_FAULT_SEED"
+# Marks of a scenario's long variant: kept out of CI (pytest -m slow runs it),
+# with room beyond the suite's default per-test timeout.
+LONG_VARIANT = (pytest.mark.slow, pytest.mark.timeout(900))
 DEFAULT_SEED = 20261129
 
 
@@ -161,9 +165,16 @@ class FaultScenario:
         fault_count: int,
         ledger: Ledger,
         lost: int | None = None,
+        max_holders: int | None = None,
+        failover_p50: float | None = None,
+        failover_max: float | None = None,
+        two_believer_window: float | None = None,
         **details: Any,
     ) -> ScenarioFigures:
-        """Print (and write, for the report) the figures; ``lost`` defaults to ``ledger.lost()``."""
+        """Print (and write, for the report) the figures; ``lost`` defaults to ``ledger.lost()``.
+
+        The election figures stay None (rendered "n/a") for scenarios without a scheduler.
+        """
         figures = ScenarioFigures(
             scenario=scenario,
             title=title,
@@ -176,6 +187,10 @@ class FaultScenario:
             seed=self.seed,
             seconds=round(time.monotonic() - self.started, 1),
             command=self.replay_command,
+            max_holders=max_holders,
+            failover_p50=failover_p50,
+            failover_max=failover_max,
+            two_believer_window=two_believer_window,
             details={"statuses": dict(ledger.statuses()), **details},
         )
         figures.publish()

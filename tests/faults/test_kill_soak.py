@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.faults.arrivals import Arrival
-from tests.faults.scenario import FaultScenario
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
 from tests.support.receiver import Reply
 
 
@@ -32,7 +32,7 @@ class SoakSize:
 
 SIZES = [
     pytest.param(SoakSize("ci", rows=5_000, kills=20), id="ci"),
-    pytest.param(SoakSize("long", rows=40_000, kills=150, horizon=300.0), id="long", marks=pytest.mark.slow),
+    pytest.param(SoakSize("long", rows=20_000, kills=100, horizon=300.0), id="long", marks=LONG_VARIANT),
 ]
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.faults.ledger import Ledger
-from tests.faults.scenario import FaultScenario
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
 from tests.faults.worker import POISON
 from tests.support.receiver import Reply
 
@@ -39,7 +39,7 @@ class PoisonSize:
 
 SIZES = [
     pytest.param(PoisonSize("ci", rows=400, poisons=1), id="ci"),
-    pytest.param(PoisonSize("long", rows=4_000, poisons=3, workers=3), id="long", marks=pytest.mark.slow),
+    pytest.param(PoisonSize("long", rows=4_000, poisons=3, workers=3), id="long", marks=LONG_VARIANT),
 ]
 
 

@@ -18,7 +18,7 @@ import pytest
 from tests.faults.arrivals import Arrival
 from tests.faults.ledger import CLOCK_GRANULARITY
 from tests.faults.models import FAULT_OPTIONS
-from tests.faults.scenario import FaultScenario
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
 from tests.support.receiver import Reply
 
 MAX_ATTEMPTS = 4  # set through the settings, as an operator would
@@ -57,6 +57,10 @@ def misbehave(arrival: Arrival) -> Reply:
     return Reply(status=200)
 
 
+def is_fault(reply: Reply | None) -> bool:
+    return reply is not None and (reply.status != 200 or reply.reset or reply.delay > FAULT_OPTIONS.timeout)
+
+
 @dataclass(frozen=True)
 class MisbehaviourSize:
     variant: str
@@ -65,7 +69,7 @@ class MisbehaviourSize:
 
 SIZES = [
     pytest.param(MisbehaviourSize("ci", rows_per_behaviour=10), id="ci"),
-    pytest.param(MisbehaviourSize("long", rows_per_behaviour=150), id="long", marks=pytest.mark.slow),
+    pytest.param(MisbehaviourSize("long", rows_per_behaviour=150), id="long", marks=LONG_VARIANT),
 ]
 
 
@@ -109,7 +113,7 @@ def test_misbehaving_receiver_rows_follow_the_outcome_rules(fault_scenario: Faul
         title="4. receiver misbehaviour",
         variant=size.variant,
         faults="503s, 429 + Retry-After, answers past the timeout, resets mid-response, 400s, refused connections",
-        fault_count=sum(1 for arrival in ledger.arrivals if arrival.reply and arrival.reply.status != 200)
+        fault_count=sum(1 for arrival in ledger.arrivals if is_fault(arrival.reply))
         + sum(row.attempts for row in ledger.rows if row.behaviour == "refused"),
         ledger=ledger,
         retried_requests=len(retried),

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.faults.arrivals import Arrival
-from tests.faults.scenario import FaultScenario
+from tests.faults.models import FAULT_OPTIONS
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
 from tests.support.receiver import Reply
 
 
@@ -30,7 +31,7 @@ class UnrecordedSize:
 
 SIZES = [
     pytest.param(UnrecordedSize("ci", rows=300, victims=4), id="ci"),
-    pytest.param(UnrecordedSize("long", rows=3_000, victims=30, workers=3), id="long", marks=pytest.mark.slow),
+    pytest.param(UnrecordedSize("long", rows=3_000, victims=30, workers=3), id="long", marks=LONG_VARIANT),
 ]
 
 
@@ -54,9 +55,12 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
 
     log = scenario.listen(respond)
     keys = scenario.insert(["ok"] * size.rows)
-    # Spread the victims so no two share a batch: each termination hits one delivery's record.
+    # Keep victims at least a batch apart so no two share a batch: each
+    # termination cuts exactly one delivery's record.
     spacing = size.rows // size.victims
-    victims.update(keys[index * spacing + scenario.random.randrange(spacing)] for index in range(size.victims))
+    assert spacing > FAULT_OPTIONS.batch_size
+    offsets = (scenario.random.randrange(spacing - FAULT_OPTIONS.batch_size) for _ in range(size.victims))
+    victims.update(keys[index * spacing + offset] for index, offset in enumerate(offsets))
 
     with scenario.fleet() as fleet:
         fleet.start([f"outboxkit-fault-drain-{index}" for index in range(1, size.workers + 1)])

@@ -38,8 +38,7 @@ from typing import Any
 
 from sqlalchemy import create_engine
 
-from outboxkit import Delivery, DrainResult, HttpTransport, OutboxKit, Transport
-from outboxkit.policy import AttemptResult
+from outboxkit import AttemptResult, Delivery, DrainResult, HttpTransport, OutboxKit, Transport
 from tests.faults.models import FaultEvent
 
 POISON = "poison"
