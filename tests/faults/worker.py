@@ -82,7 +82,10 @@ def run(database_url: str, name: str, idle_poll: float, synchronous_commit: str)
     try:
         drainer = kit.drainer(FaultEvent)
         emit("ready", name=name, lease=drainer.options.lease_seconds, max_attempts=drainer.policy.max_attempts)
+        parent = os.getppid()
         while not stop.is_set():
+            if os.getppid() != parent:  # the test runner died without stopping us: do not drain on as an orphan
+                break
             result = drainer.drain(stop=stop)
             totals.add(result)
             if result.claimed == 0 or not result.ok:
