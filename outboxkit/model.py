@@ -60,8 +60,8 @@ __all__ = ["STATUSES", "Outbox", "OutboxOptions", "outbox_table_args"]
 
 STATUSES = ("pending", "done", "stuck")
 LAST_ERROR_LIMIT = 2000
-# Lease time beyond the slowest possible batch, for recording outcomes and
-# scheduling jitter.
+# Default lease time beyond the slowest possible batch, for recording outcomes
+# and scheduling jitter (``OutboxOptions.lease_margin``).
 LEASE_MARGIN_SECONDS = 30.0
 _JOB_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
@@ -74,6 +74,11 @@ class OutboxOptions:
     the admin and the per-outbox settings key on: renaming it is a breaking
     change for monitors.  ``backoff`` and ``max_attempts`` may be overridden
     per environment (see ``OutboxKitSettings.outboxes``).
+
+    ``lease_margin`` is how much longer than the slowest possible batch a
+    claim holds its rows (default 30 s).  A shorter margin brings a crashed
+    worker's rows back sooner but leaves less room for a slow database or a
+    paused process before a live delivery could be claimed twice.
     """
 
     job_name: str
@@ -83,6 +88,7 @@ class OutboxOptions:
     concurrency: int = 16
     timeout: float = 10.0
     lease: float | None = None
+    lease_margin: float = LEASE_MARGIN_SECONDS
     transport: Transport | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,13 +107,18 @@ class OutboxOptions:
         except ValueError as exc:
             raise ConfigurationError(f"outbox {self.job_name!r}: {exc}") from None
         object.__setattr__(self, "backoff", tuple(self.backoff))
+        margin = self.lease_margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: lease_margin must be a positive number of seconds, got {margin!r}"
+            )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
                 raise ConfigurationError(f"outbox {self.job_name!r}: lease must be a finite number of seconds, got {self.lease!r}")
             if self.lease < self.minimum_lease:
                 raise ConfigurationError(
                     f"outbox {self.job_name!r}: lease {self.lease!r}s is shorter than the slowest batch "
-                    f"(ceil(batch_size / concurrency) * timeout + {LEASE_MARGIN_SECONDS:g}s = {self.minimum_lease:g}s), "
+                    f"(ceil(batch_size / concurrency) * timeout + lease_margin {self.lease_margin:g}s = {self.minimum_lease:g}s), "
                     "so a live delivery could be claimed again; raise lease or concurrency, or lower timeout or batch_size"
                 )
 
@@ -115,7 +126,7 @@ class OutboxOptions:
     def minimum_lease(self) -> float:
         """The shortest safe lease: every round of sends in a batch timing out, plus a margin."""
         rounds = math.ceil(self.batch_size / self.concurrency)
-        return rounds * self.timeout + LEASE_MARGIN_SECONDS
+        return rounds * self.timeout + self.lease_margin
 
     @property
     def lease_seconds(self) -> float:

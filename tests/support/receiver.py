@@ -9,7 +9,7 @@ answers according to a ``respond`` function that tests replace::
         assert receiver.count_by_key()[key] == 1
 
 A ``Reply`` may delay its answer, hang until ``receiver.release()``, or
-reset the connection without answering.
+reset the connection (after writing part of an answer, if asked).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import collections
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,21 @@ class Reply:
     delay: float = 0.0
     hang: bool = False  # wait for release() (or the test's end) before answering
     reset: bool = False  # close the connection abruptly (RST) without an answer
+    partial: bytes = b""  # with reset: bytes written first, so the connection drops mid-response
+
+
+class _Server(ThreadingHTTPServer):
+    # Set on the class: the constructor calls listen() with it.  A short
+    # backlog drops connections from a burst of concurrent sends.
+    request_queue_size = 512
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that drops its connection (a killed worker, a send that
+        # timed out) is part of the tests, not a receiver error.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class Receiver:
@@ -85,6 +101,9 @@ class Receiver:
                     if reply.hang:
                         receiver._released.wait(timeout=120)
                     if reply.reset:
+                        if reply.partial:
+                            self.wfile.write(reply.partial)
+                            self.wfile.flush()
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         self.close_connection = True
                         return
@@ -99,9 +118,7 @@ class Receiver:
 
             do_POST = do_PUT = do_PATCH = do_DELETE = do_GET = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 512
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)

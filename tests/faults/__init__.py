@@ -1,0 +1,1 @@
+"""The fault suite: real drain processes, a real receiver and PostgreSQL, injected faults."""

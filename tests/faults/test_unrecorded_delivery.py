@@ -1,0 +1,89 @@
+"""Scenario 2, delivered but not recorded: the receiver accepts, the drainer's session dies.
+
+For a few chosen rows the receiver, on their first arrival, ends every
+database session of the worker that sent them (``pg_terminate_backend`` of the
+backends whose ``application_name`` is that worker's), waits until they are
+gone, and only then answers 2xx.  The worker has delivered the row but cannot
+record it.  The row must come back when its lease ends, be delivered again
+with the same idempotency key, and end ``done``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from tests.faults.arrivals import Arrival
+from tests.faults.models import FAULT_OPTIONS
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
+from tests.support.receiver import Reply
+
+
+@dataclass(frozen=True)
+class UnrecordedSize:
+    variant: str
+    rows: int
+    victims: int
+    workers: int = 2
+
+
+SIZES = [
+    pytest.param(UnrecordedSize("ci", rows=300, victims=4), id="ci"),
+    pytest.param(UnrecordedSize("long", rows=3_000, victims=30, workers=3), id="long", marks=LONG_VARIANT),
+]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
+    fault_scenario: FaultScenario, size: UnrecordedSize
+) -> None:
+    scenario = fault_scenario
+    terminator = scenario.terminator()
+    victims: set[str] = set()
+    terminated: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def respond(arrival: Arrival) -> Reply:
+        if arrival.key in victims and arrival.nth == 1:
+            assert arrival.worker, "every drain request names its worker"
+            count = terminator.terminate(arrival.worker)
+            with lock:
+                terminated[arrival.key] = count
+        return Reply(status=200)
+
+    log = scenario.listen(respond)
+    keys = scenario.insert(["ok"] * size.rows)
+    # Keep victims at least a batch apart so no two share a batch: each
+    # termination cuts exactly one delivery's record.
+    spacing = size.rows // size.victims
+    assert spacing > FAULT_OPTIONS.batch_size
+    offsets = (scenario.random.randrange(spacing - FAULT_OPTIONS.batch_size) for _ in range(size.victims))
+    victims.update(keys[index * spacing + offset] for index, offset in enumerate(offsets))
+
+    with scenario.fleet() as fleet:
+        fleet.start([f"outboxkit-fault-drain-{index}" for index in range(1, size.workers + 1)])
+        scenario.wait_settled(timeout=60)
+
+    ledger = scenario.ledger(log)
+    ledger.assert_invariants(scenario.context)
+    assert ledger.statuses() == {"done": size.rows}, f"{ledger.statuses()} ({scenario.context})"
+    first_replies = {arrival.key: arrival.reply for arrival in ledger.arrivals if arrival.nth == 1}
+    for key in victims:
+        row = ledger.by_key[key]
+        assert terminated.get(key, 0) >= 1, f"no session was terminated for {key} ({scenario.context})"
+        assert first_replies[key] is not None and first_replies[key].status == 200
+        assert 1 not in ledger.outcomes(row.id), f"the first attempt of {key} was recorded after all ({scenario.context})"
+        assert ledger.received[key] >= 2, f"{key} was not delivered again ({scenario.context})"
+        assert row.attempts >= 2 and row.status == "done"
+    scenario.publish(
+        scenario="unrecorded-delivery",
+        title="2. delivered, not recorded",
+        variant=size.variant,
+        faults=f"{size.victims} x pg_terminate_backend of the drainer's sessions after a delivery, before its record",
+        fault_count=size.victims,
+        ledger=ledger,
+        sessions_terminated=sum(terminated.values()),
+        interrupted_claims=ledger.interrupted_claims(),
+    )
