@@ -161,11 +161,6 @@ class Ledger:
         entries = self.history if row_id is None else self._history_by_row[row_id]
         return [entry for entry in entries if entry.kind == "claim"]
 
-    def claimed_with(self, row_ids: set[int]) -> set[int]:
-        """Rows that were ever claimed in the same batch (claim token) as one of ``row_ids``."""
-        tokens = {entry.claim_token for entry in self.claims() if entry.row_id in row_ids}
-        return {entry.row_id for entry in self.claims() if entry.claim_token in tokens} - row_ids
-
     def interrupted_claims(self) -> int:
         """Claims that never got an outcome: their worker died or lost its session mid-batch."""
         count = 0

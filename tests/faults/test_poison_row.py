@@ -5,13 +5,11 @@ row and is started again by its supervisor.  Because the attempt is counted
 before the send, the row runs out of attempts and is parked ``stuck``, while
 rows keep being written and delivered.
 
-Known gap (see docs/reliability.md): the rows claimed in the same batch as
-the poison row die with it on every attempt, come due together again when
-the lease ends, and so run out of attempts beside it.  They are parked, not
-lost (a reset delivers them, with their keys).  The first test pins what
-holds today and counts them; the second (slow) states the promise and is
-expected to fail until the drain claims a row whose last attempt recorded no
-outcome in a batch of its own.
+The rows claimed in the same batch as the poison row die with it once;
+they come due together again when the lease ends, and the claim then takes
+each row whose last attempt recorded no outcome in a batch of its own, so
+only the poison row itself keeps killing workers and its neighbours are
+delivered.
 """
 
 from __future__ import annotations
@@ -77,10 +75,9 @@ def test_poison_row_ends_stuck_after_max_attempts_while_rows_keep_flowing(
             assert ledger.received[row.key] == 0, "the poison row kills its worker before anything is sent"
     # One death per attempt of each poison row, fewer only when poison rows shared a batch.
     assert MAX_ATTEMPTS <= len(deaths) <= MAX_ATTEMPTS * size.poisons, f"{len(deaths)} deaths ({scenario.context})"
-    # Every row that never shared a batch with a poison row was delivered ...
-    neighbours = ledger.claimed_with(poisons)
+    # Every other row was delivered, batch neighbours of the poison row included ...
     stuck_others = {row.id for row in ledger.rows if row.status == "stuck" and row.id not in poisons}
-    assert stuck_others <= neighbours, f"rows stuck away from the poison: {stuck_others - neighbours} ({scenario.context})"
+    assert not stuck_others, f"rows parked beside the poison: {sorted(stuck_others)} ({scenario.context})"
     # ... and deliveries went on between the poison row's first and last kill.
     between = [arrival for arrival in ledger.arrivals if deaths[0] < arrival.at.timestamp() < deaths[-1]]
     assert between, f"no delivery while the poison row was retried ({scenario.context})"
@@ -96,12 +93,7 @@ def test_poison_row_ends_stuck_after_max_attempts_while_rows_keep_flowing(
     )
 
 
-@pytest.mark.slow  # three lease cycles of its own; the CI variant above already counts the parked neighbours
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a poison row's batch neighbours die with it on every attempt and are parked beside it "
-    "(docs/reliability.md); passes once a row whose last attempt recorded no outcome is claimed alone",
-)
+@pytest.mark.slow  # three lease cycles of its own; the CI variant above already checks the neighbours
 def test_poison_rows_batch_neighbours_are_delivered(fault_scenario: FaultScenario) -> None:
     ledger, _ = run_poison_scenario(fault_scenario, PoisonSize("ci", rows=20, poisons=1, workers=1, chunks=1))
     others = [row for row in ledger.rows if row.behaviour != POISON]
