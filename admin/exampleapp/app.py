@@ -100,3 +100,12 @@ def __getattr__(name: str) -> FastAPI:
     application = create_app(database_url)
     globals()["app"] = application
     return application
+
+
+def kit_from_environment() -> OutboxKit:
+    """The example's kit from ``DATABASE_URL``, for the CLI: ``outboxkit --app exampleapp.app:kit_from_environment status``."""
+    database_url = os.environ.get("DATABASE_URL")
+    if not database_url:
+        raise RuntimeError("set DATABASE_URL (e.g. postgresql://root@127.0.0.1:5432/example)")
+    engine = create_engine(make_url(database_url).set(drivername="postgresql+psycopg"), pool_size=2)
+    return OutboxKit(engine, outboxes=[CreditGrantOutbox, WebhookOutbox])
