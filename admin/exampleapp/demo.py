@@ -189,11 +189,14 @@ def run(args: argparse.Namespace) -> int:
         env.update(args.extra_env or {})
         say(f"starting the receiver on 127.0.0.1:{receiver_port} (logs: {logs / 'receiver.log'})")
         processes.append(start_process(
-            [sys.executable, "-m", "exampleapp.receiver", "--port", str(receiver_port)], env, logs / "receiver.log"))
+            [sys.executable, "-m", "exampleapp.receiver", "--port", str(receiver_port), "--reject", str(args.reject),
+             "--fail", str(args.fail), "--hang", str(args.hang)], env, logs / "receiver.log"))
+        say(f"receiver pid {processes[-1].pid}")
         say(f"starting the example service with {args.workers} workers on 127.0.0.1:{port} (logs: {logs / 'app.log'})")
         processes.append(start_process(
             [sys.executable, "-m", "uvicorn", "exampleapp.app:app", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(args.workers)], env, logs / "app.log"))
+        say(f"service pid {processes[-1].pid}")
         wait_for_http(f"http://127.0.0.1:{port}/health")
         say(f"admin: http://127.0.0.1:{port}/admin/  (user: admin, password: {token})")
 
@@ -231,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=150, help="grants to create at start")
     parser.add_argument("--trickle", type=float, default=0.5, help="grants per second after seeding (0: none)")
     parser.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
+    parser.add_argument("--reject", type=float, default=0.08, help="share of requests the receiver rejects (400)")
+    parser.add_argument("--fail", type=float, default=0.12, help="share it answers with 503")
+    parser.add_argument("--hang", type=float, default=0.02, help="share it hangs on past the timeout")
     parser.add_argument("--admin-token", help="the admin password (default: generated)")
     parser.add_argument("--log-dir", help="where the service and receiver logs go (default: ./.demo-logs)")
     args = parser.parse_args(argv)
