@@ -66,10 +66,12 @@ class HttpTransport:
         self._closed = False
         # The direct path: only for our own client, and only when no proxy is configured.
         self._direct = client is None and not urllib.request.getproxies()
-        if client is None:
+        if self._direct:
             self._tls = httpx.create_ssl_context()
             shared = httpx.HTTPTransport(verify=self._tls, limits=self._limits)
             client = httpx.Client(transport=shared, headers=self._default_headers, follow_redirects=False)
+        elif client is None:  # no transport= here: a client given one ignores the environment's proxies
+            client = httpx.Client(limits=self._limits, headers=self._default_headers, follow_redirects=False)
         self._client = client
 
     @property
