@@ -267,13 +267,21 @@ class Drainer:
         finished: queue.SimpleQueue[tuple[Outbox, uuid.UUID, AttemptResult]] = queue.SimpleQueue()
         in_flight = 0  # claimed rows handed to the send pool whose outcome is not yet recorded
         more_due = True
+        # A claim that took a single row when it wanted more may hold a row
+        # whose last worker died mid-delivery (the claim may isolate such a
+        # row): nothing more is claimed until it is recorded, so if it kills
+        # this worker too, no freshly claimed neighbour goes down with it.
+        isolated = False
         with contextlib.ExitStack() as cleanup:
             outcomes = _LazyConnection(self.queries, self.engine, cleanup)
             while True:
-                if more_due and in_flight <= self._refill_at and self._may_claim(result, max_claims, deadline, stop):
+                may_refill = in_flight <= self._refill_at and not (isolated and in_flight)
+                if more_due and may_refill and self._may_claim(result, max_claims, deadline, stop):
                     wanted = self.options.batch_size - in_flight
                     rows, token, taken = self._claim(wanted, result)
-                    more_due = taken == wanted
+                    # A short claim does not mean nothing is due (parked or isolated rows); an empty one does.
+                    more_due = taken > 0
+                    isolated = taken == 1 and wanted > 1
                     deliveries, build_failures = self._build(rows)
                     for row, failure in build_failures:
                         self._record(outcomes.get(), row, token, failure, result)
