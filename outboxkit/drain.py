@@ -40,7 +40,12 @@ ones' slowest sends are still out, as soon as no more than
 as bring the rows in flight back to ``batch_size``.  So a slow receiver
 never idles the pool between batches, and a claimed row still waits behind
 fewer than ``batch_size`` others, which is what the lease is sized for.
-``drain_once`` is the same with a single claim.
+It claims until a claim comes back empty.  After a claim that took a
+single row although it wanted more (it may be a row whose last worker died
+mid-delivery, which the claim takes alone), nothing more is claimed until
+that row is recorded, so a row that kills its worker takes no freshly
+claimed neighbour down with it.  ``drain_once`` is the same loop with a
+single claim.
 
 *Nothing is lost*: if the process dies anywhere, the rows it held stay
 ``pending`` with ``next_attempt_at`` at the end of their lease, so they come
