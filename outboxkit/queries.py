@@ -4,17 +4,24 @@ The drain, the admin and the CLI act on rows only through these functions,
 so the rules they share (what "due" means, what a claim stamps, which rows a
 reset may touch) are written once.  Statements are plain SQL over the
 table's quoted name, compiled once per outbox class.
+
+The outcome write is the drain's hot path (one per delivered row), so it
+skips SQLAlchemy's statement layer: it runs as one prepared statement on the
+psycopg connection of an AUTOCOMMIT pooled connection (``outcome_connection``),
+which makes it one round trip and one transaction of its own.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, select, text
+from sqlalchemy import Connection, Engine, TextClause, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
@@ -71,17 +78,29 @@ WHERE id = ANY(:ids) AND claim_token = :token
 
 # Guarded by the claim token: a row that was reset, or claimed again after
 # its lease ran out, is not overwritten by a late outcome.
+#
+# Run alone in autocommit mode, the statement is its own transaction, and the
+# joined set_config() is SET LOCAL synchronous_commit = off for that
+# transaction only: the commit does not wait for the WAL flush.  The
+# trade-off: if the PostgreSQL server (not the drainer) crashes within about
+# three wal_writer_delay periods (600 ms by default) of an outcome, that
+# outcome may be forgotten.  The row then still holds its claim, comes due
+# when the lease ends and is sent again with the same Idempotency-Key: a
+# redelivery, never a loss.  The claim itself keeps synchronous commit, so a
+# counted attempt is never forgotten.  Parameters are in psycopg's style,
+# since this statement bypasses SQLAlchemy.
 RECORD_OUTCOME = """
 UPDATE {table}
-SET status = :status,
-    next_attempt_at = COALESCE(:next_attempt_at, next_attempt_at),
-    delivered_at = :delivered_at,
-    last_status_code = COALESCE(:status_code, last_status_code),
-    last_error = COALESCE(:error, last_error),
+SET status = %(status)s,
+    next_attempt_at = COALESCE(%(next_attempt_at)s, next_attempt_at),
+    delivered_at = %(delivered_at)s,
+    last_status_code = COALESCE(%(status_code)s, last_status_code),
+    last_error = COALESCE(%(error)s, last_error),
     claim_token = NULL,
     claimed_until = NULL,
-    updated_at = :now
-WHERE id = :id AND claim_token = :token
+    updated_at = %(now)s
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
+WHERE id = %(id)s AND claim_token = %(token)s
 """
 
 
@@ -107,7 +126,7 @@ class OutboxQueries:
         self.table_name = quoted
         self._claim: TextClause = text(CLAIM_DUE_ROWS.format(table=quoted))
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
-        self._record: TextClause = text(RECORD_OUTCOME.format(table=quoted))
+        self._record = RECORD_OUTCOME.format(table=quoted)
 
     def claim_due_rows(
         self, session: Session, *, now: datetime, lease_until: datetime, limit: int, token: uuid.UUID
@@ -123,8 +142,23 @@ class OutboxQueries:
         result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
         return result.rowcount  # type: ignore[attr-defined,no-any-return]
 
+    @staticmethod
+    @contextmanager
+    def outcome_connection(engine: Engine) -> Iterator[Connection]:
+        """A pooled connection in AUTOCOMMIT mode, for ``record_outcome``; returned to the pool on exit."""
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            yield connection
+
     def record_outcome(self, connection: Connection, outcome: Outcome, *, now: datetime) -> bool:
-        """Write one outcome in its own transaction; False if the claim was lost meanwhile."""
+        """Write one outcome in its own transaction; False if the claim was lost meanwhile.
+
+        ``connection`` comes from ``outcome_connection`` (AUTOCOMMIT), so the
+        single statement is its own transaction; anything else is refused
+        rather than left in an open transaction.
+        """
+        driver = connection.connection.driver_connection
+        if driver is None or not driver.autocommit:
+            raise ValueError("record_outcome needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
         params: dict[str, Any] = {
             "id": outcome.row_id,
             "token": outcome.token,
@@ -135,9 +169,8 @@ class OutboxQueries:
             "error": outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None,
             "now": now,
         }
-        with connection.begin():
-            result = connection.execute(self._record, params)
-        return result.rowcount == 1  # type: ignore[attr-defined]
+        cursor = driver.execute(self._record, params, prepare=True)
+        return cursor.rowcount == 1
 
 
 def _quote(table: Any) -> str:

@@ -1,0 +1,345 @@
+"""Drain throughput: how fast one drainer process empties an outbox, and at what cost.
+
+Against a real PostgreSQL (``DATABASE_URL``, else
+``postgresql://root@127.0.0.1:5432/test``), in a scratch database it creates
+and drops, with the example ``WebhookOutbox``:
+
+1. ceilings on the same receiver and database: raw httpx POSTs/s (one reused
+   client; one thread, then the drain's concurrency) and the raw SKIP LOCKED
+   claim-and-mark primitive (see ``bench/ceilings.py``);
+2. enqueue ``--rows`` rows through the ORM, one row per transaction, as an
+   application does;
+3. drain them with ``OutboxKit.drain`` in a loop in a separate drainer
+   process (``bench/drain_worker.py``) against a receiver process
+   (``bench/receiver.py``), timing first claim to last ``done`` and measuring
+   the drainer's CPU, the PostgreSQL backends' CPU and the drainer's peak RSS;
+4. check that every row is ``done`` and the receiver saw every key;
+5. do it again with ``--slow-rows`` rows against a receiver that answers each
+   request after 50 ms.
+
+Run from the repository root::
+
+    .venv/bin/python bench/drain_throughput.py --rows 20000 --slow-rows 3000
+
+The last line printed is one JSON object with the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+import psycopg  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from bench.ceilings import (  # noqa: E402
+    httpx_posts_per_second,
+    insert_pending_rows,
+    primitive_rows_per_second,
+    vacuum_analyze,
+)
+from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
+
+DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
+TABLE = WebhookOutbox.__tablename__
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin'}"}
+
+
+class ReceiverProcess:
+    """``bench/receiver.py`` in its own process."""
+
+    def __init__(self, delay_ms: float = 0.0) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "receiver.py"), "--delay-ms", str(delay_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=SUBPROCESS_ENV,
+        )
+        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        if not line.startswith("listening "):
+            self.stop()
+            raise RuntimeError(f"the receiver did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def keys(self) -> list[str]:
+        body = httpx.get(f"{self.url}/_keys", timeout=30.0).text
+        return body.split("\n") if body else []
+
+    def reset(self) -> None:
+        httpx.post(f"{self.url}/_reset", timeout=10.0).raise_for_status()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class DrainRun:
+    rows: int
+    rows_per_s: float
+    drainer_cpu_s: float
+    backend_cpu_s: float
+    server_cpu_s: float
+    backends: int
+    peak_rss_mb: float
+    report: dict
+
+
+def start_profiler(pid: int, output: str) -> subprocess.Popen:
+    """Sample ``pid`` with py-spy into collapsed stacks: non-blocking (the drainer is not paused), GIL holder only."""
+    profiler = Path(sys.executable).with_name("py-spy")
+    command = [str(profiler), "record", "--pid", str(pid), "--format", "raw", "--output", output, "--nonblocking"]
+    command += ["--threads", "--gil", "--rate", "250"]  # --gil: only the thread running Python, a CPU profile
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen) -> None:
+    profiler.send_signal(signal.SIGINT)
+    try:
+        profiler.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        profiler.wait()
+
+
+def run_drainer(
+    sqlalchemy_url: str,
+    server: str,
+    database: str,
+    *,
+    expected: int,
+    concurrency: int | None,
+    profile: str | None = None,
+) -> DrainRun:
+    """Start a drainer process, let it drain ``expected`` rows, measure it (and profile it if asked)."""
+    command = [sys.executable, str(ROOT / "bench" / "drain_worker.py"), "--database-url", sqlalchemy_url]
+    command += ["--expected", str(expected)] + (["--concurrency", str(concurrency)] if concurrency else [])
+    worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    try:
+        assert worker.stdin is not None and worker.stdout is not None
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError("the drainer did not start")
+        drainer = psutil.Process(worker.pid)
+        profiler = start_profiler(worker.pid, profile) if profile else None
+        if profiler is not None:
+            time.sleep(1.0)  # py-spy needs a moment to attach
+        backends, server_cpu = BackendCpu(server, database), ServerCpu()
+        backends.start()
+        server_cpu.start()
+        cpu_before = drainer.cpu_times()
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        line = worker.stdout.readline()
+        cpu_after = drainer.cpu_times()
+        server_seconds = server_cpu.stop()
+        backend_seconds = backends.stop()
+        if profiler is not None:
+            stop_profiler(profiler)
+        if not line:
+            raise RuntimeError("the drainer died before reporting")
+        report = json.loads(line)
+        worker.stdin.write("exit\n")
+        worker.stdin.flush()
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    drainer_seconds = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    return DrainRun(
+        rows=expected,
+        rows_per_s=report["counts"]["delivered"] / report["elapsed_s"],
+        drainer_cpu_s=drainer_seconds,
+        backend_cpu_s=backend_seconds,
+        server_cpu_s=server_seconds,
+        backends=backends.backends_seen,
+        peak_rss_mb=report["peak_rss_mb"],
+        report=report,
+    )
+
+
+def enqueue_rows_per_second(sqlalchemy_url: str, *, count: int, target_url: str) -> float:
+    """Insert ``count`` rows through the ORM, one row per committed transaction."""
+    engine = create_engine(sqlalchemy_url, pool_size=1)
+    try:
+        started = time.perf_counter()
+        for number in range(count):
+            with Session(engine) as session, session.begin():
+                session.add(
+                    WebhookOutbox(
+                        event="bench.event",
+                        target_url=target_url,
+                        payload={"n": number, "workspace": f"ws-{number % 100}"},
+                    )
+                )
+        return count / (time.perf_counter() - started)
+    finally:
+        engine.dispose()
+
+
+def verify(database_url: str, receiver: ReceiverProcess, expected: int) -> list[str]:
+    """Every row ``done`` and every key seen by the receiver; return the problems found."""
+    problems: list[str] = []
+    with psycopg.connect(database_url) as connection:
+        statuses = dict(connection.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status").fetchall())
+        keys = {str(row[0]) for row in connection.execute(f"SELECT idempotency_key FROM {TABLE}")}
+    if statuses != {"done": expected}:
+        problems.append(f"statuses {statuses}, expected {{'done': {expected}}}")
+    seen = collections.Counter(receiver.keys())
+    duplicates = {key: count for key, count in seen.items() if count > 1}
+    missing = keys - set(seen)
+    unexpected = set(seen) - keys
+    print(f"  receiver saw {sum(seen.values())} requests, {len(seen)} distinct keys; duplicates: {len(duplicates)}"
+          + (f" e.g. {list(duplicates.items())[:3]}" if duplicates else ""))
+    if missing:
+        problems.append(f"{len(missing)} keys never reached the receiver")
+    if unexpected:
+        problems.append(f"{len(unexpected)} keys the receiver saw are not in the table")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="drain throughput benchmark (see the module docstring)")
+    parser.add_argument("--rows", type=int, default=20_000, help="rows to enqueue and drain (default 20000)")
+    parser.add_argument("--slow-rows", type=int, default=3_000, help="rows drained against the 50 ms receiver")
+    parser.add_argument("--concurrency", type=int, default=None, help="drain send concurrency (default: the outbox's)")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy the fast run's drainer into FILE (collapsed stacks)")
+    parser.add_argument("--ceiling-posts", type=int, default=5_000, help="POSTs per httpx ceiling measurement")
+    arguments = parser.parse_args(argv)
+    if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
+        parser.error("--rows must be >= 1, --slow-rows >= 0, --concurrency >= 1")
+
+    server = make_url(os.environ.get("DATABASE_URL") or DEFAULT_SERVER).set(drivername="postgresql")
+    server_url = server.render_as_string(hide_password=False)
+    database = f"outboxkit_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    database_url = server.set(database=database).render_as_string(hide_password=False)
+    sqlalchemy_url = server.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
+    options = WebhookOutbox.__outbox__
+    concurrency = arguments.concurrency or options.concurrency
+
+    with psycopg.connect(server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{database}"')
+    receivers: list[ReceiverProcess] = []
+    problems: list[str] = []
+    try:
+        engine = create_engine(sqlalchemy_url)
+        Base.metadata.create_all(engine)
+        engine.dispose()
+        receiver = ReceiverProcess()
+        receivers.append(receiver)
+        slow_receiver = ReceiverProcess(delay_ms=50)
+        receivers.append(slow_receiver)
+        target = f"{receiver.url}/events"
+        print(f"database {database}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; "
+              f"rows {arguments.rows}, concurrency {concurrency}, batch {options.batch_size}")
+
+        httpx_sequential = httpx_posts_per_second(target, count=arguments.ceiling_posts, threads=1)
+        httpx_threaded = httpx_posts_per_second(target, count=arguments.ceiling_posts, threads=concurrency)
+        receiver.reset()
+        print(f"httpx ceiling: {httpx_sequential:.0f} POSTs/s sequential (one thread), "
+              f"{httpx_threaded:.0f} POSTs/s with {concurrency} threads sharing one client")
+        primitive = primitive_rows_per_second(
+            database_url, TABLE, count=arguments.rows, batch_size=options.batch_size, target_url=target
+        )
+        print(f"primitive ceiling (claim batch of {options.batch_size} with SKIP LOCKED, commit, mark done, commit): "
+              f"{primitive:.0f} rows/s")
+
+        enqueue = enqueue_rows_per_second(sqlalchemy_url, count=arguments.rows, target_url=target)
+        print(f"enqueue: {enqueue:.0f} rows/s (ORM, one row per transaction, one thread)")
+        with psycopg.connect(database_url) as connection:
+            vacuum_analyze(connection, TABLE)
+
+        fast = run_drainer(
+            sqlalchemy_url,
+            server_url,
+            database,
+            expected=arguments.rows,
+            concurrency=arguments.concurrency,
+            profile=arguments.profile,
+        )
+        drain_cpu_ms = fast.drainer_cpu_s * 1000 / fast.rows
+        pg_cpu_ms = fast.backend_cpu_s * 1000 / fast.rows
+        print(f"drain: {fast.rows_per_s:.0f} rows/s end to end ({fast.report['elapsed_s']:.2f} s, "
+              f"{fast.report['batches']} batches, counts {fast.report['counts']})")
+        print(f"  drainer CPU {drain_cpu_ms:.3f} ms/row; PostgreSQL CPU {pg_cpu_ms:.3f} ms/row "
+              f"(psutil on the {fast.backends} backend(s) serving the bench database); "
+              f"all postgres processes: {fast.server_cpu_s * 1000 / fast.rows:.3f} ms/row (includes WAL writer and "
+              f"any other session on the server); drainer peak RSS {fast.peak_rss_mb:.1f} MB")
+        problems += verify(database_url, receiver, arguments.rows)
+        # Measured again right after the drain, and the higher of the two
+        # kept: on a shared host the first reading may come from a busy
+        # moment, and the ratio must not flatter the drain.
+        httpx_after = httpx_posts_per_second(target, count=arguments.ceiling_posts, threads=1)
+        receiver.reset()
+        print(f"httpx ceiling again after the drain: {httpx_after:.0f} POSTs/s sequential")
+        httpx_sequential = max(httpx_sequential, httpx_after)
+        lower_ceiling = min(httpx_sequential, primitive)
+        ratio = fast.rows_per_s / lower_ceiling
+        print(f"ratio to the lower ceiling ({lower_ceiling:.0f}/s, the higher httpx reading or the primitive): {ratio:.2f}")
+
+        slow_rate = 0.0
+        if arguments.slow_rows:
+            with psycopg.connect(database_url) as connection:
+                connection.execute(f"TRUNCATE {TABLE}")
+                connection.commit()
+                insert_pending_rows(connection, TABLE, count=arguments.slow_rows, target_url=f"{slow_receiver.url}/events")
+                vacuum_analyze(connection, TABLE)
+            slow_target = f"{slow_receiver.url}/events"
+            slow_ceiling = httpx_posts_per_second(slow_target, count=min(arguments.slow_rows, 1000), threads=concurrency)
+            slow_receiver.reset()
+            slow = run_drainer(
+                sqlalchemy_url, server_url, database, expected=arguments.slow_rows, concurrency=arguments.concurrency
+            )
+            slow_rate = slow.rows_per_s
+            print(f"slow receiver (50 ms per request): {slow_rate:.0f} rows/s ({slow.report['elapsed_s']:.2f} s, "
+                  f"counts {slow.report['counts']}); ideal at concurrency {concurrency}: {concurrency / 0.05:.0f} rows/s; "
+                  f"raw httpx, {concurrency} threads, one client, same receiver: {slow_ceiling:.0f} POSTs/s")
+            problems += verify(database_url, slow_receiver, arguments.slow_rows)
+
+        print(f"load average at the end: {os.getloadavg()[0]:.2f} (a busy host depresses every rate above)")
+        for problem in problems:
+            print(f"PROBLEM: {problem}")
+        summary = {
+            "enqueue_rows_per_s": round(enqueue, 1),
+            "drain_rows_per_s": round(fast.rows_per_s, 1),
+            "drain_cpu_ms_per_row": round(drain_cpu_ms, 3),
+            "pg_cpu_ms_per_row": round(pg_cpu_ms, 3),
+            "httpx_ceiling_per_s": round(httpx_sequential, 1),
+            "primitive_ceiling_per_s": round(primitive, 1),
+            "ratio_to_ceiling": round(ratio, 3),
+            "slow_receiver_rows_per_s": round(slow_rate, 1),
+            "rss_mb": round(fast.peak_rss_mb, 1),
+        }
+        print(json.dumps(summary))
+        return 1 if problems else 0
+    finally:
+        for running in receivers:
+            running.stop()
+        with psycopg.connect(server_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    sys.exit(main())
