@@ -116,6 +116,9 @@ class Outcome:
     error: str | None
 
 
+ASYNCHRONOUS_COMMIT = text("SET LOCAL synchronous_commit = off")
+
+
 class OutboxQueries:
     """The compiled statements for one outbox class."""
 
@@ -131,7 +134,12 @@ class OutboxQueries:
     def claim_due_rows(
         self, session: Session, *, now: datetime, lease_until: datetime, limit: int, token: uuid.UUID
     ) -> list[Outbox]:
-        """Claim up to ``limit`` due rows in the session's transaction; return them as ORM objects."""
+        """Claim up to ``limit`` due rows in the session's transaction; return them as ORM objects.
+
+        The claim's commit does not wait for the WAL flush (see the drain's
+        docstring for why that keeps every invariant).
+        """
+        session.execute(ASYNCHRONOUS_COMMIT)
         statement = select(self.outbox).from_statement(self._claim)
         params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
         rows = list(session.scalars(statement, params))
