@@ -85,7 +85,7 @@ class OutboxOptions:
     backoff: tuple[float, ...] = DEFAULT_BACKOFF
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = 50
-    concurrency: int = 16
+    concurrency: int = 32
     timeout: float = 10.0
     lease: float | None = None
     lease_margin: float = LEASE_MARGIN_SECONDS

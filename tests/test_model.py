@@ -33,7 +33,7 @@ def fresh_base() -> type[DeclarativeBase]:
 def test_options_defaults():
     options = OutboxOptions(job_name="credit-grants")
     assert (options.backoff, options.max_attempts) == ((5, 15, 60, 300, 900, 3600), 24)
-    assert (options.batch_size, options.concurrency, options.timeout, options.lease) == (50, 16, 10.0, None)
+    assert (options.batch_size, options.concurrency, options.timeout, options.lease) == (50, 32, 10.0, None)
     assert options.settings_key == "credit_grants"
 
 

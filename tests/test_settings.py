@@ -99,7 +99,7 @@ def test_an_override_leaves_the_other_options_alone(offline_engine, monkeypatch)
         options = kit.options(SampleEvent)
     assert options.max_attempts == 3
     assert options.backoff == (1, 2, 4)
-    assert (options.job_name, options.batch_size, options.concurrency, options.timeout) == ("sample-events", 50, 16, 10.0)
+    assert (options.job_name, options.batch_size, options.concurrency, options.timeout) == ("sample-events", 50, 32, 10.0)
     assert SampleEvent.__outbox__.max_attempts == 5  # the class itself is untouched
 
 
