@@ -9,8 +9,11 @@
 It runs ``pytest tests/faults`` in a subprocess (its output goes to stderr),
 collects the figures each scenario publishes, and prints a Markdown table
 (the one in docs/reliability.md).  The last line of stdout is one JSON object:
-per scenario, ``rows``, ``lost``, ``duplicates`` and ``faults``.  The exit
-status is pytest's, or 1 if any scenario lost a row.
+per scenario, ``rows``, ``lost``, ``duplicates`` and ``faults``, plus, for the
+scenarios that run the scheduler (3 and 5), ``max_holders``,
+``failover_p50``, ``failover_max`` and ``two_believer_window`` (seconds).
+The exit status is pytest's, or 1 if any scenario lost a row or ever saw two
+holders of the leader key.
 """
 
 from __future__ import annotations
@@ -22,12 +25,33 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.faults.figures import REPORT_DIR_VARIABLE, load_figures, render_details, render_table, summary  # noqa: E402
+from tests.faults.figures import (  # noqa: E402
+    REPORT_DIR_VARIABLE,
+    ScenarioFigures,
+    load_figures,
+    render_details,
+    render_table,
+    summary,
+)
 from tests.faults.scenario import DEFAULT_SEED, SEED_VARIABLE  # noqa: E402
+
+
+ELECTION_FIGURES = ("max_holders", "failover_p50", "failover_max", "two_believer_window")
+
+
+def election_summary(figures: list[ScenarioFigures]) -> dict[str, dict[str, Any]]:
+    """``summary`` with the election figures added for the scenarios that have them."""
+    result = summary(figures)
+    for figure in figures:
+        if figure.max_holders is not None:
+            key = figure.scenario if figure.variant == "ci" else f"{figure.scenario}-{figure.variant}"
+            result[key].update({name: getattr(figure, name) for name in ELECTION_FIGURES})
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render_details(figures))
     print()
     print(f"reproduce: {SEED_VARIABLE}={args.seed} .venv/bin/python bench/faults_report.py{' --long' if args.long else ''}")
-    print(json.dumps(summary(figures), sort_keys=True))
-    if any(figure.lost for figure in figures):
+    print(json.dumps(election_summary(figures), sort_keys=True))
+    if any(figure.lost or (figure.max_holders or 0) > 1 for figure in figures):
         return 1
     return completed.returncode
 

@@ -16,7 +16,8 @@ from tests.support.receiver import Receiver
 
 @pytest.fixture
 def fault_scenario(request: pytest.FixtureRequest, database_url: str, tmp_path: Path) -> Iterator[FaultScenario]:
-    engine = create_engine(sqlalchemy_url(database_url), pool_size=3, max_overflow=2)
+    # pre-ping: scenario 3 terminates every session of the database, this pool's too.
+    engine = create_engine(sqlalchemy_url(database_url), pool_size=3, max_overflow=2, pool_pre_ping=True)
     try:
         install_fault_schema(engine)
         with Receiver() as receiver:

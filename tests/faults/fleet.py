@@ -56,6 +56,21 @@ def drain_worker_command(
     return command
 
 
+def scheduler_worker_command(
+    database_url: str, *, tick: float, probe: float, drain_interval: float, heartbeat: float = 0.5
+) -> Callable[[str], list[str]]:
+    """The command factory for ``tests/faults/scheduler_worker.py`` (elected schedulers) on one database."""
+
+    def command(name: str) -> list[str]:
+        return [
+            sys.executable, "-m", "tests.faults.scheduler_worker",
+            "--database-url", database_url, "--name", name, "--tick", str(tick), "--probe", str(probe),
+            "--drain-interval", str(drain_interval), "--heartbeat", str(heartbeat),
+        ]  # fmt: skip
+
+    return command
+
+
 @dataclass(frozen=True)
 class Exit:
     """One process that ended."""
@@ -201,6 +216,12 @@ class WorkerFleet:
         if slot.thread.is_alive():
             return None
         return self.exits_of(name)[-1].returncode
+
+    def current_pid(self, name: str) -> int | None:
+        """The pid of ``name``'s live process, or None."""
+        with self._lock:
+            process = self._slots[name].process
+            return process.pid if process is not None and process.poll() is None else None
 
     def deaths(self) -> list[Exit]:
         """Processes that ended before the fleet was told to stop."""

@@ -14,7 +14,9 @@ receiver's arrivals.  Its checks are the promises the suite proves:
 * no claim starts, and no request arrives, before the due time the previous
   outcome wrote;
 * no row is claimed while an earlier claim's lease on it still runs, so
-  every duplicate comes from a lease that ran out.
+  every duplicate comes from a lease that ran out;
+* (scenarios that break sessions wholesale) no ``done`` row ever goes back
+  to ``pending``.
 """
 
 from __future__ import annotations
@@ -208,6 +210,18 @@ class Ledger:
                 if not settled and began + CLOCK_GRANULARITY < previous.next_attempt_at:
                     overlapping.append((row_id, claim.attempts, began, previous.next_attempt_at))
         return overlapping
+
+    def reopened_done_rows(self) -> list[tuple[int, int]]:
+        """(row, attempts) where a committed write put a row back to ``pending`` after one had made it ``done``."""
+        reopened = []
+        for row_id, entries in self._history_by_row.items():
+            done = False
+            for entry in entries:
+                if done and entry.status == "pending":
+                    reopened.append((row_id, entry.attempts))
+                    break
+                done = done or entry.status == "done"
+        return reopened
 
     def early_arrivals(self) -> list[tuple[str, int, datetime, datetime]]:
         """(key, attempt, arrival, due) where a request arrived before the previous outcome's due time."""

@@ -25,9 +25,10 @@ from sqlalchemy import Engine, func, insert, select
 
 from tests.faults.arrivals import Arrival, ArrivalLog
 from tests.faults.figures import ScenarioFigures
-from tests.faults.fleet import WorkerFleet, drain_worker_command, worker_environment
+from tests.faults.fleet import WorkerFleet, drain_worker_command, scheduler_worker_command, worker_environment
 from tests.faults.ledger import Ledger
 from tests.faults.models import FaultEvent
+from tests.faults.scheduler_worker import install_heartbeat_table
 from tests.faults.postgres import DatabaseClock, SessionTerminator
 from tests.support.database import sqlalchemy_url
 from tests.support.receiver import Receiver, Reply
@@ -92,6 +93,21 @@ class FaultScenario:
             drain_worker_command(sqlalchemy_url(self.database_url)),
             log_dir=self.log_dir / f"fleet-{len(self._fleets) + 1}",
             environment=worker_environment(overrides),
+            restart=restart,
+        )
+        self._fleets.append(fleet)
+        return fleet
+
+    def scheduler_fleet(
+        self, *, tick: float, probe: float, drain_interval: float, restart: bool = False
+    ) -> WorkerFleet:
+        """A fleet of elected scheduler processes (``tests/faults/scheduler_worker.py``) on this database."""
+        install_heartbeat_table(self.engine)
+        fleet = WorkerFleet(
+            scheduler_worker_command(
+                sqlalchemy_url(self.database_url), tick=tick, probe=probe, drain_interval=drain_interval
+            ),
+            log_dir=self.log_dir / f"fleet-{len(self._fleets) + 1}",
             restart=restart,
         )
         self._fleets.append(fleet)
