@@ -167,12 +167,23 @@ def cron(*, timezone: str, **fields: int | str) -> CronTrigger:
         raise ConfigurationError(f"bad cron schedule {fields!r}: {exc}") from None
 
 
+# Interval fire times are counted from this instant unless a job names its own
+# start, so every process computes the same fire times for the same job: the
+# fence (job_id, scheduled_for) can only stop a second run of an occurrence
+# that both schedulers agree on.
+INTERVAL_ANCHOR = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
 def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, start: datetime | None = None) -> IntervalTrigger:
-    """A fixed interval of elapsed time, e.g. ``every(minutes=5)``."""
+    """A fixed interval of elapsed time, e.g. ``every(minutes=5)``.
+
+    Fire times are ``start + k * interval``; ``start`` defaults to
+    ``INTERVAL_ANCHOR`` so that every process agrees on them.
+    """
     period = timedelta(seconds=seconds, minutes=minutes, hours=hours)
     if period <= timedelta(0):
         raise ConfigurationError("every() needs a positive interval, e.g. every(minutes=5)")
-    return IntervalTrigger(seconds=period.total_seconds(), start_date=start, timezone=timezone.utc)
+    return IntervalTrigger(seconds=period.total_seconds(), start_date=start or INTERVAL_ANCHOR, timezone=timezone.utc)
 
 
 def calendar_interval(

@@ -223,8 +223,10 @@ class OutboxScheduler:
         return self._listener
 
     def _drain_function(self, outbox: type[Outbox]) -> JobFunction:
-        # Bounded by the interval, so one slow drain cannot hold its job forever.
-        max_seconds = self.settings.drain_interval_seconds
+        # Bounded within the interval, so one slow drain cannot hold its job
+        # forever, and it ends before the next fire time instead of making the
+        # scheduler skip that one (max_instances=1) and idle a whole interval.
+        max_seconds = self.settings.drain_interval_seconds * 0.9
 
         def drain(context: object) -> dict[str, int]:
             result = self.kit.drain(outbox, max_seconds=max_seconds)

@@ -236,3 +236,13 @@ def test_lock_dsn_defaults_to_the_engine_and_accepts_a_sqlalchemy_style_url(engi
     direct = OutboxKitSettings(lock_database_url="postgresql+psycopg://app@db-primary:5432/app")
     with OutboxKit(engine, [SampleEvent], settings=direct) as kit:
         assert kit.scheduler.lock_dsn == "postgresql://app@db-primary:5432/app"
+
+
+def test_interval_jobs_registered_at_different_moments_agree_on_fire_times():
+    # The fence dedups a fire time, so two schedulers must compute the same ones.
+    from outboxkit.jobs import every
+
+    now = datetime(2030, 5, 17, 10, 0, 3, 250_000, tzinfo=timezone.utc)
+    first, second = every(seconds=7), every(seconds=7)
+    assert first.get_next_fire_time(None, now) == second.get_next_fire_time(None, now + timedelta(seconds=2))
+    assert every(seconds=7, start=now).get_next_fire_time(None, now) == now
