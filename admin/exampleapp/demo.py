@@ -154,7 +154,15 @@ def wait_for_http(url: str, timeout: float = 60.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def interrupt(*_: object) -> None:
+        # Installed explicitly: a shell that starts the demo in the background
+        # hands it SIGINT ignored, and Ctrl-C or SIGTERM must still clean up.
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     embedded = None
     processes: list[subprocess.Popen[bytes]] = []
     database_url = args.database_url or os.environ.get("DATABASE_URL")
@@ -217,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        # A second Ctrl-C must not cut the clean-up short and leave processes behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         say("stopping")
         for process in reversed(processes):
             stop_process(process)
