@@ -39,6 +39,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # batch-mates its crash took down (they share its lease end) and take them
 # down again until they too ran out of attempts.  The other candidates it
 # locked are left untouched and free again when the claim commits.
+# The joined set_config() is SET LOCAL synchronous_commit = off, in the same
+# round trip: the claim's commit does not wait for the WAL flush (see the
+# drain's docstring for why every invariant still holds).
 CLAIM_DUE_ROWS = """
 WITH candidates AS (
     SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
@@ -57,7 +60,7 @@ SET attempts = outbox.attempts + 1,
     claimed_until = :lease_until,
     next_attempt_at = :lease_until,
     updated_at = :now
-FROM due
+FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
 WHERE outbox.id = due.id
 RETURNING outbox.*
 """
@@ -116,9 +119,6 @@ class Outcome:
     error: str | None
 
 
-ASYNCHRONOUS_COMMIT = text("SET LOCAL synchronous_commit = off")
-
-
 class OutboxQueries:
     """The compiled statements for one outbox class."""
 
@@ -139,7 +139,6 @@ class OutboxQueries:
         The claim's commit does not wait for the WAL flush (see the drain's
         docstring for why that keeps every invariant).
         """
-        session.execute(ASYNCHRONOUS_COMMIT)
         statement = select(self.outbox).from_statement(self._claim)
         params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
         rows = list(session.scalars(statement, params))
