@@ -22,9 +22,8 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 
+from exampleapp.database import create_example_engine
 from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 from outboxkit import Clock, ConfigurationError, OutboxKit, OutboxKitSettings, Transport
 from outboxkit.admin import ACTOR_STATE_ATTRIBUTE, JobSource, create_admin_router
@@ -70,8 +69,7 @@ def create_app(
     password = admin_password if admin_password is not None else os.environ.get("EXAMPLE_ADMIN_PASSWORD")
     if not password:
         raise ConfigurationError("the example admin needs a password: pass admin_password or set EXAMPLE_ADMIN_PASSWORD")
-    url = make_url(database_url).set(drivername="postgresql+psycopg")
-    engine = create_engine(url, pool_size=pool_size, max_overflow=0, pool_pre_ping=True)
+    engine = create_example_engine(database_url, pool_size=pool_size, max_overflow=0, pool_pre_ping=True)
     kit = OutboxKit(engine, [CreditGrantOutbox, WebhookOutbox], settings=settings, clock=clock, transport=transport)
 
     @asynccontextmanager

@@ -20,15 +20,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from exampleapp.admin_app import mount_admin
+from exampleapp.database import create_example_engine
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import OutboxKit, OutboxKitSettings
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "kit_from_environment"]
+
+OUTBOXES = [CreditGrantOutbox, WebhookOutbox]
 
 
 class GrantRequest(BaseModel):
@@ -52,8 +53,8 @@ def create_app(
     """
     if not logging.getLogger().handlers:  # a bare uvicorn configures only its own loggers
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    engine = create_engine(make_url(database_url).set(drivername="postgresql+psycopg"), pool_size=5, max_overflow=5)
-    kit = OutboxKit(engine, outboxes=[CreditGrantOutbox, WebhookOutbox], settings=settings)
+    engine = create_example_engine(database_url, pool_size=5, max_overflow=5)
+    kit = OutboxKit(engine, outboxes=OUTBOXES, settings=settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,5 +108,4 @@ def kit_from_environment() -> OutboxKit:
     database_url = os.environ.get("DATABASE_URL")
     if not database_url:
         raise RuntimeError("set DATABASE_URL (e.g. postgresql://root@127.0.0.1:5432/example)")
-    engine = create_engine(make_url(database_url).set(drivername="postgresql+psycopg"), pool_size=2)
-    return OutboxKit(engine, outboxes=[CreditGrantOutbox, WebhookOutbox])
+    return OutboxKit(create_example_engine(database_url, pool_size=2), outboxes=OUTBOXES)

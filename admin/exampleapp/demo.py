@@ -27,20 +27,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from exampleapp.database import create_example_engine, psycopg_url
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 
 ADMIN_FOLDER = Path(__file__).resolve().parents[1]
 REPOSITORY = ADMIN_FOLDER.parent
 ALEMBIC_INI = REPOSITORY / "alembic" / "alembic.ini"
 WORKSPACES = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
-
-
-def sqlalchemy_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
 def free_port() -> int:
@@ -58,7 +55,7 @@ def migrate(database_url: str) -> None:
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))
-    config.cmd_opts = argparse.Namespace(x=[f"url={sqlalchemy_url(database_url)}"])
+    config.cmd_opts = argparse.Namespace(x=[f"url={psycopg_url(database_url)}"])
     config.attributes["configure_logging"] = False
     command.upgrade(config, "heads")
 
@@ -176,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             database_url = embedded.start()
         say("running migrations (alembic upgrade heads)")
         migrate(database_url)
-        engine = create_engine(sqlalchemy_url(database_url), pool_size=2)
+        engine = create_example_engine(database_url, pool_size=2)
 
         logs = Path(args.log_dir) if args.log_dir else Path.cwd() / ".demo-logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -185,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         token = args.admin_token or secrets.token_urlsafe(16)
         env = {
             **os.environ,
-            "DATABASE_URL": sqlalchemy_url(database_url),
+            "DATABASE_URL": psycopg_url(database_url),
             "EXAMPLE_RECEIVER_URL": f"http://127.0.0.1:{receiver_port}",
             "EXAMPLE_ADMIN_PASSWORD": token,
             "EXAMPLE_ADMIN_CSRF_SECRET": secrets.token_urlsafe(32),  # shared by both workers
