@@ -36,18 +36,18 @@ class EmbeddedPostgres:
         self._server: Any = None
 
     def start(self) -> str:
-        try:
-            import pgserver
-        except ImportError:
-            raise ConfigurationError(
-                "no DATABASE_URL is set and the embedded PostgreSQL is not installed: "
-                "pip install 'outboxkit[demo]', or set DATABASE_URL=postgresql://user@host/db"
-            ) from None
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
-            # pgserver asks platformdirs for a runtime dir it does not need; its
-            # fallback warning (no XDG_RUNTIME_DIR) is noise here.
+            # pgserver asks platformdirs for a runtime dir (on import and on
+            # start) it does not need; the fallback warning is noise here.
             warnings.simplefilter("ignore")
+            try:
+                import pgserver
+            except ImportError:
+                raise ConfigurationError(
+                    "no DATABASE_URL is set and the embedded PostgreSQL is not installed: "
+                    "pip install 'outboxkit[demo]', or set DATABASE_URL=postgresql://user@host/db"
+                ) from None
+            self.data_dir.parent.mkdir(parents=True, exist_ok=True)
             self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
         return self.url
 
