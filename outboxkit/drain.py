@@ -1,7 +1,6 @@
 """The drain: claim due rows, deliver them, record each outcome.
 
-One ``drain_once`` is one batch, in four steps.  Each step names the
-invariant it protects.
+A drain works in four steps.  Each step names the invariant it protects.
 
 1. Claim (one short transaction).  Up to ``batch_size`` due rows are taken
    oldest first with ``FOR UPDATE SKIP LOCKED``; each gets a lease
@@ -21,48 +20,64 @@ invariant it protects.
    message in ``last_error``); its neighbours go on.
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
-   (``concurrency``), each with the outbox's timeout, so a receiver that hangs
-   costs one slot for one timeout, not the batch, and no database
-   transaction is held across network I/O.
+   (``concurrency``).  Each send has a total deadline, the outbox's
+   ``timeout`` (connect, write, the whole answer; ``HttpTransport`` enforces
+   it), so a receiver that hangs or drips its answer costs one slot for one
+   timeout, never the batch, and no database transaction is held across
+   network I/O.
 
 4. Record (one short transaction per row, guarded by the claim token).  As
    each send finishes, its outcome is decided by the ``RetryPolicy`` and
    written on its own: one prepared ``UPDATE`` in autocommit mode, so one
    round trip and one transaction per row.  One row's failure never rolls
    back a neighbour, and a row that was reset or claimed again meanwhile is
-   not overwritten.  The outcome's commit does not wait for the WAL flush
-   (``synchronous_commit = off`` for that transaction only): a PostgreSQL
-   crash may forget the last fraction of a second of outcomes, and those rows
-   are delivered again with the same key when their lease ends; a redelivery,
-   never a loss.  The claim commits the same way: its commit is visible to
-   every other session at once and survives any crash of the drainer (the
-   WAL writer flushes it within ~200 ms); only a crash of the PostgreSQL
-   server in that window could forget it, and then the row is simply due
-   again and sent again with the same key.  Waiting for the disk on every
-   claim would add a WAL flush (milliseconds) to each row's latency.
+   not overwritten.  The write stores the latest attempt's status code and
+   error (a delivered row keeps no stale error).
 
-``drain`` keeps the pool fed: it claims the next rows while the previous
-ones' slowest sends are still out, as soon as no more than
-``max(concurrency, batch_size // 2)`` rows are in flight, and only as many
-as bring the rows in flight back to ``batch_size``.  So a slow receiver
-never idles the pool between batches, and a claimed row still waits behind
-fewer than ``batch_size`` others, which is what the lease is sized for.
-It claims until a claim comes back empty.  After a claim that took a
-single row although it wanted more (it may be a row whose last worker died
-mid-delivery, which the claim takes alone), nothing more is claimed until
-that row is recorded, so a row that kills its worker takes no freshly
-claimed neighbour down with it.  ``drain_once`` is the same loop with a
-single claim.
+*The lease outlasts every send*: a drainer never holds more than
+``batch_size`` rows between claim and recorded outcome, summed over all its
+drains running at once in the process (``InFlightLimit``), and they share
+``concurrency`` send threads, so a claimed row is sent within
+``ceil(batch_size / concurrency)`` rounds of sends, each ending by its
+deadline.  The lease (``OutboxOptions.minimum_lease``) is that, plus a
+margin, so a live delivery is never claimed twice.
+
+Commit durability (``OutboxKitSettings.synchronous_commit``, see
+``outboxkit.queries``): by default neither the claim nor the outcome waits
+for the WAL flush.  Both are visible to every other session at once and
+survive any crash of the drainer; only a crash of the PostgreSQL server
+within about 600 ms can forget them, and then the row is due again and sent
+again with the same key (an attempt the row does not count), never lost.
+
+Two ways to run it:
+
+* ``drain`` / ``drain_once``: a call that returns.  ``drain`` keeps the pool
+  fed (it claims the next rows while the previous ones' slowest sends are
+  still out, as soon as no more than ``max(concurrency, batch_size // 2)``
+  rows are in flight) and claims until a claim comes back empty, then waits
+  for its own sends (each bounded by its deadline) and returns.
+  ``drain_once`` is the same with a single claim.
+* ``start()``: a background loop per drainer that never waits on one slow
+  send to keep claiming other due rows.  It claims whenever it is woken
+  (``wake()``: a NOTIFY, a reset) and whenever a row comes due: after an
+  empty claim it asks for the earliest ``next_attempt_at`` of the outbox and
+  sleeps until then (a timer, not a poll loop), and a retry it records moves
+  that time earlier.  It polls anyway every ``poll_seconds`` (the safety
+  net for a lost notification).  A database error is logged once and
+  retried with backoff.  ``stop()`` stops claiming and records what is in
+  flight, each send ending by its deadline.
+
+After a claim that took a row alone because its last worker died
+mid-delivery, nothing more is claimed until that row is recorded, so a row
+that kills its worker takes no freshly claimed neighbour down with it.
 
 *Nothing is lost*: if the process dies anywhere, the rows it held stay
 ``pending`` with ``next_attempt_at`` at the end of their lease, so they come
 due again and are sent with the same ``Idempotency-Key`` (at-least-once; a
-receiver that dedups on the key makes it effectively-once).  The lease is
-checked at start-up to outlast the slowest batch, so a live worker's rows are
-not claimed twice.
+receiver that dedups on the key makes it effectively-once).
 
-``drain_once`` never raises into its caller and always returns its
-connections: a database error is logged and reported in the result.
+``drain_once`` and ``drain`` never raise into their caller and always return
+their connections: a database error is logged and reported in the result.
 """
 
 from __future__ import annotations
@@ -76,25 +91,38 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.errors import DeliveryBuildError
+from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
-from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
+from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
 from outboxkit.queries import Outcome, OutboxQueries, queries_for
+from outboxkit.send_pool import InFlightLimit, SendPool
 from outboxkit.transport import Delivery, Transport
 
 __all__ = ["DrainResult", "Drainer", "drain_once"]
 
 logger = logging.getLogger("outboxkit.drain")
 
+# The background loop's timings.  A claim that could not take rows that are
+# due (another transaction holds their locks: a concurrent claim for a moment,
+# an application transaction for longer), or that this drainer's other drains
+# left no in-flight slot for, is retried this soon, doubling while it goes on:
+RETRY_CLAIM_SECONDS = 0.05
+RETRY_CLAIM_MAX_SECONDS = 5.0
+# After a database error the loop waits this long, doubling up to its poll interval.
+FIRST_ERROR_BACKOFF_SECONDS = 0.5
+# A send that outlives its deadline by more than this is reported: the lease assumes it cannot.
+DEADLINE_SLACK_SECONDS = 1.0
+
+
 @dataclass
 class DrainResult:
-    """What one drain call did."""
+    """What one drain call did (or, for the background loop, one busy spell)."""
 
     job_name: str
     claimed: int = 0
@@ -109,6 +137,10 @@ class DrainResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def eventful(self) -> bool:
+        return bool(self.claimed or self.stuck or self.lost_claims or self.errors)
 
     def add(self, other: DrainResult) -> None:
         self.claimed += other.claimed
@@ -130,49 +162,19 @@ class DrainResult:
         }
 
 
-class _SendPool:
-    """``size`` threads that run sends: bounded concurrency without futures.
+@dataclass
+class _PumpState:
+    """What a pump knows between two events; the background loop keeps it across database errors."""
 
-    ``ThreadPoolExecutor`` builds a Future (with its Condition) per job;
-    the drain never reads it, since each send hands its result to the
-    recording thread itself, and that bookkeeping was a visible share of the
-    drainer's CPU.  Jobs must not raise.  Threads start on the first job and
-    end at ``shutdown()``, after finishing every queued job.
-    """
+    in_flight: int = 0  # rows handed to the send pool whose outcome is not yet recorded
+    more_due: bool = True  # a claim may find rows: nothing said otherwise since the last empty claim
+    isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
+    next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
+    retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
 
-    def __init__(self, size: int, *, name: str) -> None:
-        self._size = size
-        self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._shut_down = False
 
-    def submit(self, function: Callable[..., None], *arguments: object) -> None:
-        if not self._threads:
-            with self._lock:
-                if self._shut_down:
-                    raise RuntimeError("this drainer is closed")
-                while len(self._threads) < self._size:
-                    thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
-                    thread.start()
-                    self._threads.append(thread)
-        self._jobs.put((function, arguments))
-
-    def shutdown(self) -> None:
-        """Let queued jobs finish, then stop the threads."""
-        with self._lock:
-            self._shut_down = True
-            threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(None)
-        for thread in threads:
-            thread.join()
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            function, arguments = job
-            function(*arguments)
+_WAKE = object()
+_STOP = object()
 
 
 class _LazyConnection:
@@ -190,10 +192,58 @@ class _LazyConnection:
         return self._connection
 
 
+class _Background:
+    """The background loop's controls: its thread, its event queue, its stop flag."""
+
+    def __init__(self, job_name: str, poll_seconds: float) -> None:
+        self.poll_seconds = poll_seconds
+        self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.result = DrainResult(job_name=job_name)
+        self.failing: str | None = None  # the database error being retried, logged once
+        self._wake_lock = threading.Lock()
+        self._wake_queued = False
+        self.thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        # At most one wake-up waits in the queue: a burst of notifications costs one claim.
+        with self._wake_lock:
+            if self._wake_queued:
+                return
+            self._wake_queued = True
+        self.events.put(_WAKE)
+
+    def woken(self) -> None:
+        with self._wake_lock:
+            self._wake_queued = False
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.events.put(_STOP)
+
+    def wait_seconds(self, state: _PumpState, *, blocked: bool, now: datetime) -> float | None:
+        """How long to wait for the next event; None waits for an outcome."""
+        if blocked:
+            return RETRY_CLAIM_SECONDS
+        if state.more_due or self.stopping.is_set():
+            return None  # in-flight outcomes come first
+        if state.next_due is None:
+            return self.poll_seconds
+        until_due = (state.next_due - now).total_seconds()
+        if until_due > 0:
+            state.retry_wait = RETRY_CLAIM_SECONDS
+            return min(until_due, self.poll_seconds)
+        # Rows are due but the last claim took none: locked by another transaction.
+        wait, state.retry_wait = state.retry_wait, min(state.retry_wait * 2, RETRY_CLAIM_MAX_SECONDS)
+        return min(wait, self.poll_seconds)
+
+
 class Drainer:
     """Drains one outbox class.  Thread-safe; keeps a bounded thread pool for sends.
 
     Build one per outbox and reuse it (the kit does); call ``close()`` when done.
+    ``drain()`` and ``drain_once()`` are calls that return; ``start()`` runs
+    the background loop that claims on ``wake()`` and at due times.
     """
 
     def __init__(
@@ -205,6 +255,7 @@ class Drainer:
         policy: RetryPolicy | None = None,
         clock: Clock | None = None,
         options: OutboxOptions | None = None,
+        synchronous_commit: bool = False,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -212,22 +263,34 @@ class Drainer:
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
         self.transport = transport
         self.clock = clock or SystemClock()
-        self.queries: OutboxQueries = queries_for(outbox)
-        self._senders = _SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
-        self._closed = False
+        self.queries: OutboxQueries = queries_for(outbox, synchronous_commit=synchronous_commit)
+        self._senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
+        self._in_flight = InFlightLimit(self.options.batch_size)
         self._refill_at = _refill_threshold(self.options.batch_size, self.options.concurrency)
+        self._lock = threading.Lock()
+        self._background: _Background | None = None
+        self._closed = False
+        self._overrun_reported = False
 
     @property
     def job_name(self) -> str:
         return self.options.job_name
 
-    def close(self) -> None:
-        """Wait for sends in flight, then release the thread pool."""
-        if not self._closed:
-            self._closed = True
-            self._senders.shutdown()
+    @property
+    def in_flight(self) -> int:
+        """Rows this drainer holds now, between claim and recorded outcome (all its drains together)."""
+        return self._in_flight.held
 
-    # -- one batch -----------------------------------------------------------
+    def close(self) -> None:
+        """Stop the background loop, wait for sends in flight, then release the thread pool."""
+        self.stop()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._senders.shutdown()
+
+    # -- calls that return ---------------------------------------------------
 
     def drain_once(self) -> DrainResult:
         """Claim, deliver and record one batch.  Never raises."""
@@ -241,90 +304,250 @@ class Drainer:
         Claims overlap with sends (see the module docstring), so the send
         pool stays busy from one batch to the next.  ``max_batches`` caps the
         number of claims; ``max_seconds`` and ``stop`` stop new claims, and the
-        rows already claimed are still delivered and recorded before it returns.
+        rows already claimed are still delivered and recorded (each send ends
+        by its deadline) before it returns.
         """
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         return self._run(max_claims=max_batches, deadline=deadline, stop=stop)
 
     def _run(self, *, max_claims: int | None, deadline: float | None, stop: threading.Event | None) -> DrainResult:
         result = DrainResult(job_name=self.job_name)
+        state = _PumpState()
+        events: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+        def may_claim() -> bool:
+            if max_claims is not None and result.batches >= max_claims:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            return not (stop is not None and stop.is_set())
+
         try:
-            self._pump(result, max_claims=max_claims, deadline=deadline, stop=stop)
+            self._pump(result, state, events, may_claim=may_claim, background=None)
         except Exception as exc:  # a database outage must not escape into a scheduler
             result.error = f"{type(exc).__name__}: {exc}"
             logger.error("%s: drain failed: %s", self.job_name, result.error)
-        if result.claimed:
-            logger.info(
-                "%s: claimed %d, delivered %d, retried %d, stuck %d%s",
-                self.job_name,
-                result.claimed,
-                result.delivered,
-                result.retried,
-                result.stuck,
-                f", lost claims {result.lost_claims}" if result.lost_claims else "",
-            )
+            self._settle(state, events)
+        self._report(result)
         return result
 
-    def _may_claim(self, result: DrainResult, max_claims: int | None, deadline: float | None, stop) -> bool:
-        if max_claims is not None and result.batches >= max_claims:
-            return False
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        return not (stop is not None and stop.is_set())
+    def _settle(self, state: _PumpState, events: queue.SimpleQueue[object]) -> None:
+        """After an error: wait for this call's sends still out (each ends by its deadline) and free their slots.
+
+        Their outcomes are not written: each row keeps its lease and comes
+        due again when it ends, a redelivery with the same key, never a loss.
+        """
+        while state.in_flight:
+            events.get()
+            state.in_flight -= 1
+            self._in_flight.give(1)
+
+    # -- the background loop -----------------------------------------------
+
+    def start(self, *, poll_seconds: float = 60.0) -> None:
+        """Run the background loop in a daemon thread (idempotent).  It claims at once.
+
+        ``poll_seconds`` bounds how long it sleeps without being woken or a
+        row coming due (the safety net for a lost notification).
+        """
+        with self._lock:
+            previous = self._background
+        if previous is not None:
+            if not previous.stopping.is_set():
+                return
+            self.stop()  # a loop still finishing its last rows: let it end first
+        with self._lock:
+            if self._closed:
+                raise KitClosedError("this drainer is closed")
+            if self._background is not None:
+                return
+            background = _Background(self.job_name, poll_seconds)
+            background.thread = threading.Thread(
+                target=self._serve, args=(background,), name=f"outboxkit-drain-{self.job_name}", daemon=True
+            )
+            self._background = background
+        background.thread.start()
+
+    @property
+    def running(self) -> bool:
+        """True while the background loop runs (or is finishing its rows in flight)."""
+        return self._background is not None
+
+    def wake(self) -> None:
+        """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""
+        background = self._background
+        if background is not None:
+            background.wake()
+
+    def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:
+        """Stop the background loop: no new claims; rows in flight are sent and recorded first.
+
+        ``wait=False`` only asks it to stop (to stop several loops at once);
+        a later ``stop()`` waits for it.
+        """
+        with self._lock:
+            background = self._background
+        if background is None:
+            return
+        background.stop()
+        if not wait:
+            return
+        if background.thread is not None and background.thread is not threading.current_thread():
+            background.thread.join(timeout)
+            if background.thread.is_alive():
+                return  # still finishing within its deadline; a later stop() waits again
+        with self._lock:
+            if self._background is background:
+                self._background = None
+
+    def _serve(self, background: _Background) -> None:
+        state = _PumpState()
+        backoff = FIRST_ERROR_BACKOFF_SECONDS
+        while not background.stopping.is_set() or state.in_flight:
+            try:
+                self._pump(
+                    background.result,
+                    state,
+                    background.events,
+                    may_claim=lambda: not background.stopping.is_set(),
+                    background=background,
+                )
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                if message != background.failing:
+                    background.failing = message
+                    logger.error("%s: drain failed: %s; retrying", self.job_name, message)
+                else:
+                    logger.debug("%s: drain still failing: %s", self.job_name, message)
+                background.result.errors.append(message)
+                self._report(background.result)
+                background.result = DrainResult(job_name=self.job_name)
+                state.more_due = True
+                if background.stopping.wait(backoff) and not state.in_flight:
+                    break
+                backoff = min(backoff * 2, background.poll_seconds)
+            else:
+                backoff = FIRST_ERROR_BACKOFF_SECONDS
+        self._report(background.result)
+
+    # -- the pump ------------------------------------------------------------
 
     def _pump(
-        self, result: DrainResult, *, max_claims: int | None, deadline: float | None, stop: threading.Event | None
+        self,
+        result: DrainResult,
+        state: _PumpState,
+        events: queue.SimpleQueue[object],
+        *,
+        may_claim: Callable[[], bool],
+        background: _Background | None,
     ) -> None:
-        """Claim, send and record until nothing is due or a limit is reached; see the module docstring."""
-        finished: queue.SimpleQueue[tuple[Outbox, uuid.UUID, AttemptResult]] = queue.SimpleQueue()
-        in_flight = 0  # claimed rows handed to the send pool whose outcome is not yet recorded
-        more_due = True
-        # A claim that took a single row when it wanted more may hold a row
-        # whose last worker died mid-delivery (the claim may isolate such a
-        # row): nothing more is claimed until it is recorded, so if it kills
-        # this worker too, no freshly claimed neighbour goes down with it.
-        isolated = False
+        """Claim, send and record until there is nothing left to do; see the module docstring.
+
+        A call (``background=None``) returns once no claim is due and its
+        own sends are recorded.  The background loop waits instead, for an
+        outcome, a wake-up or the next due time, and returns only once it is
+        stopping with nothing in flight.
+        """
         with contextlib.ExitStack() as cleanup:
             outcomes = _LazyConnection(self.queries, self.engine, cleanup)
             while True:
-                may_refill = in_flight <= self._refill_at and not (isolated and in_flight)
-                if more_due and may_refill and self._may_claim(result, max_claims, deadline, stop):
-                    wanted = self.options.batch_size - in_flight
-                    rows, token, taken = self._claim(wanted, result)
-                    # A short claim does not mean nothing is due (parked or isolated rows); an empty one does.
-                    more_due = taken > 0
-                    isolated = taken == 1 and wanted > 1
-                    deliveries, build_failures = self._build(rows)
-                    for row, failure in build_failures:
-                        self._record(outcomes.get(), row, token, failure, result)
-                    timeout = self.options.timeout
-                    for row, delivery in deliveries:
-                        key = str(row.idempotency_key)
-                        self._senders.submit(self._send_one, finished, row, token, delivery, key, timeout)
-                    in_flight += len(deliveries)
+                may_refill = state.in_flight <= self._refill_at and not (state.isolated and state.in_flight)
+                blocked = False
+                if state.more_due and may_refill and may_claim():
+                    granted = self._in_flight.take(self.options.batch_size - state.in_flight)
+                    if granted:
+                        self._claim_and_send(granted, state, events, outcomes, result, background)
+                        continue
+                    blocked = True  # this drainer's other drains hold every in-flight slot
+                if background is None:
+                    if not state.in_flight:
+                        return
+                    timeout = None
+                else:
+                    if background.stopping.is_set() and not state.in_flight:
+                        return
+                    if not state.in_flight and not state.more_due and result.eventful:
+                        self._report(result)  # the end of a busy spell: one summary line
+                        background.result = result = DrainResult(job_name=self.job_name)
+                    timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
+                try:
+                    event = events.get(timeout=timeout)
+                except queue.Empty:
+                    state.more_due = True  # a row came due (or the safety-net poll)
                     continue
-                if not in_flight:
-                    return
-                row, token, attempt = finished.get()
-                in_flight -= 1
-                self._record(outcomes.get(), row, token, attempt, result)
+                if event is _WAKE:
+                    assert background is not None
+                    background.woken()
+                    state.more_due = True
+                    continue
+                if event is _STOP:
+                    continue
+                row, token, attempt = event  # type: ignore[misc]
+                state.in_flight -= 1
+                self._in_flight.give(1)
+                decision = self._record(outcomes.get(), row, token, attempt, result)
+                if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
+                    if state.next_due is None or decision.next_attempt_at < state.next_due:
+                        state.next_due = decision.next_attempt_at
 
-    def _claim(self, wanted: int, result: DrainResult) -> tuple[list[Outbox], uuid.UUID, int]:
-        """One short committed transaction: take up to ``wanted`` due rows.  Returns (rows to send, token, rows taken)."""
+    def _claim_and_send(
+        self,
+        granted: int,
+        state: _PumpState,
+        events: queue.SimpleQueue[object],
+        outcomes: _LazyConnection,
+        result: DrainResult,
+        background: _Background | None,
+    ) -> None:
+        try:
+            rows, token, taken, orphaned = self._claim(granted, result)
+        except BaseException:
+            self._in_flight.give(granted)
+            raise
+        if background is not None:
+            background.failing = None
+        # A short claim does not mean nothing is due (parked or isolated rows); an empty one does.
+        state.more_due = taken > 0
+        state.isolated = orphaned
+        if taken:
+            state.retry_wait = RETRY_CLAIM_SECONDS
+        deliveries, build_failures = self._build(rows)
+        self._in_flight.give(granted - len(deliveries))
+        timeout = self.options.timeout
+        for row, delivery in deliveries:
+            key = str(row.idempotency_key)
+            self._senders.submit(self._send_one, events, row, token, delivery, key, timeout)
+            state.in_flight += 1
+        for row, failure in build_failures:
+            self._record(outcomes.get(), row, token, failure, result)
+        if not state.more_due and background is not None:
+            state.next_due = self._earliest_due()
+
+    def _earliest_due(self) -> datetime | None:
+        with self.engine.connect() as connection:
+            return self.queries.earliest_due(connection)
+
+    def _claim(self, wanted: int, result: DrainResult) -> tuple[list[Outbox], uuid.UUID, int, bool]:
+        """One short committed transaction: take up to ``wanted`` due rows.
+
+        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
+        """
         token = uuid.uuid4()
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
             now = self.clock.now()
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
-            rows = self.queries.claim_due_rows(session, now=now, lease_until=lease_until, limit=wanted, token=token)
+            rows, orphaned = self.queries.claim_due_rows(
+                session, now=now, lease_until=lease_until, limit=wanted, token=token
+            )
             taken = len(rows)
             rows = self._park_exhausted(session, rows, token=token, now=now, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
-        return rows, token, taken
+        return rows, token, taken, orphaned
 
     def _send_one(
         self,
-        finished: queue.SimpleQueue,
+        finished: queue.SimpleQueue[object],
         row: Outbox,
         token: uuid.UUID,
         delivery: Delivery,
@@ -333,6 +556,7 @@ class Drainer:
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread."""
         attempt = None
+        started = time.monotonic()
         try:
             attempt = self.transport.send(delivery, idempotency_key=key, timeout=timeout)
         except Exception as exc:  # a transport that broke its contract
@@ -342,6 +566,17 @@ class Drainer:
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
             finished.put((row, token, attempt))
+        elapsed = time.monotonic() - started
+        if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
+            self._overrun_reported = True  # once per drainer: it is a property of the transport
+            logger.warning(
+                "%s: %s took %.1fs for a %gs deadline; the lease assumes a send ends by its timeout, "
+                "so a transport must enforce it (HttpTransport does)",
+                self.job_name,
+                type(self.transport).__name__,
+                elapsed,
+                timeout,
+            )
 
     def _park_exhausted(
         self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now, result: DrainResult
@@ -379,7 +614,10 @@ class Drainer:
                 deliveries.append((row, delivery))
         return deliveries, failures
 
-    def _record(self, connection, row: Outbox, token: uuid.UUID, attempt: AttemptResult, result: DrainResult) -> None:
+    def _record(
+        self, connection: Connection, row: Outbox, token: uuid.UUID, attempt: AttemptResult, result: DrainResult
+    ) -> Decision | None:
+        """Write one outcome; returns the decision, or None if nothing was written."""
         now = self.clock.now()
         decision = self.policy.decide(attempt, attempts=row.attempts, now=now)
         error = None if attempt.succeeded else (attempt.error or decision.reason)
@@ -404,17 +642,31 @@ class Drainer:
             if driver is None or driver.broken or driver.closed:
                 connection.invalidate()  # the pool must not hand this connection out again
                 raise
-            return
+            return None
         if not written:
             result.lost_claims += 1
             logger.warning("%s: row %s was reset or claimed again during its delivery; outcome dropped", self.job_name, row.id)
-        elif decision.status == "done":
+            return None
+        if decision.status == "done":
             result.delivered += 1
         elif decision.status == "stuck":
             result.stuck += 1
             logger.warning("%s: row %s is stuck: %s", self.job_name, row.id, error)
         else:
             result.retried += 1
+        return decision
+
+    def _report(self, result: DrainResult) -> None:
+        if result.claimed or result.stuck:
+            logger.info(
+                "%s: claimed %d, delivered %d, retried %d, stuck %d%s",
+                self.job_name,
+                result.claimed,
+                result.delivered,
+                result.retried,
+                result.stuck,
+                f", lost claims {result.lost_claims}" if result.lost_claims else "",
+            )
 
 
 def _refill_threshold(batch_size: int, concurrency: int) -> int:
@@ -422,9 +674,9 @@ def _refill_threshold(batch_size: int, concurrency: int) -> int:
 
     At least ``concurrency``, so every send thread still has a row while the
     next claim is made, and at least half a batch, so a few rows wait queued
-    behind the busy threads: a claim (a round trip, a synchronous commit,
-    ORM loading, and the GIL shared with sixteen send threads) can take long
-    enough that threads finishing meanwhile would otherwise sit idle.  Against
+    behind the busy threads: a claim (a round trip, a commit, ORM loading,
+    and the GIL shared with the send threads) can take long enough that
+    threads finishing meanwhile would otherwise sit idle.  Against
     a 50 ms receiver, refilling at 25 instead of 16 rows kept 14.6-15.0 of 16
     threads busy on average instead of 12.9-14.7, at the cost of smaller
     claims.  Rows in flight never exceed ``batch_size``, so each row is still
@@ -442,6 +694,7 @@ def drain_once(
     transport: Transport | None = None,
     clock: Clock | None = None,
     policy: RetryPolicy | None = None,
+    synchronous_commit: bool = False,
 ) -> DrainResult:
     """Drain one batch of ``outbox`` with a throwaway ``Drainer``.  Never raises.
 
@@ -454,7 +707,9 @@ def drain_once(
 
         transport = outbox.__outbox__.transport or HttpTransport()
         owned_transport = outbox.__outbox__.transport is None
-    drainer = Drainer(engine, outbox, transport=transport, clock=clock, policy=policy)
+    drainer = Drainer(
+        engine, outbox, transport=transport, clock=clock, policy=policy, synchronous_commit=synchronous_commit
+    )
     try:
         return drainer.drain_once()
     finally:

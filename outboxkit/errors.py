@@ -6,8 +6,10 @@ The tree::
     ├── ConfigurationError      a mistake in how the kit or an outbox is set up;
     │                           raised at start-up, the message says how to fix it
     ├── UnknownOutboxError      a name that matches no registered outbox
-    └── DeliveryBuildError      the application's ``build_delivery`` returned
-                                something that is not a ``Delivery``
+    ├── DeliveryBuildError      the application's ``build_delivery`` returned
+    │                           something that is not a ``Delivery``
+    └── KitClosedError          the kit or a drainer was used after ``close()``
+                                (also a ``RuntimeError``)
 
 Delivery failures (timeouts, refused connections, 5xx answers) are not
 exceptions: the drain records them on the row as outcomes.  ``drain_once``
@@ -19,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "DeliveryBuildError",
+    "KitClosedError",
     "OutboxKitError",
     "UnknownOutboxError",
 ]
@@ -38,3 +41,7 @@ class UnknownOutboxError(OutboxKitError, LookupError):
 
 class DeliveryBuildError(OutboxKitError, TypeError):
     """``build_delivery`` returned something other than a ``Delivery``."""
+
+
+class KitClosedError(OutboxKitError, RuntimeError):
+    """A drainer was used after ``close()``."""

@@ -21,7 +21,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Engine, TextClause, select, text
+from sqlalchemy import Boolean, Connection, Engine, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
@@ -39,9 +39,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # batch-mates its crash took down (they share its lease end) and take them
 # down again until they too ran out of attempts.  The other candidates it
 # locked are left untouched and free again when the claim commits.
-# The joined set_config() is SET LOCAL synchronous_commit = off, in the same
-# round trip: the claim's commit does not wait for the WAL flush (see the
-# drain's docstring for why every invariant still holds).
+# {asynchronous_commit} is, by default, a joined set_config() that is SET
+# LOCAL synchronous_commit = off in the same round trip: the claim's commit
+# does not wait for the WAL flush (see COMMIT DURABILITY below).
 CLAIM_DUE_ROWS = """
 WITH candidates AS (
     SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
@@ -50,9 +50,9 @@ WITH candidates AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT id FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
+    SELECT id, false AS orphaned FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
     UNION ALL
-    (SELECT id FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
+    (SELECT id, true FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
 )
 UPDATE {table} AS outbox
 SET attempts = outbox.attempts + 1,
@@ -60,9 +60,9 @@ SET attempts = outbox.attempts + 1,
     claimed_until = :lease_until,
     next_attempt_at = :lease_until,
     updated_at = :now
-FROM due, (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
+FROM due{asynchronous_commit}
 WHERE outbox.id = due.id
-RETURNING outbox.*
+RETURNING outbox.*, due.orphaned AS outboxkit_orphaned
 """
 
 # A claimed row whose previous attempt never recorded an outcome (its worker
@@ -80,31 +80,45 @@ WHERE id = ANY(:ids) AND claim_token = :token
 """
 
 # Guarded by the claim token: a row that was reset, or claimed again after
-# its lease ran out, is not overwritten by a late outcome.
-#
-# Run alone in autocommit mode, the statement is its own transaction, and the
-# joined set_config() is SET LOCAL synchronous_commit = off for that
-# transaction only: the commit does not wait for the WAL flush.  The
-# trade-off: if the PostgreSQL server (not the drainer) crashes within about
-# three wal_writer_delay periods (600 ms by default) of an outcome, that
-# outcome may be forgotten.  The row then still holds its claim, comes due
-# when the lease ends and is sent again with the same Idempotency-Key: a
-# redelivery, never a loss.  The claim itself keeps synchronous commit, so a
-# counted attempt is never forgotten.  Parameters are in psycopg's style,
-# since this statement bypasses SQLAlchemy.
+# its lease ran out, is not overwritten by a late outcome.  It stores the
+# latest attempt's status code and error as they are (NULL when the attempt
+# had none): a delivered row keeps no stale error, and a connection error
+# leaves no stale status code.  Run alone in autocommit mode, the statement
+# is its own transaction.  Parameters are in psycopg's style, since this
+# statement bypasses SQLAlchemy.
 RECORD_OUTCOME = """
 UPDATE {table}
 SET status = %(status)s,
     next_attempt_at = COALESCE(%(next_attempt_at)s, next_attempt_at),
     delivered_at = %(delivered_at)s,
-    last_status_code = COALESCE(%(status_code)s, last_status_code),
-    last_error = COALESCE(%(error)s, last_error),
+    last_status_code = %(status_code)s,
+    last_error = %(error)s,
     claim_token = NULL,
     claimed_until = NULL,
     updated_at = %(now)s
-FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
-WHERE id = %(id)s AND claim_token = %(token)s
+{asynchronous_commit}WHERE id = %(id)s AND claim_token = %(token)s
 """
+
+# Commit durability.  By default the claim and the outcome each join
+# set_config('synchronous_commit', 'off', true), which is SET LOCAL for that
+# transaction only: its commit does not wait for the WAL flush.  It is
+# visible to every other session at once and survives any crash of the
+# drainer; only a crash of the PostgreSQL server (or a failover to a replica
+# that had not received it) within about three wal_writer_delay periods (600
+# ms by default) can forget it.  A forgotten claim leaves the row due again
+# with its attempt uncounted, so it is sent once more than ``attempts`` says;
+# a forgotten outcome leaves the row claimed until its lease ends, and it is
+# sent again.  Either way it is a redelivery with the same Idempotency-Key,
+# never a loss.  ``OutboxKitSettings.synchronous_commit = True`` drops the
+# set_config(), so both commits wait for the flush (the server's own
+# synchronous_commit setting then applies) and every attempt sent is
+# counted, at the cost measured in docs/performance.md.
+_ASYNCHRONOUS_CLAIM = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
+_ASYNCHRONOUS_OUTCOME = "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit\n"
+
+# The earliest due time of any pending row (a row in flight counts with its
+# lease end): the background loop sleeps until then.  One step of the due index.
+EARLIEST_DUE = "SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,34 +134,48 @@ class Outcome:
 
 
 class OutboxQueries:
-    """The compiled statements for one outbox class."""
+    """The compiled statements for one outbox class.
 
-    def __init__(self, outbox: type[Outbox]) -> None:
+    ``synchronous_commit`` chooses whether the claim and the outcome commits
+    wait for the WAL flush (see "Commit durability" above).
+    """
+
+    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = False) -> None:
         self.outbox = outbox
+        self.synchronous_commit = synchronous_commit
         table = outbox.__table__  # type: ignore[attr-defined]
         quoted = _quote(table)
         self.table_name = quoted
-        self._claim: TextClause = text(CLAIM_DUE_ROWS.format(table=quoted))
+        claim_join = "" if synchronous_commit else _ASYNCHRONOUS_CLAIM
+        outcome_join = "" if synchronous_commit else _ASYNCHRONOUS_OUTCOME
+        self._claim: TextClause = text(CLAIM_DUE_ROWS.format(table=quoted, asynchronous_commit=claim_join))
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
-        self._record = RECORD_OUTCOME.format(table=quoted)
+        self._record = RECORD_OUTCOME.format(table=quoted, asynchronous_commit=outcome_join)
+        self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
 
     def claim_due_rows(
         self, session: Session, *, now: datetime, lease_until: datetime, limit: int, token: uuid.UUID
-    ) -> list[Outbox]:
-        """Claim up to ``limit`` due rows in the session's transaction; return them as ORM objects.
+    ) -> tuple[list[Outbox], bool]:
+        """Claim up to ``limit`` due rows in the session's transaction.
 
-        The claim's commit does not wait for the WAL flush (see the drain's
-        docstring for why that keeps every invariant).
+        Returns the rows as ORM objects, oldest due first, and whether the
+        claim took a row alone because its last worker died holding it.
+        Unless ``synchronous_commit``, the claim's commit does not wait for
+        the WAL flush (see "Commit durability" above).
         """
-        statement = select(self.outbox).from_statement(self._claim)
+        statement = select(self.outbox, column("outboxkit_orphaned", Boolean)).from_statement(self._claim)
         params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
-        rows = list(session.scalars(statement, params))
-        rows.sort(key=lambda row: (row.next_attempt_at, row.id))
-        return rows
+        claimed = session.execute(statement, params).all()
+        rows = sorted((row for row, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
+        return rows, any(orphaned for _, orphaned in claimed)
 
     def park_exhausted(self, session: Session, *, ids: list[int], token: uuid.UUID, now: datetime, error: str) -> int:
         result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
         return result.rowcount  # type: ignore[attr-defined,no-any-return]
+
+    def earliest_due(self, connection: Connection) -> datetime | None:
+        """The earliest ``next_attempt_at`` of any pending row, or None when none is pending."""
+        return connection.execute(self._earliest_due).scalar_one_or_none()
 
     @staticmethod
     @contextmanager
@@ -188,9 +216,9 @@ def _quote(table: Any) -> str:
 
 
 @cache
-def queries_for(outbox: type[Outbox]) -> OutboxQueries:
+def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = False) -> OutboxQueries:
     """The (cached) statements for ``outbox``."""
-    return OutboxQueries(outbox)
+    return OutboxQueries(outbox, synchronous_commit=synchronous_commit)
 
 
 # ===========================================================================

@@ -19,6 +19,12 @@ The election and the scheduler (see docs/election.md)::
     OUTBOXKIT_LEADER_TICK_SECONDS=15
     OUTBOXKIT_STANDBY_PROBE_SECONDS=60
     OUTBOXKIT_DRAIN_INTERVAL_SECONDS=60
+
+Drain work (see docs/operations.md, "Drains and workers")::
+
+    OUTBOXKIT_DRAIN_ENABLED=true        # this process drains (NOTIFY, due times), leader or not
+    OUTBOXKIT_LISTEN_ENABLED=true
+    OUTBOXKIT_SYNCHRONOUS_COMMIT=false  # true: claims and outcomes wait for the WAL flush
 """
 
 from __future__ import annotations
@@ -94,8 +100,20 @@ class OutboxKitSettings(BaseSettings):
     leader_tick_seconds: float = Field(default=15.0, gt=0, le=3600)
     standby_probe_seconds: float = Field(default=60.0, gt=0, le=3600)
     drain_interval_seconds: float = Field(default=60.0, gt=0, le=86_400)
-    # The leader LISTENs for inserts and drains at once; the interval job stays the safety net.
+    # Drain work in this process: a background loop per outbox that claims on
+    # NOTIFY and at each row's due time, without waiting for leadership (drains
+    # are safe to run concurrently).  Off: this process only serves and, if it
+    # leads, runs the schedule (the safety-net drain and the application's jobs).
+    drain_enabled: bool = True
+    # The drain loops LISTEN for inserts and resets and claim at once; without
+    # it they still claim at due times and every drain_interval_seconds.
     listen_enabled: bool = True
+    # Whether the claim and the outcome commits wait for the WAL flush.  Off
+    # (the default): a crash of the PostgreSQL server within ~600 ms may forget
+    # them, so a row may be sent once more than its attempts say (with the same
+    # Idempotency-Key; never lost).  On: every attempt sent is counted, at the
+    # cost of a WAL flush per claim and per outcome (docs/performance.md).
+    synchronous_commit: bool = False
     # Run history kept per job in outboxkit_job_runs (older rows are trimmed).
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
