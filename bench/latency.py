@@ -180,11 +180,12 @@ def main() -> None:
     leader = OutboxKit(kit_engine, [WebhookOutbox], settings=settings)
     standby = OutboxKit(kit_engine, [WebhookOutbox], settings=settings)
     try:
+        leader.worker.start()  # the drain loop and its listener, as kit.lifespan starts them in every process
         election = leader.scheduler.elect()
         print(f"waiting one leader tick ({options.tick:g}s) for the leader to start...", flush=True)
         if not election.wait_for(ElectionState.LEADER, timeout=options.tick + 30):
             raise SystemExit("no leader")
-        leader.scheduler.listener.wait_for_generation(1, timeout=30)
+        leader.worker.listener.wait_for_generation(1, timeout=30)
         latencies = measure_latency(engine, receiver, rows=options.rows, spacing=options.spacing)
         p50, p95, most = percentile(latencies, 0.5), percentile(latencies, 0.95), max(latencies)
         print(f"commit -> receiver over {len(latencies)} rows: p50 {p50:.2f} ms, p95 {p95:.2f} ms, max {most:.2f} ms")

@@ -9,6 +9,7 @@
     outboxkit --app myapp.outbox:kit reset credit-grants --all --status-code 422 --dry-run
     outboxkit --app myapp.outbox:kit drain --once             # one batch of every outbox
     outboxkit --app myapp.outbox:kit jobs                     # scheduled jobs, last runs, leader
+    outboxkit --app myapp.outbox:kit worker                   # a dedicated drainer process (until SIGTERM)
 
 Commands that act on an application's outboxes find its kit by an import
 path (``--app module:attribute`` or ``$OUTBOXKIT_APP``); the attribute is an
@@ -229,6 +230,21 @@ def command_drain(kit: OutboxKit, args: argparse.Namespace) -> int:
     return 1 if any(result["error"] for result in results) else 0
 
 
+def command_worker(kit: OutboxKit, args: argparse.Namespace) -> int:
+    """Drain in the foreground until SIGTERM or SIGINT: LISTEN, claim on wake-up and at due times."""
+    import logging
+
+    from outboxkit.worker import DrainWorker
+
+    if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    worker = DrainWorker(kit, outboxes=args.outboxes or None)
+    if args.scheduler:
+        kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
+    worker.run_until_stopped()
+    return 0
+
+
 def command_demo(argv: list[str]) -> int:
     """Run the example service from a clone of the repository."""
     for folder in (Path.cwd(), *Path.cwd().parents):
@@ -280,6 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="deliver due rows now")
     drain.add_argument("--once", action="store_true", help="one batch per outbox instead of until empty")
     drain.add_argument("--outbox", help="only this outbox (its job name)")
+    worker = commands.add_parser(
+        "worker", help="drain in the foreground until SIGTERM/SIGINT (a dedicated drainer process)"
+    )
+    worker.add_argument("--outbox", dest="outboxes", action="append", metavar="NAME",
+                        help="only this outbox (repeat for several; default: every outbox of the kit)")
+    worker.add_argument("--scheduler", action="store_true",
+                        help="also campaign for leadership and run the schedule when elected")
     return parser
 
 
@@ -293,12 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     args = build_parser().parse_args(argv)
     commands = {"status": command_status, "stuck": command_stuck, "reset": command_reset,
-                "jobs": command_jobs, "drain": command_drain}
+                "jobs": command_jobs, "drain": command_drain, "worker": command_worker}
     try:
         kit = load_kit(args.app)
         try:
-            if getattr(args, "outbox", None):
-                kit.outbox(args.outbox)  # an unknown name fails here, with the known ones listed
+            for name in [getattr(args, "outbox", None), *(getattr(args, "outboxes", None) or [])]:
+                if name:
+                    kit.outbox(name)  # an unknown name fails here, with the known ones listed
             return commands[args.command](kit, args)
         finally:
             kit.close()

@@ -1,16 +1,27 @@
-"""FastAPI (or any ASGI) integration: a lifespan that runs the election.
+"""FastAPI (or any ASGI) integration: a lifespan that drains and runs the election.
 
 ::
 
     kit = OutboxKit(engine, outboxes=[CreditGrantOutbox])
     app = FastAPI(lifespan=kit.lifespan)
 
-On start-up the lifespan starts campaigning for leadership in a background
-thread and returns at once: the API serves requests whether this worker
-leads, stands by, or cannot reach the lock at all.  A scheduler that fails to
-start is logged and never blocks the API.  On shutdown it stops the
-scheduler, releases the lock and closes the kit.  Blocking work runs in a
-thread, never on the event loop.
+On start-up the lifespan starts this process's drain loops and their NOTIFY
+listener (``OUTBOXKIT_DRAIN_ENABLED``, on by default; they claim at once,
+leader or not) and starts campaigning for leadership in a background thread,
+and returns at once: the API serves requests whether this worker leads,
+stands by, or cannot reach the database at all.  A drain or scheduler that
+fails to start is logged and never blocks the API.  On shutdown it stops the
+drain loops (rows in flight are recorded first), stops the scheduler,
+releases the lock and closes the kit, which leaves it usable: a second
+start (another ``TestClient(app)``) works.  Blocking work runs in a thread,
+never on the event loop.
+
+The application's own lifespan composes with it::
+
+    @asynccontextmanager
+    async def app_lifespan(app):
+        async with kit.lifespan(app):
+            yield  # the app's own start-up before, clean-up after
 """
 
 from __future__ import annotations
@@ -30,10 +41,10 @@ logger = logging.getLogger("outboxkit.integration")
 
 
 def lifespan(kit: OutboxKit, *, close_kit: bool = True) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ASGI lifespan for ``FastAPI(lifespan=...)`` that elects, schedules and cleans up.
+    """An ASGI lifespan for ``FastAPI(lifespan=...)`` that drains, elects, schedules and cleans up.
 
-    ``close_kit=False`` keeps the kit open after shutdown (when the
-    application owns it beyond the app's life, e.g. in tests).
+    ``close_kit=False`` keeps the kit's thread pools and connections open
+    after shutdown (when the application owns the kit beyond the app's life).
     """
 
     @asynccontextmanager
@@ -48,8 +59,15 @@ def lifespan(kit: OutboxKit, *, close_kit: bool = True) -> Callable[[object], Ab
 
 
 def _start(kit: OutboxKit) -> None:
+    if kit.settings.drain_enabled:
+        try:
+            kit.worker.start()
+        except Exception:
+            logger.exception("the drain loops could not start; the API starts without them")
+    else:
+        logger.info("drain loops disabled (OUTBOXKIT_DRAIN_ENABLED=false) in this process")
     if not kit.settings.scheduler_enabled:
-        logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false); this process only serves")
+        logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false) in this process")
         return
     try:
         kit.scheduler.elect()
@@ -58,6 +76,10 @@ def _start(kit: OutboxKit) -> None:
 
 
 def _stop(kit: OutboxKit, close_kit: bool) -> None:
+    try:
+        kit.worker.stop()
+    except Exception:
+        logger.exception("stopping the drain loops failed")
     try:
         kit.scheduler.resign()
     except Exception:

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.drain import Drainer, DrainResult
@@ -25,6 +26,7 @@ from outboxkit.transport import Transport
 
 if TYPE_CHECKING:
     from outboxkit.scheduler import OutboxScheduler
+    from outboxkit.worker import DrainWorker
 
 __all__ = ["OutboxKit"]
 
@@ -79,7 +81,7 @@ class OutboxKit:
             )
         self._drainers: dict[str, Drainer] = {}
         self._scheduler: OutboxScheduler | None = None
-        self._closed = False
+        self._worker: DrainWorker | None = None
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
@@ -152,11 +154,16 @@ class OutboxKit:
         options = self._options[job_name]
         transport = options.transport or self.transport
         with self._lock:
-            if self._closed:
-                raise RuntimeError("this OutboxKit is closed")
             drainer = self._drainers.get(job_name)
             if drainer is None:
-                drainer = Drainer(self.engine, outbox, transport=transport, clock=self.clock, options=options)
+                drainer = Drainer(
+                    self.engine,
+                    outbox,
+                    transport=transport,
+                    clock=self.clock,
+                    options=options,
+                    synchronous_commit=self.settings.synchronous_commit,
+                )
                 self._drainers[job_name] = drainer
         return drainer
 
@@ -167,6 +174,23 @@ class OutboxKit:
     def drain(self, name_or_class: str | type[Outbox], **limits: object) -> DrainResult:
         """Drain one outbox until no due row is left; see ``Drainer.drain`` for limits."""
         return self.drainer(name_or_class).drain(**limits)  # type: ignore[arg-type]
+
+    @property
+    def worker(self) -> DrainWorker:
+        """The drain loops of every outbox in this process and their NOTIFY listener (``outboxkit.worker``)."""
+        from outboxkit.worker import DrainWorker
+
+        with self._lock:
+            if self._worker is None:
+                self._worker = DrainWorker(self)
+            return self._worker
+
+    @property
+    def lock_dsn(self) -> str:
+        """Where the lock and LISTEN connections go: ``lock_database_url``, else the engine's database."""
+        # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
+        url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.engine.url
+        return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     # -- scheduling (see outboxkit.scheduler and outboxkit.election) ----------
 
@@ -187,18 +211,27 @@ class OutboxKit:
         return lifespan(self)(app)
 
     def close(self) -> None:
-        """Stop the scheduler, finish sends in flight, release thread pools and the transport's connections."""
-        if self._scheduler is not None:
-            self._scheduler.resign()
+        """Stop draining and the scheduler, finish sends in flight, release thread pools and connections.
+
+        Like ``Engine.dispose()``, it leaves the kit usable: the next drain
+        (or the next ``lifespan`` start, e.g. a second ``TestClient(app)``)
+        builds fresh drainers and a fresh transport.
+        """
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            drainers = list(self._drainers.values())
+            worker, scheduler = self._worker, self._scheduler
+        if worker is not None:
+            worker.stop()
+        if scheduler is not None:
+            scheduler.resign()
+        with self._lock:
+            drainers, self._drainers = list(self._drainers.values()), {}
+            transport = self._transport if self._own_transport else None
+            if self._own_transport:
+                self._transport = None
         for drainer in drainers:
             drainer.close()
-        if self._own_transport and self._transport is not None:
-            self._transport.close()
+        if transport is not None:
+            transport.close()
 
     def __enter__(self) -> OutboxKit:
         return self

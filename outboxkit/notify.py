@@ -1,14 +1,14 @@
-"""Waking the drain: NOTIFY on insert, LISTEN on the leader.
+"""Waking the drain: NOTIFY on insert and on reset, LISTEN in every draining process.
 
-The interval drain job is the safety net; this makes the idle path fast.
 An insert into an outbox issues ``NOTIFY <channel>`` when its transaction
 commits (PostgreSQL delivers notifications only on commit, so the drain
-never wakes for a row it cannot see yet).  The leader's ``NotifyListener``
-holds its own connection with ``LISTEN`` and runs that outbox's drain at
-once.  A notification can be lost (the listener's connection drops, the
-leader changes); that costs latency until the next interval run, never a
-delivery, and each time the listener (re)connects it wakes each drain once
-to catch up on what it may have missed, so a new leader drains at once.
+never wakes for a row it cannot see yet); the admin's resets notify too.
+Every process that drains (``outboxkit.worker``) holds one
+``NotifyListener`` connection with ``LISTEN`` and wakes that outbox's drain
+loop at once.  A notification can be lost (the listener's connection drops);
+that costs latency until the loop's next due-time wake or poll, never a
+delivery, and each time the listener (re)connects it wakes each loop once to
+catch up on what it may have missed.
 
 Install the trigger from the application's Alembic migration::
 
@@ -40,7 +40,6 @@ from outboxkit.model import Outbox
 
 __all__ = [
     "NotifyListener",
-    "Waker",
     "channel_for",
     "drop_trigger_sql",
     "install_trigger_sql",
@@ -109,42 +108,6 @@ def drop_trigger_sql(outbox: type[Outbox]) -> list[str]:
 def notify_statement(outbox: type[Outbox]) -> TextClause:
     """``NOTIFY`` for ``outbox``, to execute in the enqueueing transaction when no trigger is installed."""
     return text("SELECT pg_notify(:channel, '')").bindparams(channel=channel_for(outbox))
-
-
-class Waker:
-    """Runs ``function`` in its own thread as soon as woken; wakes during a run coalesce into one more run.
-
-    The first notification of a burst drains at once (no added latency); the
-    rest of the burst costs one follow-up drain, not one each.
-    """
-
-    def __init__(self, name: str, function: Callable[[], object]) -> None:
-        self.name = name
-        self._function = function
-        self._woken = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"outboxkit-wake-{name}", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._woken.set()
-
-    def stop(self, *, wait: bool = True) -> None:
-        self._stopping = True
-        self._woken.set()
-        if wait:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self._woken.wait()
-            if self._stopping:
-                return
-            self._woken.clear()
-            try:
-                self._function()
-            except Exception:  # the function is the job runner, which never raises; belt and braces
-                logger.exception("%s: woken drain failed", self.name)
 
 
 class NotifyListener:

@@ -13,8 +13,10 @@ never overlap themselves (``max_instances=1``); every run goes through
 ``JobRunner`` (fence, fresh session, history; see ``outboxkit.jobs``).
 
 ``elect()`` starts a ``LeaderElection`` whose callbacks start and stop this
-scheduler, and, when the listener is enabled, a ``NotifyListener`` that runs
-an outbox's drain as soon as a row is inserted.
+scheduler.  Drain work does not wait for leadership: every process that
+enables it runs a ``DrainWorker`` (``outboxkit.worker``) that claims on
+NOTIFY and at due times.  The leader's drain job is the safety net behind
+it: a bounded ``drain`` of each outbox every ``drain_interval_seconds``.
 """
 
 from __future__ import annotations
@@ -32,13 +34,11 @@ from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
-from sqlalchemy.engine import make_url
 
 from outboxkit.election import LeaderElection
 from outboxkit.errors import ConfigurationError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
-from outboxkit.notify import NotifyListener, Waker, channel_for
 
 if TYPE_CHECKING:
     from outboxkit.kit import OutboxKit
@@ -102,8 +102,6 @@ class OutboxScheduler:
         self._lock = threading.RLock()
         self._jobs: dict[str, ScheduledJob] = {}
         self._scheduler: BackgroundScheduler | None = None
-        self._listener: NotifyListener | None = None
-        self._wakers: list[Waker] = []
         self._election: LeaderElection | None = None
         for outbox in kit.outboxes:
             self._jobs[drain_job_id(outbox)] = ScheduledJob(
@@ -168,7 +166,7 @@ class OutboxScheduler:
             return self._scheduler is not None
 
     def start(self) -> None:
-        """Build a fresh in-memory scheduler, add every job and start it; then start the listener."""
+        """Build a fresh in-memory scheduler, add every job and start it."""
         with self._lock:
             if self._scheduler is not None:
                 return
@@ -181,22 +179,14 @@ class OutboxScheduler:
                 self._schedule(scheduler, job)
             scheduler.start()
             self._scheduler = scheduler
-            if self.settings.listen_enabled:
-                self._start_listener()
         logger.info("scheduler started with %d job(s)", len(self._jobs))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the scheduler; ``wait=False`` returns without waiting for running jobs (a lost lock)."""
         with self._lock:
             scheduler, self._scheduler = self._scheduler, None
-            listener, self._listener = self._listener, None
-            wakers, self._wakers = self._wakers, []
         if scheduler is None:
             return
-        if listener is not None:
-            listener.stop(wait=wait)
-        for waker in wakers:
-            waker.stop(wait=wait)
         scheduler.shutdown(wait=wait)
         logger.info("scheduler stopped")
 
@@ -207,25 +197,12 @@ class OutboxScheduler:
 
         scheduler.add_job(run_occurrence, trigger=job.trigger, id=job.id, name=job.name, replace_existing=True)
 
-    def _start_listener(self) -> None:
-        channels: dict[str, Callable[[], None]] = {}
-        for outbox in self.kit.outboxes:
-            job = self._jobs[drain_job_id(outbox)]
-            woken = ScheduledJob(id=job.id, name=job.name, trigger=job.trigger, function=job.function, fenced=False)
-            waker = Waker(job.name, lambda woken=woken: self.runner.run(woken, scheduled_for=datetime.now(timezone.utc)))
-            self._wakers.append(waker)
-            channels[channel_for(outbox)] = waker.wake
-        self._listener = NotifyListener(dsn=self.lock_dsn, channels=channels)
-        self._listener.start()
-
-    @property
-    def listener(self) -> NotifyListener | None:
-        return self._listener
-
     def _drain_function(self, outbox: type[Outbox]) -> JobFunction:
-        # Bounded within the interval, so one slow drain cannot hold its job
-        # forever, and it ends before the next fire time instead of making the
-        # scheduler skip that one (max_instances=1) and idle a whole interval.
+        # The safety net behind the drain loops (which claim on NOTIFY and at
+        # due times in every draining process): it drains whatever a lost
+        # notification or a process without drain loops left due.  Bounded
+        # within the interval, so it ends before the next fire time instead
+        # of making the scheduler skip that one (max_instances=1).
         max_seconds = self.settings.drain_interval_seconds * 0.9
 
         def drain(context: object) -> dict[str, int]:
@@ -240,10 +217,8 @@ class OutboxScheduler:
 
     @property
     def lock_dsn(self) -> str:
-        """Where the lock and LISTEN connections go: ``lock_database_url``, else the engine's database."""
-        # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
-        url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.kit.engine.url
-        return url.set(drivername="postgresql").render_as_string(hide_password=False)
+        """Where the lock connection goes (``OutboxKit.lock_dsn``)."""
+        return self.kit.lock_dsn
 
     @property
     def election(self) -> LeaderElection | None:

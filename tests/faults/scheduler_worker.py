@@ -4,9 +4,11 @@
 
     python -m tests.faults.scheduler_worker --database-url postgresql+psycopg://... --name sched-1
 
-It runs what an application process runs: ``OutboxKit(engine, [FaultEvent])``
-with ``kit.scheduler.elect()``, so the elected process drains the fault outbox
-on an interval and whenever its NOTIFY listener hears an insert.  It also
+It runs what an application process runs (``kit.lifespan``):
+``OutboxKit(engine, [FaultEvent])`` with its drain loops (``kit.worker``:
+claim on NOTIFY and at due times, leader or not) and
+``kit.scheduler.elect()``, so the elected process also runs the safety-net
+drain on an interval.  It also
 registers ``fault.heartbeat``, a job every ``--heartbeat`` seconds whose fire
 times are aligned on a fixed start (every process computes the same
 occurrences, so the fence can key on them); each run writes one row into
@@ -17,7 +19,7 @@ nothing) with short tick and probe intervals from the command line.
 Stdout carries one JSON object per line, each stamped ``at`` (``time.time()``):
 ``ready``; ``role`` whenever the election state changes (``standby``,
 ``promoting`` once the lock is acquired, ``leader`` once the scheduler runs);
-``listening`` whenever the NOTIFY listener has (re)connected (``generation``);
+``listening`` whenever its NOTIFY listener has (re)connected (``generation``);
 and ``stopped`` on the way out.  SIGTERM resigns (the lock is released).
 """
 
@@ -89,6 +91,7 @@ def run(arguments: argparse.Namespace) -> int:
         kit.scheduler.add_job(
             HEARTBEAT_JOB_ID, record_heartbeat, every(seconds=arguments.heartbeat, start=HEARTBEAT_START)
         )
+        kit.worker.start()
         election = kit.scheduler.elect()
         emit("ready", name=arguments.name)
         role, listening, parent = None, None, os.getppid()
@@ -99,7 +102,7 @@ def run(arguments: argparse.Namespace) -> int:
             if state != role:
                 role = state
                 emit("role", role=state, backend_pid=election.backend_pid)
-            listener = kit.scheduler.listener
+            listener = kit.worker.listener
             if listener is not None and listener.generation and (id(listener), listener.generation) != listening:
                 listening = (id(listener), listener.generation)
                 emit("listening", generation=listener.generation, backend_pid=listener.backend_pid)

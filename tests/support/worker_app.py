@@ -1,0 +1,15 @@
+"""A kit over ``SampleEvent`` for the CLI tests: ``--app tests.support.worker_app:kit_from_environment``."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import create_engine
+
+from outboxkit import OutboxKit
+from tests.support.database import sqlalchemy_url
+from tests.support.models import SampleEvent
+
+
+def kit_from_environment() -> OutboxKit:
+    return OutboxKit(create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=4), [SampleEvent])

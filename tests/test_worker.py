@@ -1,0 +1,214 @@
+"""Drain work in every process (DESIGN.md section 4): the drain loops, their wake-ups and their bounds.
+
+Real PostgreSQL, a real receiver, the system clock: these tests are about
+when rows are sent, so they watch the receiver, never a mock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
+from tests.support.leadership import wait_until
+from tests.support.models import SampleEvent
+from tests.support.receiver import Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+# The safety-net poll and the interval drain are an hour away: only a wake-up or a due time can send.
+QUIET = {"drain_interval_seconds": 3600, "leader_tick_seconds": 3600, "standby_probe_seconds": 3600}
+
+
+def make_kit(engine, **settings) -> OutboxKit:
+    return OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**{**QUIET, **settings}))
+
+
+def enqueue(engine, url: str, payloads: list[dict]) -> list[float]:
+    """One transaction per row, as an application writes them; returns each commit's time.time()."""
+    committed = []
+    for payload in payloads:
+        with Session(engine) as session, session.begin():
+            session.add(SampleEvent(target_url=url, payload=payload))
+        committed.append(time.time())
+    return committed
+
+
+def claimed_rows(engine) -> int:
+    with engine.connect() as connection:
+        statement = select(func.count()).where(SampleEvent.status == "pending", SampleEvent.claim_token.is_not(None))
+        return connection.execute(statement).scalar_one()
+
+
+def test_a_retry_is_sent_at_its_backoff_time_not_at_the_safety_net_poll(engine, receiver):
+    # NOTIFY off: after the 503 only the loop's due-time timer can send the row again within the hour.
+    kit = make_kit(engine, listen_enabled=False, outboxes={"sample_events": {"backoff": [2]}})
+    answers = iter([Reply(status=503), Reply()])
+    receiver.respond = lambda request: next(answers)
+    try:
+        enqueue(engine, receiver.url + "/events", [{"n": 1}])
+        kit.worker.start()
+        receiver.wait_for(lambda r: len(r.requests) == 2, timeout=20)
+    finally:
+        kit.close()
+    waited = receiver.requests[1].received_at - receiver.requests[0].received_at
+    assert 2.0 - 0.1 <= waited < 2.0 + 3.0, f"the retry came {waited:.2f}s after the failure; its backoff is 2s"
+    with Session(engine) as session:
+        row = session.scalars(select(SampleEvent)).one()
+        assert (row.status, row.attempts, row.last_status_code, row.last_error) == ("done", 2, 200, None)
+
+
+def test_a_started_worker_claims_at_once_without_waiting_for_leadership(engine, receiver, database_url):
+    # Another session holds the leader key: this process stays a standby, and drains all the same.
+    with psycopg.connect(database_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [DEFAULT_ADVISORY_LOCK_KEY])
+        kit = make_kit(engine)
+        try:
+            enqueue(engine, receiver.url + "/events", [{"n": 1}])
+            kit.worker.start()
+            kit.scheduler.elect()
+            receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+            assert not kit.scheduler.running
+        finally:
+            kit.close()
+
+
+def test_one_hanging_receiver_does_not_hold_up_the_other_rows(engine, receiver):
+    # Two rows hang (until the test releases them, well inside their 60 s deadline); the other rows
+    # must keep flowing through the free send threads.
+    overrides = {"timeout": 60.0, "concurrency": 4, "batch_size": 8}
+    kit = make_kit(engine, outboxes={"sample_events": overrides})
+    receiver.respond = lambda request: Reply(hang=True) if request.path == "/hang" else Reply()
+    try:
+        kit.worker.start()
+        assert kit.worker.listener.wait_for_generation(1, timeout=10)
+        enqueue(engine, receiver.url + "/hang", [{"hang": 1}, {"hang": 2}])
+        receiver.wait_for(lambda r: r.in_flight == 2, timeout=10)
+        committed = enqueue(engine, receiver.url + "/events", [{"n": n} for n in range(20)])
+        receiver.wait_for(lambda r: sum(request.path == "/events" for request in r.requests) == 20, timeout=30)
+        arrived = {request.body["n"]: request.received_at for request in receiver.requests if request.path == "/events"}
+        assert receiver.in_flight == 2, "the hanging sends are still out: everything else went past them"
+    finally:
+        receiver.release()
+        kit.close()
+    latencies = sorted(arrived[n] - committed[n] for n in range(20))
+    p95 = latencies[int(0.95 * len(latencies)) - 1]
+    assert p95 < 1.0, f"p95 first-send latency {p95:.2f}s behind two hanging sends (all: {latencies})"
+
+
+def test_the_loop_and_a_concurrent_drain_of_one_outbox_never_hold_more_than_a_batch(engine, receiver):
+    # Every answer waits for release(): rows pile up claimed.  Across the background loop and a
+    # drain() called at the same time, this process may hold at most batch_size rows, so each
+    # claimed row is sent within the rounds its lease is sized for.
+    overrides = {"timeout": 20.0, "concurrency": 2, "batch_size": 6}
+    kit = make_kit(engine, listen_enabled=False, outboxes={"sample_events": overrides})
+    receiver.respond = lambda request: Reply(hang=True)
+    enqueue(engine, receiver.url + "/events", [{"n": n} for n in range(30)])
+    drainer = kit.drainer(SampleEvent)
+    other = threading.Thread(target=drainer.drain)
+    try:
+        drainer.start()
+        other.start()
+        receiver.wait_for(lambda r: r.in_flight == 2, timeout=10)
+        wait_until(lambda: drainer.in_flight == 6, message="the drainer holding a full batch")
+        assert claimed_rows(engine) == 6
+        assert receiver.max_in_flight == 2
+    finally:
+        receiver.release()
+    wait_until(lambda: receiver.max_in_flight <= 2 and len(receiver.requests) >= 30, timeout=60, message="every row sent")
+    other.join(timeout=60)
+    kit.close()
+    assert max(receiver.count_by_key().values()) == 1, "no row was sent twice"
+    assert receiver.max_in_flight == 2
+
+
+def test_stop_records_the_rows_in_flight_before_it_returns(engine, receiver):
+    kit = make_kit(engine, listen_enabled=False)
+    receiver.respond = lambda request: Reply(delay=0.5)
+    enqueue(engine, receiver.url + "/events", [{"n": n} for n in range(5)])
+    kit.worker.start()
+    receiver.wait_for(lambda r: r.in_flight >= 1, timeout=10)
+    kit.worker.stop()
+    assert claimed_rows(engine) == 0, "every row that was sent has its outcome recorded"
+    with Session(engine) as session:
+        statuses = set(session.scalars(select(SampleEvent.status)))
+    assert statuses <= {"done", "pending"}
+    kit.close()
+
+
+def test_lifespan_can_start_twice_and_drains_each_time(engine, receiver):
+    kit = make_kit(engine)
+    app = FastAPI(lifespan=kit.lifespan)
+    for n in (1, 2):
+        with TestClient(app):
+            enqueue(engine, receiver.url + "/events", [{"n": n}])
+            receiver.wait_for(lambda r, n=n: len(r.requests) == n, timeout=10)
+    assert [request.body for request in receiver.requests] == [{"n": 1}, {"n": 2}]
+
+
+def test_the_worker_command_drains_until_sigterm_and_stops_cleanly(database_url, engine, receiver):
+    environment = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "admin")]),
+        "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "3600",
+    }
+    enqueue(engine, receiver.url + "/events", [{"n": 1}])
+    command = [sys.executable, "-m", "outboxkit.cli", "--app", "tests.support.worker_app:kit_from_environment", "worker"]
+    process = subprocess.Popen(command, env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        receiver.wait_for(lambda r: len(r.requests) == 1, timeout=30)
+        enqueue(engine, receiver.url + "/events", [{"n": 2}])
+        receiver.wait_for(lambda r: len(r.requests) == 2, timeout=30)
+        process.send_signal(signal.SIGTERM)
+        _, errors = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, errors
+    assert "received SIGTERM" in errors and "stopped draining sample-events" in errors
+
+
+@pytest.mark.parametrize("name", ["nope"])
+def test_the_worker_command_refuses_an_unknown_outbox(database_url, name):
+    environment = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "outboxkit.cli", "--app", "tests.support.worker_app:kit_from_environment",
+               "worker", "--outbox", name]
+    finished = subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 1
+    assert "no outbox named 'nope'" in finished.stderr
+
+
+def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next_due_time():
+    from datetime import datetime, timedelta, timezone
+
+    from outboxkit.drain import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, _Background, _PumpState
+
+    background = _Background("sample-events", poll_seconds=60.0)
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    # Due rows that the last claim could not take (another transaction holds their locks): back off, doubling.
+    state = _PumpState(more_due=False, next_due=now - timedelta(seconds=1))
+    waits = [background.wait_seconds(state, blocked=False, now=now) for _ in range(12)]
+    assert waits[:3] == [RETRY_CLAIM_SECONDS, RETRY_CLAIM_SECONDS * 2, RETRY_CLAIM_SECONDS * 4]
+    assert waits[-1] == RETRY_CLAIM_MAX_SECONDS and waits == sorted(waits)
+    # A row due in 5 s: sleep exactly until then; nothing known: the safety-net poll.
+    state.next_due = now + timedelta(seconds=5)
+    assert background.wait_seconds(state, blocked=False, now=now) == 5.0
+    assert background.wait_seconds(_PumpState(more_due=False), blocked=False, now=now) == 60.0
+    # Far in the future: never longer than the poll.  Waiting for outcomes: no timer at all.
+    state.next_due = now + timedelta(hours=2)
+    assert background.wait_seconds(state, blocked=False, now=now) == 60.0
+    assert background.wait_seconds(_PumpState(more_due=True, in_flight=3), blocked=False, now=now) is None
