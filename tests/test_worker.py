@@ -6,6 +6,7 @@ when rows are sent, so they watch the receiver, never a mock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -148,14 +149,26 @@ def test_stop_records_the_rows_in_flight_before_it_returns(engine, receiver):
     kit.close()
 
 
-def test_lifespan_can_start_twice_and_drains_each_time(engine, receiver):
+def test_lifespan_composes_with_the_apps_own_and_can_start_twice(engine, receiver):
     kit = make_kit(engine)
-    app = FastAPI(lifespan=kit.lifespan)
-    for n in (1, 2):
+    events = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        events.append("app start")
+        async with kit.lifespan(app):
+            yield
+        events.append("app stop")
+
+    app = FastAPI(lifespan=lifespan)
+    for n in (1, 2):  # two TestClients, as two tests would open them
         with TestClient(app):
             enqueue(engine, receiver.url + "/events", [{"n": n}])
             receiver.wait_for(lambda r, n=n: len(r.requests) == n, timeout=10)
+            assert kit.worker.running
+        assert not kit.worker.running
     assert [request.body for request in receiver.requests] == [{"n": 1}, {"n": 2}]
+    assert events == ["app start", "app stop"] * 2
 
 
 def test_the_worker_command_drains_until_sigterm_and_stops_cleanly(database_url, engine, receiver):
