@@ -40,11 +40,13 @@ from sqlalchemy.orm import Session
 
 from tests.support.database import libpq_url, sqlalchemy_url
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+GUIDE = DOCS / "getting-started.md"
+TESTING_GUIDE = DOCS / "testing.md"
 
 
-def guide_files() -> dict[str, str]:
-    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", GUIDE.read_text(), re.S)
+def guide_files(page: Path = GUIDE) -> dict[str, str]:
+    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", page.read_text(), re.S)
     return {name: code for name, code in blocks}
 
 
@@ -245,3 +247,28 @@ def assert_an_insert_notifies(url: str) -> None:
         listener.execute("LISTEN outboxkit_grants")
         writer.execute("INSERT INTO grant_outbox (grant_id, workspace, amount) VALUES (1, 'acme', 5)")
         assert [notification.channel for notification in listener.notifies(timeout=30, stop_after=1)] == ["outboxkit_grants"]
+
+
+# -- docs/testing.md: its complete example is a project whose tests must pass ------
+
+
+def test_the_testing_guides_example_passes_its_own_tests(tmp_path):
+    from tests.support.database import server_url
+
+    files = guide_files(TESTING_GUIDE)
+    assert set(files) == {"shop/models.py", "shop/orders.py", "tests/conftest.py", "tests/test_orders.py"}
+    for name, code in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    (tmp_path / "shop" / "__init__.py").touch()
+    environment = {**os.environ, "OUTBOXKIT_TEST_DATABASE_URL": server_url()}
+    environment.pop("PYTEST_ADDOPTS", None)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=240,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 passed" in done.stdout, done.stdout
