@@ -38,7 +38,7 @@ import dataclasses
 import json as jsonlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -575,7 +575,7 @@ def _column_names(outbox: type[Outbox]) -> list[str]:
     return [attribute.key for attribute in inspect(outbox).column_attrs]
 
 
-def _describe_rows(outbox: type[Outbox], columns: list[str], rows: list[Outbox]) -> str:
+def _describe_rows(outbox: type[Outbox], columns: list[str], rows: Sequence[Outbox]) -> str:
     table = outbox.__tablename__  # type: ignore[attr-defined]
     if not rows:
         return f"{table} is empty"

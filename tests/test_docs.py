@@ -164,7 +164,7 @@ def set_ini(path: Path, section: str, block: str) -> None:
         if setting is None:
             continue
         key = setting.group(1)
-        existing = [index for index in range(start, end) if INI_SETTING.match(lines[index]) and lines[index].split("=")[0].strip() == key]
+        existing = [index for index in range(start, end) if (found := INI_SETTING.match(lines[index])) and found.group(1) == key]
         if existing:
             lines[existing[0]] = line
         else:
@@ -174,7 +174,8 @@ def set_ini(path: Path, section: str, block: str) -> None:
 
 
 def fill_revision(project: Path, message: str, block: str) -> None:
-    [path] = [path for path in (project / "migrations" / "versions").glob("*.py") if path.read_text().startswith(f'"""{message}\n')]
+    versions = project / "migrations" / "versions"
+    [path] = [path for path in versions.glob("*.py") if path.read_text().startswith(f'"""{message}\n')]
     generated = path.read_text()
     header = generated[: generated.index("\n\ndef upgrade()")]
     imports, _, functions = block.partition("\n\ndef ")

@@ -278,7 +278,8 @@ def test_a_failed_assert_enqueued_on_an_empty_table_says_so(engine):
 
 
 def test_assert_enqueued_refuses_a_name_that_is_not_a_column(engine):
-    with pytest.raises(ConfigurationError, match=r"names \['amount'\], not columns of SampleEvent; its columns: target_url, kind, payload, id, "):
+    columns = "target_url, kind, payload, id, "
+    with pytest.raises(ConfigurationError, match=rf"names \['amount'\], not columns of SampleEvent; its columns: {columns}"):
         assert_enqueued(engine, SampleEvent, where={"amount": 5})
 
 
