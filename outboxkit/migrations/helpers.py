@@ -1,0 +1,101 @@
+"""Helpers for an application's own Alembic environment.
+
+The kit's tables (``outboxkit_job_runs``, ``outboxkit_reset_audit``) belong
+to the kit's migration branch, not to the application's models, so an
+autogenerate over the application's metadata would propose dropping them.
+Pass ``include_name`` (or ``include_object``) to ``context.configure`` in
+``env.py`` and autogenerate leaves them alone::
+
+    from outboxkit.migrations.helpers import include_name
+
+    context.configure(connection=connection, target_metadata=Base.metadata, include_name=include_name)
+
+Autogenerate does not see triggers.  The NOTIFY trigger that wakes the drain
+on insert goes into a revision of the application's own::
+
+    from outboxkit.migrations.helpers import drop_notify_triggers, install_notify_triggers
+
+    def upgrade() -> None:
+        install_notify_triggers(OrderOutbox)
+
+    def downgrade() -> None:
+        drop_notify_triggers(OrderOutbox)
+
+The statements are those of ``outboxkit.notify.install_trigger_sql`` and
+``drop_trigger_sql``; both functions also work in offline mode
+(``alembic upgrade heads --sql``), where they print the SQL.
+docs/getting-started.md walks through the whole recipe, from
+``alembic init`` to the first revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from alembic.operations import Operations
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.model import Outbox
+from outboxkit.notify import drop_trigger_sql, install_trigger_sql
+from outboxkit.tables import kit_metadata
+
+__all__ = ["KIT_TABLES", "drop_notify_triggers", "include_name", "include_object", "install_notify_triggers"]
+
+KIT_TABLES: frozenset[str] = frozenset(table.name for table in kit_metadata.tables.values())
+"""The tables the kit's own migration branch owns."""
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[str, str | None]) -> bool:
+    """``include_name`` for ``context.configure``: autogenerate does not reflect the kit's tables.
+
+    Combine it with a filter of your own with ``and``::
+
+        include_name=lambda *args: include_name(*args) and my_filter(*args)
+    """
+    # A table left out here is never reflected, so its columns and indexes are not compared either.
+    return not (type_ == "table" and name in KIT_TABLES)
+
+
+def include_object(object_: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """``include_object`` for ``context.configure``: autogenerate neither creates nor drops the kit's tables.
+
+    ``include_name`` already keeps them out of reflection; this also covers
+    an environment whose ``target_metadata`` lists ``kit_metadata``.
+    """
+    if type_ == "table":
+        return name not in KIT_TABLES
+    table = getattr(object_, "table", None)
+    return getattr(table, "name", None) not in KIT_TABLES
+
+
+def install_notify_triggers(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
+    """In a revision's ``upgrade()``: make every insert into each outbox wake its drain (NOTIFY).
+
+    Re-running it is harmless (the function is replaced, the trigger dropped
+    and created again).  ``operations`` defaults to Alembic's ``op``.
+    """
+    _execute(operations, (statement for outbox in _checked(outboxes) for statement in install_trigger_sql(outbox)))
+
+
+def drop_notify_triggers(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
+    """In a revision's ``downgrade()``: undo ``install_notify_triggers`` for the same outboxes."""
+    _execute(operations, (statement for outbox in _checked(outboxes) for statement in drop_trigger_sql(outbox)))
+
+
+def _checked(outboxes: tuple[type[Outbox], ...]) -> tuple[type[Outbox], ...]:
+    if not outboxes:
+        raise ConfigurationError("name at least one outbox class, e.g. install_notify_triggers(OrderOutbox)")
+    for outbox in outboxes:
+        if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
+            raise ConfigurationError(f"{outbox!r} is not a mapped Outbox subclass")
+    return outboxes
+
+
+def _execute(operations: Operations | None, statements: Iterable[str]) -> None:
+    if operations is None:
+        from alembic import op
+
+        operations = op  # type: ignore[assignment]
+    for statement in statements:
+        operations.execute(statement)  # type: ignore[union-attr]
