@@ -82,7 +82,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.errors import DeliveryBuildError
+from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
 from outboxkit.queries import Outcome, OutboxQueries, queries_for
@@ -152,7 +152,7 @@ class _SendPool:
         if not self._threads:
             with self._lock:
                 if self._shut_down:
-                    raise RuntimeError("this drainer is closed")
+                    raise KitClosedError("this drainer is closed")
                 while len(self._threads) < self._size:
                     thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
                     thread.start()

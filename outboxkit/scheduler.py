@@ -35,7 +35,7 @@ from apscheduler.triggers.base import BaseTrigger
 from sqlalchemy.engine import make_url
 
 from outboxkit.election import LeaderElection
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, Waker, channel_for
@@ -143,7 +143,7 @@ class OutboxScheduler:
             try:
                 return self._jobs[id]
             except KeyError:
-                raise LookupError(f"no job {id!r}; registered: {', '.join(sorted(self._jobs))}") from None
+                raise UnknownJobError(f"no job {id!r}; registered: {', '.join(sorted(self._jobs))}") from None
 
     def jobs(self) -> list[JobInfo]:
         """Every registered job with its next fire time (from the live scheduler while leading)."""
