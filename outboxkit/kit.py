@@ -15,10 +15,12 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
-from outboxkit.errors import ConfigurationError, UnknownOutboxError
+from outboxkit.errors import ConfigurationError, KitClosedError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.transport import Transport
@@ -38,6 +40,12 @@ class OutboxKit:
         kit.drain_once(CreditGrant)   # or let the scheduler do it
         kit.close()
 
+    ``engine`` is a sync ``postgresql+psycopg://`` engine (``outboxkit.database_url``
+    turns the URL you have into that form); another driver is refused.  An
+    ``AsyncEngine`` is accepted: the kit then builds its own sync psycopg
+    engine on the same database and disposes it at ``close()`` (see
+    ``outboxkit.database`` and docs/async.md).
+
     ``transport`` defaults to one shared ``HttpTransport``; an outbox whose
     options name a transport uses that one.  ``settings`` defaults to
     ``OutboxKitSettings.from_environment()``; a bad variable fails here, named.
@@ -45,19 +53,15 @@ class OutboxKit:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | AsyncEngine,
         outboxes: Iterable[type[Outbox]],
         *,
         settings: OutboxKitSettings | None = None,
         clock: Clock | None = None,
         transport: Transport | None = None,
     ) -> None:
-        if engine.dialect.name != "postgresql":
-            raise ConfigurationError(
-                f"outboxkit needs PostgreSQL (it relies on SKIP LOCKED, advisory locks and NOTIFY); "
-                f"the engine is {engine.dialect.name!r}. Use a 'postgresql+psycopg://' URL."
-            )
-        self.engine = engine
+        self.engine = kit_engine(engine)
+        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
         self.clock = clock or SystemClock()
         self._own_transport = transport is None
@@ -153,7 +157,7 @@ class OutboxKit:
         transport = options.transport or self.transport
         with self._lock:
             if self._closed:
-                raise RuntimeError("this OutboxKit is closed")
+                raise KitClosedError("this OutboxKit is closed")
             drainer = self._drainers.get(job_name)
             if drainer is None:
                 drainer = Drainer(self.engine, outbox, transport=transport, clock=self.clock, options=options)
@@ -199,6 +203,8 @@ class OutboxKit:
             drainer.close()
         if self._own_transport and self._transport is not None:
             self._transport.close()
+        if self._derived_engine is not None:
+            self._derived_engine.dispose()
 
     def __enter__(self) -> OutboxKit:
         return self

@@ -23,8 +23,8 @@ from outboxkit import (
     OutboxKit,
     OutboxKitSettings,
     OutboxOptions,
-    RetryPolicy,
 )
+from outboxkit.policy import RetryPolicy
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 
