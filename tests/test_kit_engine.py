@@ -173,9 +173,11 @@ def test_an_async_engine_gets_a_sync_psycopg_twin_with_its_pool_settings(async_e
         assert (engine.pool._pre_ping, engine.pool._recycle) == (True, 600)
         with engine.connect() as connection:
             assert connection.exec_driver_sql("SELECT 1").scalar() == 1
+        pool = engine.pool
+        assert pool.checkedin() == 1
     finally:
         kit.close()
-    assert engine.pool.checkedin() == 0  # close() disposed the engine the kit built
+    assert pool.checkedin() == 0  # close() disposed the engine the kit built, closing its connections
 
 
 def test_an_async_engine_without_a_pool_gets_a_twin_without_one(database_url: str):
