@@ -13,6 +13,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
     │   └── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
     │                               JSON body outboxkit cannot encode (the field is named)
+    ├── InvalidTypeError            (also TypeError) an argument, or what a callback
+    │                               of yours returned, is of the wrong type
     ├── DeliveryBuildError          (also TypeError) ``build_delivery`` returned
     │                               something that is not a ``Delivery``
     ├── UnknownOutboxError          (also LookupError) a name that matches no
@@ -43,6 +45,7 @@ __all__ = [
     "ConfigurationError",
     "DeliveryBuildError",
     "InvalidDeliveryError",
+    "InvalidTypeError",
     "InvalidValueError",
     "JobFailed",
     "KitClosedError",
@@ -67,6 +70,10 @@ class InvalidValueError(OutboxKitError, ValueError):
 
 class InvalidDeliveryError(InvalidValueError):
     """A ``Delivery`` was built with a bad URL, method or header, or a JSON body outboxkit cannot encode."""
+
+
+class InvalidTypeError(OutboxKitError, TypeError):
+    """An argument handed to outboxkit, or a value a callback of yours returned, is of the wrong type."""
 
 
 class DeliveryBuildError(OutboxKitError, TypeError):
