@@ -36,16 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
+from outboxkit.diagnostics import MIGRATION_HINT
 from outboxkit.errors import ConfigurationError, OutboxKitError
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
     from outboxkit.admin.service import AdminService
-
-MIGRATION_HINT = (
-    "run your migrations (`alembic upgrade heads`); the kit's own tables come from the `outboxkit` branch: "
-    "add `outboxkit:migrations/versions` to version_locations (docs/operations.md)"
-)
 
 __all__ = ["main"]
 

@@ -11,6 +11,8 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, runtime_checkable
 
+from outboxkit.errors import InvalidValueError
+
 __all__ = ["Clock", "ManualClock", "SystemClock"]
 
 
@@ -45,7 +47,7 @@ class ManualClock:
     def __init__(self, start: datetime | None = None) -> None:
         start = start or datetime.now(timezone.utc)
         if start.tzinfo is None:
-            raise ValueError("ManualClock needs an aware datetime (tzinfo=timezone.utc)")
+            raise InvalidValueError("ManualClock needs an aware datetime (tzinfo=timezone.utc)")
         self._now = start.astimezone(timezone.utc)
         self._lock = threading.Lock()
 
@@ -57,14 +59,14 @@ class ManualClock:
         """Move forward by ``delta`` or by ``timedelta(**kwargs)``; return the new time."""
         step = delta if delta is not None else timedelta(**kwargs)
         if step < timedelta(0):
-            raise ValueError("a ManualClock only moves forward")
+            raise InvalidValueError("a ManualClock only moves forward")
         with self._lock:
             self._now += step
             return self._now
 
     def set(self, moment: datetime) -> None:
         if moment.tzinfo is None:
-            raise ValueError("ManualClock needs an aware datetime")
+            raise InvalidValueError("ManualClock needs an aware datetime")
         with self._lock:
             self._now = moment.astimezone(timezone.utc)
 

@@ -97,6 +97,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
@@ -131,6 +132,7 @@ class DrainResult:
     stuck: int = 0
     lost_claims: int = 0  # outcomes not written: the row was reset or re-claimed meanwhile
     error: str | None = None  # a database error that cut the drain short
+    schema_problem: bool = False  # that error is a missing table or column, already logged once with the fix
     batches: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -271,6 +273,7 @@ class Drainer:
         self._background: _Background | None = None
         self._closed = False
         self._overrun_reported = False
+        self._schema_problems = SchemaProblemLog(logger)
 
     @property
     def job_name(self) -> str:
@@ -325,8 +328,11 @@ class Drainer:
         try:
             self._pump(result, state, events, may_claim=may_claim, background=None)
         except Exception as exc:  # a database outage must not escape into a scheduler
-            result.error = f"{type(exc).__name__}: {exc}"
-            logger.error("%s: drain failed: %s", self.job_name, result.error)
+            described = self._schema_problems.report(exc, self.outbox)  # a missing table: said once, with the fix
+            result.error = described or f"{type(exc).__name__}: {exc}"
+            result.schema_problem = described is not None
+            if described is None:
+                logger.error("%s: drain failed: %s", self.job_name, result.error)
             self._settle(state, events)
         self._report(result)
         return result
@@ -414,7 +420,9 @@ class Drainer:
                 )
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
-                if message != background.failing:
+                if self._schema_problems.report(exc, self.outbox) is not None:
+                    pass  # a missing table: said once, with the migration to run
+                elif message != background.failing:
                     background.failing = message
                     logger.error("%s: drain failed: %s; retrying", self.job_name, message)
                 else:
@@ -504,6 +512,7 @@ class Drainer:
         except BaseException:
             self._in_flight.give(granted)
             raise
+        self._schema_problems.clear()  # the table is there again
         if background is not None:
             background.failing = None
         # A short claim does not mean nothing is due (parked or isolated rows); an empty one does.

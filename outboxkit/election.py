@@ -67,6 +67,7 @@ from datetime import datetime
 import psycopg
 from sqlalchemy import Connection, Engine, text
 
+from outboxkit.errors import InvalidValueError, LifecycleError
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 
 __all__ = [
@@ -193,9 +194,9 @@ class LeaderElection:
         sleep: Sleep = wait_on_event,
     ) -> None:
         if leader_tick_seconds <= 0 or standby_probe_seconds <= 0:
-            raise ValueError("leader_tick_seconds and standby_probe_seconds must be positive")
+            raise InvalidValueError("leader_tick_seconds and standby_probe_seconds must be positive")
         if not -(2**63) <= key < 2**63:
-            raise ValueError(f"advisory key {key} does not fit a signed 64-bit integer")
+            raise InvalidValueError(f"advisory key {key} does not fit a signed 64-bit integer")
         self.dsn = dsn
         self.key = key
         self.leader_tick_seconds = leader_tick_seconds
@@ -231,7 +232,7 @@ class LeaderElection:
     def start(self) -> None:
         """Start campaigning in a daemon thread.  Returns at once."""
         if self._thread is not None:
-            raise RuntimeError("this LeaderElection was already started; build a new one")
+            raise LifecycleError("this LeaderElection was already started; build a new one")
         self._thread = threading.Thread(target=self._run, name="outboxkit-election", daemon=True)
         self._thread.start()
 

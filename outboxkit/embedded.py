@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, LifecycleError
 
 __all__ = ["EmbeddedPostgres", "default_data_dir"]
 
@@ -54,7 +54,7 @@ class EmbeddedPostgres:
     @property
     def url(self) -> str:
         if self._server is None:
-            raise RuntimeError("EmbeddedPostgres is not started")
+            raise LifecycleError("EmbeddedPostgres is not started")
         return str(self._server.get_uri())
 
     def stop(self) -> None:

@@ -47,7 +47,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, JobFailed
 
 __all__ = [
     "JobContext",
@@ -64,10 +64,6 @@ logger = logging.getLogger("outboxkit.jobs")
 
 ERROR_TEXT_LIMIT = 4000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
-
-
-class JobFailed(Exception):
-    """Raise from a job to record an ``error`` outcome with this message and no traceback."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,7 +329,7 @@ class JobRunner:
                 outcome = asyncio.run(_await(outcome))
             counts = _counts(outcome)
         except JobFailed as exc:
-            logger.error("%s: %s", job.name, exc)
+            logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job.name, exc)
             return RunRecord(outcome="error", counts={}, error=str(exc)[:ERROR_TEXT_LIMIT])
         except Exception as exc:
             logger.error("%s: the job raised\n%s", job.name, traceback.format_exc().rstrip())
@@ -355,5 +351,5 @@ def _counts(value: object) -> dict[str, int]:
     if not isinstance(value, Mapping) or not all(
         isinstance(key, str) and isinstance(count, int) and not isinstance(count, bool) for key, count in value.items()
     ):
-        raise TypeError(f"a job returns a mapping of str to int counts (or None), not {value!r}")
+        raise JobFailed(f"a job returns a mapping of str to int counts (or None), not {value!r}")
     return dict(value)

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
@@ -40,6 +42,12 @@ class OutboxKit:
         kit.drain_once(CreditGrant)   # or let the scheduler do it
         kit.close()
 
+    ``engine`` is a sync ``postgresql+psycopg://`` engine (``outboxkit.database_url``
+    turns the URL you have into that form); another driver is refused.  An
+    ``AsyncEngine`` is accepted: the kit then builds its own sync psycopg
+    engine on the same database and disposes it at ``close()`` (see
+    ``outboxkit.database`` and docs/async.md).
+
     ``transport`` defaults to one shared ``HttpTransport``; an outbox whose
     options name a transport uses that one.  ``settings`` defaults to
     ``OutboxKitSettings.from_environment()``; a bad variable fails here, named.
@@ -47,19 +55,15 @@ class OutboxKit:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | AsyncEngine,
         outboxes: Iterable[type[Outbox]],
         *,
         settings: OutboxKitSettings | None = None,
         clock: Clock | None = None,
         transport: Transport | None = None,
     ) -> None:
-        if engine.dialect.name != "postgresql":
-            raise ConfigurationError(
-                f"outboxkit needs PostgreSQL (it relies on SKIP LOCKED, advisory locks and NOTIFY); "
-                f"the engine is {engine.dialect.name!r}. Use a 'postgresql+psycopg://' URL."
-            )
-        self.engine = engine
+        self.engine = kit_engine(engine)
+        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
         self.clock = clock or SystemClock()
         self._own_transport = transport is None
@@ -232,6 +236,8 @@ class OutboxKit:
             drainer.close()
         if transport is not None:
             transport.close()
+        if self._derived_engine is not None:  # dispose() leaves it usable, like the rest of the kit
+            self._derived_engine.dispose()
 
     def __enter__(self) -> OutboxKit:
         return self

@@ -36,6 +36,7 @@ from psycopg import sql
 from sqlalchemy import TextClause, text
 from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 
+from outboxkit.errors import InvalidValueError
 from outboxkit.model import Outbox
 
 __all__ = [
@@ -128,7 +129,7 @@ class NotifyListener:
         max_backoff_seconds: float = 10.0,
     ) -> None:
         if not channels:
-            raise ValueError("NotifyListener needs at least one channel")
+            raise InvalidValueError("NotifyListener needs at least one channel")
         self.dsn = dsn
         self.channels = dict(channels)
         self.poll_seconds = poll_seconds

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 
+from outboxkit.errors import InvalidValueError
+
 __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_ATTEMPTS",
@@ -57,7 +59,7 @@ class AttemptResult:
 
     def __post_init__(self) -> None:
         if (self.status_code is None) == (self.failure is None):
-            raise ValueError("an AttemptResult has either a status_code or a failure")
+            raise InvalidValueError("an AttemptResult has either a status_code or a failure")
 
     @property
     def succeeded(self) -> bool:
@@ -122,16 +124,16 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if isinstance(self.backoff, (str, bytes)) or not isinstance(self.backoff, Iterable):
-            raise ValueError(f"backoff must be a sequence of seconds, e.g. (5, 15, 60), got {self.backoff!r}")
+            raise InvalidValueError(f"backoff must be a sequence of seconds, e.g. (5, 15, 60), got {self.backoff!r}")
         steps = tuple(self.backoff)
         if not steps:
-            raise ValueError("backoff needs at least one step, e.g. (5, 15, 60)")
+            raise InvalidValueError("backoff needs at least one step, e.g. (5, 15, 60)")
         if any(not _is_seconds(step) for step in steps):
-            raise ValueError(f"backoff steps must be finite seconds >= 0, got {self.backoff!r}")
+            raise InvalidValueError(f"backoff steps must be finite seconds >= 0, got {self.backoff!r}")
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+            raise InvalidValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
         if not _is_seconds(self.max_retry_after):
-            raise ValueError(f"max_retry_after must be finite seconds >= 0, got {self.max_retry_after!r}")
+            raise InvalidValueError(f"max_retry_after must be finite seconds >= 0, got {self.max_retry_after!r}")
         object.__setattr__(self, "backoff", tuple(float(step) for step in steps))
         object.__setattr__(self, "max_retry_after", float(self.max_retry_after))
 

@@ -60,6 +60,7 @@ from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.engine import make_url
 
 from outboxkit.clock import ManualClock
+from outboxkit.errors import InvalidTypeError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.notify import install_trigger_sql
@@ -137,7 +138,7 @@ def _libpq_url(url: str) -> str:
 def _metadatas(metadata: MetaData | Sequence[MetaData]) -> list[MetaData]:
     metadatas = [metadata] if isinstance(metadata, MetaData) else list(metadata)
     if not metadatas or not all(isinstance(each, MetaData) for each in metadatas):
-        raise TypeError(f"outboxkit_metadata must return a MetaData or a list of them, got {metadata!r}")
+        raise InvalidTypeError(f"outboxkit_metadata must return a MetaData or a list of them, got {metadata!r}")
     return metadatas
 
 

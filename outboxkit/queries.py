@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Boolean, Connection, Engine, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
+from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 
 __all__ = ["OutboxQueries", "queries_for"]
@@ -193,7 +194,7 @@ class OutboxQueries:
         """
         driver = connection.connection.driver_connection
         if driver is None or not driver.autocommit:
-            raise ValueError("record_outcome needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
+            raise InvalidValueError("record_outcome needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
         params: dict[str, Any] = {
             "id": outcome.row_id,
             "token": outcome.token,
@@ -427,7 +428,7 @@ class AdminQueries:
         position is ``(next_attempt_at, id)`` for pending, ``(id,)`` otherwise.
         """
         if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+            raise InvalidValueError(f"status must be one of {STATUSES}, got {status!r}")
         filter_sql, params = row_filter.clauses()
         params.update(status=status, limit=limit, error_chars=LIST_ERROR_CHARS)
         if status == "pending":

@@ -36,7 +36,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 
 from outboxkit.election import LeaderElection
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
 
@@ -141,7 +141,7 @@ class OutboxScheduler:
             try:
                 return self._jobs[id]
             except KeyError:
-                raise LookupError(f"no job {id!r}; registered: {', '.join(sorted(self._jobs))}") from None
+                raise UnknownJobError(f"no job {id!r}; registered: {', '.join(sorted(self._jobs))}") from None
 
     def jobs(self) -> list[JobInfo]:
         """Every registered job with its next fire time (from the live scheduler while leading)."""
@@ -208,7 +208,8 @@ class OutboxScheduler:
         def drain(context: object) -> dict[str, int]:
             result = self.kit.drain(outbox, max_seconds=max_seconds)
             if result.error:
-                raise JobFailed(f"drain failed: {result.error}")
+                # A missing table was already said once, with its fix, by the drain: keep the job's log quiet.
+                raise JobFailed(f"drain failed: {result.error}", quiet=result.schema_problem)
             return result.as_counts()
 
         return drain

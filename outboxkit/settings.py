@@ -25,21 +25,31 @@ Drain work (see docs/operations.md, "Drains and workers")::
     OUTBOXKIT_DRAIN_ENABLED=true        # this process drains (NOTIFY, due times), leader or not
     OUTBOXKIT_LISTEN_ENABLED=true
     OUTBOXKIT_SYNCHRONOUS_COMMIT=false  # true: claims and outcomes wait for the WAL flush
+
+A variable that starts with ``OUTBOXKIT_`` but names no setting (a typo such
+as ``OUTBOXKIT_LEADER_TICK``, or ``OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS``)
+is refused with the closest valid name, rather than silently ignored.  The
+kit's own tools use a few ``OUTBOXKIT_`` variables that are not settings;
+those are allowed (``NON_SETTING_VARIABLES`` and ``NON_SETTING_PREFIXES``):
+``OUTBOXKIT_APP`` (the CLI's ``--app``), and ``OUTBOXKIT_TEST_*``,
+``OUTBOXKIT_BENCH_*`` and ``OUTBOXKIT_FAULT_*`` (the test suite, the
+benchmarks and the fault tests).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Sequence
-from typing import Annotated, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError
 
-__all__ = ["DEFAULT_ADVISORY_LOCK_KEY", "OutboxKitSettings", "OutboxOverride"]
+__all__ = ["DEFAULT_ADVISORY_LOCK_KEY", "NON_SETTING_PREFIXES", "NON_SETTING_VARIABLES", "OutboxKitSettings", "OutboxOverride"]
 
 # The session advisory lock key the leader holds.  It is the first 8 bytes of
 # sha256(b"outboxkit:leader-election"), shifted right by one bit so it is a
@@ -51,6 +61,10 @@ DEFAULT_ADVISORY_LOCK_KEY = 2710940685875084841
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 ENV_PREFIX = "OUTBOXKIT_"
+# OUTBOXKIT_ variables that are not settings: outboxkit's CLI reads the first;
+# its test suite, benchmarks and fault tests own the prefixes.
+NON_SETTING_VARIABLES = frozenset({"OUTBOXKIT_APP"})
+NON_SETTING_PREFIXES = ("OUTBOXKIT_TEST_", "OUTBOXKIT_BENCH_", "OUTBOXKIT_FAULT_")
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -119,6 +133,10 @@ class OutboxKitSettings(BaseSettings):
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
 
+    def __init__(self, **values: Any) -> None:
+        check_variable_names(os.environ)
+        super().__init__(**values)
+
     @field_validator("outboxes", mode="before")
     @classmethod
     def _normalise_keys(cls, value: object) -> object:
@@ -132,7 +150,7 @@ class OutboxKitSettings(BaseSettings):
 
     @classmethod
     def from_environment(cls) -> OutboxKitSettings:
-        """Read the environment; a bad value raises ``ConfigurationError`` naming its variable."""
+        """Read the environment; a bad value or an unknown name raises ``ConfigurationError`` naming its variable."""
         try:
             return cls()
         except ValidationError as exc:
@@ -168,3 +186,40 @@ def _variable_for(location: Sequence[object]) -> str:
     if len(parts) > 1 and not any(name.upper() == nested for name in os.environ):
         return f"{ENV_PREFIX}{parts[0].upper()} (at {'.'.join(parts[1:])})"
     return nested
+
+
+def check_variable_names(environment: Mapping[str, str]) -> None:
+    """Refuse ``OUTBOXKIT_*`` variables that name no setting, suggesting the closest valid name."""
+    problems = [problem for name in sorted(environment) if (problem := _unknown_variable(name.upper()))]
+    if problems:
+        raise ConfigurationError(f"invalid outboxkit setting: {'; '.join(problems)}")
+
+
+def _unknown_variable(name: str) -> str | None:
+    """What is wrong with one variable's name, or None when it names a setting (or is not outboxkit's)."""
+    if not name.startswith(ENV_PREFIX) or name in NON_SETTING_VARIABLES or name.startswith(NON_SETTING_PREFIXES):
+        return None
+    parts = name[len(ENV_PREFIX) :].split("__")
+    settings = [field.upper() for field in OutboxKitSettings.model_fields]
+    if parts[0] not in settings:
+        suggestion = _closest(parts[0], settings, ENV_PREFIX)
+        return f"{name}: no such setting{suggestion}; the settings are {ENV_PREFIX}<one of {', '.join(settings)}>"
+    if parts[0] != "OUTBOXES":
+        return f"{name}: {ENV_PREFIX}{parts[0]} takes no nested keys" if len(parts) > 1 else None
+    if len(parts) <= 2:  # OUTBOXKIT_OUTBOXES or OUTBOXKIT_OUTBOXES__<KEY>, as JSON
+        return None
+    fields = [field.upper() for field in OutboxOverride.model_fields]
+    outbox = f"{ENV_PREFIX}OUTBOXES__{parts[1]}__"
+    if len(parts) > 3 or not parts[1]:
+        return f"{name}: per-outbox variables look like {ENV_PREFIX}OUTBOXES__<KEY>__<SETTING>, e.g. {outbox}MAX_ATTEMPTS"
+    if parts[2] not in fields:
+        return (
+            f"{name}: no such per-outbox setting{_closest(parts[2], fields, outbox)}; "
+            f"per-outbox settings are {', '.join(field.lower() for field in fields)}"
+        )
+    return None
+
+
+def _closest(word: str, candidates: Sequence[str], prefix: str) -> str:
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{match[0]}?)" if match else ""

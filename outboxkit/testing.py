@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.clock import ManualClock
 from outboxkit.drain import DrainResult
-from outboxkit.errors import ConfigurationError, OutboxKitError
+from outboxkit.errors import ConfigurationError, InvalidTypeError, InvalidValueError, OutboxKitError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, FailureKind
@@ -96,7 +96,7 @@ class NotIdleError(OutboxAssertionError):
 def reply(status_code: int, *, retry_after: str | int | None = None, body: str | None = None) -> AttemptResult:
     """An HTTP answer: ``reply(429, retry_after=120)``; ``body`` ends up in ``last_error`` as the receiver's text would."""
     if isinstance(status_code, bool) or not isinstance(status_code, int) or not 100 <= status_code <= 599:
-        raise ValueError(f"status_code must be an HTTP status from 100 to 599, got {status_code!r}")
+        raise InvalidValueError(f"status_code must be an HTTP status from 100 to 599, got {status_code!r}")
     if 200 <= status_code < 300:
         return AttemptResult(status_code=status_code)
     return AttemptResult(
@@ -121,7 +121,7 @@ def _as_result(answer: int | AttemptResult) -> AttemptResult:
         return answer
     if isinstance(answer, int) and not isinstance(answer, bool):
         return reply(answer)
-    raise TypeError(f"an answer is a status code or an AttemptResult, got {answer!r}")
+    raise InvalidTypeError(f"an answer is a status code or an AttemptResult, got {answer!r}")
 
 
 def _check_answer(answer: object) -> None:
@@ -215,7 +215,7 @@ class RecordingTransport:
     def queue(self, *answers: Answer, url: str | None = None) -> None:
         """Answer the next sends (to ``url``, or to any URL) with ``answers``, one each, in order."""
         if not answers:
-            raise ValueError("queue() needs at least one answer, e.g. queue(503, 201)")
+            raise InvalidValueError("queue() needs at least one answer, e.g. queue(503, 201)")
         for answer in answers:
             _check_answer(answer)
         with self._lock:
@@ -429,7 +429,7 @@ def drain_until_idle(
     recorded first).
     """
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ValueError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
+        raise InvalidValueError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
     manual = _clock_to_move(kit, clock, advance_clock)
     outboxes = [kit.outbox(outbox)] if outbox is not None else kit.outboxes
     recorders = _recorders(kit, outboxes)

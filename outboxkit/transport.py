@@ -6,6 +6,35 @@ timeout or a refused connection is an ``AttemptResult`` with a ``failure``.
 ``HttpTransport`` (in ``outboxkit.http_transport``) is the default;
 ``CallableTransport`` wraps a function, which is handy in tests and for
 non-HTTP receivers.
+
+``Delivery.json`` is encoded once, when the ``Delivery`` is built (so a value
+that cannot be sent fails inside ``build_delivery``, with the path of the
+offending field), by these rules:
+
+==========================  ===============================================
+Python value                JSON
+==========================  ===============================================
+``dict`` / ``Mapping``      object (keys: str, int, float, bool, None, or an
+                            ``Enum`` whose value is one of those)
+``list``, ``tuple``         array
+``str``, ``int``, ``bool``  as themselves; ``float`` too, but NaN and
+``None``, ``float``         infinities are refused
+aware ``datetime``          ISO 8601 string with its offset,
+                            ``"2030-01-01T12:00:00+00:00"``
+naive ``datetime``          refused: its time zone is unknown (attach one,
+                            e.g. ``tzinfo=timezone.utc``)
+``date``, ``time``          ISO 8601 string (``"2030-01-01"``, ``"09:30:00"``)
+``uuid.UUID``               its canonical string
+``decimal.Decimal``         a string of exactly its digits, fixed point:
+                            ``Decimal("10.50")`` -> ``"10.50"``; a JSON
+                            number would be read back as a binary float
+``enum.Enum``               its ``value``, encoded by these same rules
+==========================  ===============================================
+
+Anything else (``set``, ``bytes``, ``timedelta``, a dataclass, a pydantic
+model...) is refused with an ``InvalidDeliveryError`` (a ``ValueError``) that
+names the field, e.g. ``Delivery.json['items'][2]['price']``; convert it
+yourself (``sorted(...)``, ``base64``, ``model.model_dump(mode="json")``).
 """
 
 from __future__ import annotations
@@ -13,11 +42,16 @@ from __future__ import annotations
 import json as jsonlib
 import math
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from decimal import Decimal
+from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from outboxkit.errors import InvalidDeliveryError, InvalidValueError
 from outboxkit.policy import AttemptResult, FailureKind
 
 __all__ = ["CallableTransport", "Delivery", "Transport"]
@@ -32,7 +66,9 @@ _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 class Delivery:
     """What to send for one outbox row.
 
-    ``json`` is serialised with ``json.dumps`` (no NaN); ``headers`` are added
+    ``json`` is encoded once, here, by the rules in this module's docstring
+    (aware datetimes as ISO 8601, Decimal as an exact string, Enum by value;
+    anything else is refused with its field named); ``headers`` are added
     to every attempt.  ``Idempotency-Key`` is set by the kit and cannot be
     overridden here, so every attempt of a row carries the same key.
     """
@@ -41,35 +77,105 @@ class Delivery:
     method: str = "POST"
     json: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    # The encoded body, fixed at construction: what was checked is what is sent,
+    # even if the caller's dict changes afterwards.
+    _body: bytes | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not _is_http_url(self.url):
-            raise ValueError(f"Delivery.url must be an absolute http(s) URL with a host, got {self.url!r}")
+            raise InvalidDeliveryError(f"Delivery.url must be an absolute http(s) URL with a host, got {self.url!r}")
         method = self.method.upper() if isinstance(self.method, str) else self.method
         if method not in _METHODS:
-            raise ValueError(f"Delivery.method must be one of {sorted(_METHODS)}, got {self.method!r}")
+            raise InvalidDeliveryError(f"Delivery.method must be one of {sorted(_METHODS)}, got {self.method!r}")
         object.__setattr__(self, "method", method)
         if not isinstance(self.headers, Mapping):
-            raise ValueError(f"Delivery.headers must be a mapping of str to str, got {self.headers!r}")
+            raise InvalidDeliveryError(f"Delivery.headers must be a mapping of str to str, got {self.headers!r}")
         for name, value in self.headers.items():
             if not isinstance(name, str) or not isinstance(value, str):
-                raise ValueError(f"Delivery.headers must map str to str, got {name!r}: {value!r}")
+                raise InvalidDeliveryError(f"Delivery.headers must map str to str, got {name!r}: {value!r}")
             if not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
-                raise ValueError(f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}")
+                raise InvalidDeliveryError(f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}")
             if name.lower() == "idempotency-key":
-                raise ValueError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")
+                raise InvalidDeliveryError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")
         # A private copy: the caller's dict could change after validation.
         object.__setattr__(self, "headers", dict(self.headers))
-        try:
-            self.body()
-        except (TypeError, ValueError) as exc:  # NaN, a cycle: fail in build_delivery, not in the send
-            raise ValueError(f"Delivery.json cannot be encoded as JSON: {exc}") from None
+        if self.json is not None:  # fail in build_delivery, not in the send
+            object.__setattr__(self, "_body", encode_json(self.json))
 
     def body(self) -> bytes | None:
         """The encoded JSON body, or None when there is none."""
-        if self.json is None:
-            return None
-        return jsonlib.dumps(self.json, separators=(",", ":"), allow_nan=False, default=str).encode()
+        return self._body
+
+
+def encode_json(value: object) -> bytes:
+    """Encode a delivery body by the rules in this module's docstring; an ``InvalidDeliveryError`` names a bad field."""
+    try:  # plain data (the common case) goes straight through the C encoder
+        return _dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        plain = _plain(value, "Delivery.json", set())
+    except RecursionError:
+        raise InvalidDeliveryError("Delivery.json cannot be encoded as JSON: it is nested too deeply") from None
+    except InvalidDeliveryError as exc:
+        raise InvalidDeliveryError(f"Delivery.json cannot be encoded as JSON: {exc}") from None
+    return _dumps(plain)
+
+
+def _dumps(value: object) -> bytes:
+    return jsonlib.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+_SCALARS = (str, int, type(None))  # bool is an int
+_KEYS = (str, int, float, type(None))
+
+
+def _plain(value: object, path: str, seen: set[int]) -> object:
+    """``value`` with every supported type replaced by its JSON form; refuses the rest, naming ``path``."""
+    if isinstance(value, Enum):
+        return _plain(value.value, path, seen)
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidDeliveryError(f"{path} is {value!r}; JSON has no NaN or infinity")
+        return value
+    if isinstance(value, datetime):
+        if value.utcoffset() is None:
+            raise InvalidDeliveryError(
+                f"{path} is a naive datetime ({value.isoformat()}), so its time zone is unknown; "
+                "give it one (e.g. tzinfo=timezone.utc)"
+            )
+        return value.isoformat()
+    if isinstance(value, (date, time)):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise InvalidDeliveryError(f"{path} is Decimal({str(value)!r}); JSON has no NaN or infinity")
+        return format(value, "f")
+    if isinstance(value, (Mapping, list, tuple)):
+        if id(value) in seen:
+            raise InvalidDeliveryError(f"{path} contains itself (a circular reference)")
+        seen.add(id(value))
+        try:
+            if isinstance(value, Mapping):
+                return {_key(key, path): _plain(item, f"{path}[{key!r}]", seen) for key, item in value.items()}
+            return [_plain(item, f"{path}[{index}]", seen) for index, item in enumerate(value)]
+        finally:
+            seen.discard(id(value))
+    hint = {set: "make it a list (sorted(...))", frozenset: "make it a list (sorted(...))", bytes: "decode or base64 it"}.get(
+        type(value), "convert it to a JSON type in build_delivery"
+    )
+    raise InvalidDeliveryError(f"{path} is a {type(value).__name__}, which outboxkit does not encode as JSON; {hint}")
+
+
+def _key(key: object, path: str) -> object:
+    plain = key.value if isinstance(key, Enum) else key
+    if not isinstance(plain, _KEYS):
+        raise InvalidDeliveryError(f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys are strings")
+    return plain
 
 
 def _is_http_url(url: object) -> bool:
@@ -117,5 +223,5 @@ class CallableTransport:
 
 def validate_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise InvalidValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)

@@ -8,7 +8,9 @@ a real drain to show the overridden table is the one in force.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from datetime import timedelta
 
 import pytest
@@ -23,8 +25,9 @@ from outboxkit import (
     OutboxKit,
     OutboxKitSettings,
     OutboxOptions,
-    RetryPolicy,
 )
+from outboxkit.policy import RetryPolicy
+from outboxkit.settings import NON_SETTING_PREFIXES, NON_SETTING_VARIABLES
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 
@@ -50,7 +53,8 @@ class LeasedEvent(Outbox, LeasedBase):
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start every test from no outboxkit settings, whatever the developer's shell holds."""
     for name in list(os.environ):
-        if name.upper().startswith(("OUTBOXKIT_OUTBOXES", "OUTBOXKIT_ENVIRONMENT")):
+        upper = name.upper()
+        if upper.startswith("OUTBOXKIT_") and upper not in NON_SETTING_VARIABLES and not upper.startswith(NON_SETTING_PREFIXES):
             monkeypatch.delenv(name)
 
 
@@ -205,3 +209,84 @@ def test_explicit_settings_are_used_instead_of_the_environment(offline_engine, m
     settings = OutboxKitSettings.model_validate({"outboxes": {"sample-events": {"max_attempts": 9}}})
     with OutboxKit(offline_engine, [SampleEvent], settings=settings, transport=CallableTransport(lambda d, k: 200)) as kit:
         assert kit.drainer(SampleEvent).policy.max_attempts == 9
+
+
+# -- unknown names are refused, not ignored -----------------------------------------
+
+
+def test_a_name_close_to_nothing_is_refused_with_the_list_of_settings(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_COLOUR", "blue")
+    with pytest.raises(ConfigurationError, match=r"OUTBOXKIT_COLOUR: no such setting; the settings are OUTBOXKIT_<one of"):
+        OutboxKit(offline_engine, [SampleEvent])
+
+
+@pytest.mark.parametrize(
+    ("variable", "complaint"),
+    [
+        ("OUTBOXKIT_LEADER_TICK", "no such setting (did you mean OUTBOXKIT_LEADER_TICK_SECONDS?)"),
+        ("OUTBOXKIT_ENVIROMENT", "no such setting (did you mean OUTBOXKIT_ENVIRONMENT?)"),
+        ("OUTBOXKIT_DRAIN_INTERVAL", "no such setting (did you mean OUTBOXKIT_DRAIN_INTERVAL_SECONDS?)"),
+        ("OUTBOXKIT_LISTEN_ENABLE", "no such setting (did you mean OUTBOXKIT_LISTEN_ENABLED?)"),
+        ("OUTBOXKIT_OUTBOX__SAMPLE_EVENTS__MAX_ATTEMPTS", "no such setting (did you mean OUTBOXKIT_OUTBOXES?)"),
+        (
+            "OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATEMPTS",
+            "no such per-outbox setting (did you mean OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS?); "
+            "per-outbox settings are backoff, max_attempts, batch_size, concurrency, timeout",
+        ),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOF", "(did you mean OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF?)"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX__ATTEMPTS", "look like OUTBOXKIT_OUTBOXES__<KEY>__<SETTING>"),
+        ("OUTBOXKIT_OUTBOXES____MAX_ATTEMPTS", "look like OUTBOXKIT_OUTBOXES__<KEY>__<SETTING>"),
+        ("OUTBOXKIT_LEADER_TICK_SECONDS__FAST", "OUTBOXKIT_LEADER_TICK_SECONDS takes no nested keys"),
+    ],
+)
+def test_a_misspelt_setting_is_refused_with_the_closest_name(offline_engine, monkeypatch, variable, complaint):
+    monkeypatch.setenv(variable, "3")
+    with pytest.raises(ConfigurationError) as raised:
+        OutboxKit(offline_engine, [SampleEvent])
+    assert f"{variable}: " in str(raised.value)
+    assert complaint in str(raised.value)
+
+
+def test_every_unknown_name_is_listed_at_once(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_LEADER_TICK", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATEMPTS", "3")
+    with pytest.raises(ConfigurationError) as raised:
+        OutboxKit(offline_engine, [SampleEvent])
+    assert "OUTBOXKIT_LEADER_TICK:" in str(raised.value)
+    assert "OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATEMPTS:" in str(raised.value)
+
+
+def test_settings_built_directly_refuse_unknown_names_too(monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_LEADER_TICK", "3")
+    with pytest.raises(ConfigurationError, match="did you mean OUTBOXKIT_LEADER_TICK_SECONDS"):
+        OutboxKitSettings()
+
+
+def test_the_tools_variables_and_any_case_of_a_real_setting_are_accepted(engine, insert_events, clock, monkeypatch):
+    """The CLI's and the test suite's own OUTBOXKIT_ variables are not settings and are left alone."""
+    for name in ("OUTBOXKIT_APP", "OUTBOXKIT_TEST_PGDATA", "OUTBOXKIT_BENCH_DATABASE_URL", "OUTBOXKIT_FAULT_SEED"):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("outboxkit_leader_tick_seconds", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "4")
+    insert_events([{"n": 1}])
+    with OutboxKit(engine, [SampleEvent], clock=clock, transport=CallableTransport(lambda d, k: 200)) as kit:
+        assert kit.settings.leader_tick_seconds == 3
+        assert kit.options(SampleEvent).max_attempts == 4
+        assert kit.drain_once(SampleEvent).delivered == 1
+
+
+def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
+    """The allow-list covers what the kit's CLI, tests, benchmarks and docs read."""
+    from outboxkit.settings import _unknown_variable
+
+    root = Path(__file__).resolve().parents[1]
+    typo_examples = {"OUTBOXKIT_LEADER_TICK", "OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS"}  # in the docs, on purpose
+    unknown = {}
+    for folder in ("outboxkit", "tests", "bench", "admin", "alembic", "docs", ".ci"):
+        for path in (root / folder).rglob("*"):
+            if path == Path(__file__).resolve() or not path.is_file() or path.suffix not in (".py", ".md", ".ini", ".toml", ""):
+                continue
+            for name in re.findall(r"OUTBOXKIT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+                if name not in typo_examples and _unknown_variable(name):
+                    unknown[name] = path.relative_to(root)
+    assert unknown == {}

@@ -1,0 +1,242 @@
+"""The kit runs on psycopg 3 only: other drivers are refused with the URL to use; an AsyncEngine is accepted.
+
+psycopg2, pg8000 and asyncpg are not dependencies.  SQLAlchemy imports a
+driver when the engine is built, unless it is handed the module
+(``create_engine(url, module=...)``); the refusal happens before any
+connection, so a stand-in module is enough to build the engine the kit
+must refuse.  Where psycopg2 itself is installed, the real module is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+import outboxkit
+from outboxkit import CallableTransport, ConfigurationError, OutboxKit
+from tests.support.database import libpq_url
+from tests.support.models import SampleEvent
+
+URL_WITH_PASSWORD = "{driver}://app:s3cret@db.internal:5432/shop"
+PSYCOPG_URL_MASKED = "postgresql+psycopg://app:***@db.internal:5432/shop"
+
+
+def stand_in_driver(monkeypatch: pytest.MonkeyPatch, name: str, paramstyle: str, version: str) -> types.ModuleType:
+    """A module SQLAlchemy accepts as the DBAPI at engine build time; it is never connected through."""
+    module = types.ModuleType(name)
+    module.paramstyle = paramstyle  # type: ignore[attr-defined]
+    module.__version__ = version  # type: ignore[attr-defined]
+    if name == "psycopg2":  # the psycopg2 dialect reads psycopg2.extras while it is built
+        extras = types.ModuleType("psycopg2.extras")
+        module.extras = extras  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "psycopg2", module)
+        monkeypatch.setitem(sys.modules, "psycopg2.extras", extras)
+    return module
+
+
+def foreign_engine(monkeypatch: pytest.MonkeyPatch, driver: str) -> Engine:
+    url = URL_WITH_PASSWORD.format(driver=f"postgresql+{driver}")
+    if driver == "psycopg2":
+        try:
+            import psycopg2  # noqa: F401  (used when installed)
+
+            return create_engine(url)
+        except ImportError:
+            return create_engine(url, module=stand_in_driver(monkeypatch, "psycopg2", "pyformat", "2.9.9 (dt dec pq3 ext lo64)"))
+    return create_engine(url, module=stand_in_driver(monkeypatch, driver, "format", "1.31.2"))
+
+
+def kit_on(engine: Engine | AsyncEngine) -> OutboxKit:
+    return OutboxKit(engine, [SampleEvent], transport=CallableTransport(lambda delivery, key: 200))
+
+
+# -- refused drivers -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "pg8000"])
+def test_another_driver_is_refused_with_the_psycopg_url_and_the_password_masked(monkeypatch, driver):
+    engine = foreign_engine(monkeypatch, driver)
+    try:
+        assert engine.dialect.driver == driver
+        with pytest.raises(ConfigurationError) as raised:
+            kit_on(engine)
+    finally:
+        engine.dispose()
+    message = str(raised.value)
+    assert f"works only with the psycopg 3 driver on a sync engine; this engine uses {driver!r}" in message
+    assert f"Build it from {PSYCOPG_URL_MASKED}" in message
+    assert "outboxkit.database_url(url)" in message
+    assert "s3cret" not in message
+
+
+def test_the_sync_side_of_an_async_engine_is_refused_with_the_fix():
+    async_engine = create_async_engine(URL_WITH_PASSWORD.format(driver="postgresql+psycopg"))
+    try:
+        with pytest.raises(ConfigurationError) as raised:
+            kit_on(async_engine.sync_engine)
+    finally:
+        async_engine.sync_engine.dispose()
+    message = str(raised.value)
+    assert "this engine uses the async driver 'psycopg'" in message
+    assert "an AsyncEngine may be passed as it is" in message
+    assert "s3cret" not in message
+
+
+def test_something_that_is_not_an_engine_is_refused():
+    with pytest.raises(ConfigurationError, match=r"needs a SQLAlchemy Engine or AsyncEngine, got str.*database_url"):
+        kit_on("postgresql://app@db/shop")  # type: ignore[arg-type]
+
+
+# -- database_url ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("postgresql://u:p@h/db", "postgresql+psycopg://u:p@h/db"),
+        ("postgres://u:p@h:6543/db", "postgresql+psycopg://u:p@h:6543/db"),
+        ("postgresql+psycopg2://u:p@h/db?sslmode=require", "postgresql+psycopg://u:p@h/db?sslmode=require"),
+        ("postgresql+asyncpg://u@h/db?ssl=require", "postgresql+psycopg://u@h/db?sslmode=require"),
+        ("postgresql+asyncpg://u@h/db?ssl=true", "postgresql+psycopg://u@h/db?sslmode=require"),
+        ("postgresql+pg8000://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+psycopg://u:p%40ss@h/db", "postgresql+psycopg://u:p%40ss@h/db"),
+        ("postgresql:///db?host=/run/postgresql", "postgresql+psycopg:///db?host=%2Frun%2Fpostgresql"),
+    ],
+)
+def test_database_url_normalises_a_postgresql_url_to_psycopg(given, expected):
+    assert outboxkit.database_url(given) == expected
+
+
+def test_database_url_accepts_a_sqlalchemy_url_object():
+    engine = create_engine("postgresql+psycopg://u:p@h/db")
+    try:
+        assert outboxkit.database_url(engine.url) == "postgresql+psycopg://u:p@h/db"  # the password is kept, not masked
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("given", "complaint"),
+    [
+        ("mysql://u:s3cret@h/db", r"needs PostgreSQL.*mysql://u:\*\*\*@h/db is a 'mysql' URL"),
+        ("sqlite:///app.db", r"is a 'sqlite' URL"),
+        ("not a url", r"'not a url' is not a database URL"),
+    ],
+)
+def test_database_url_refuses_another_database(given, complaint):
+    with pytest.raises(ConfigurationError, match=complaint) as raised:
+        outboxkit.database_url(given)
+    assert "s3cret" not in str(raised.value)
+
+
+def test_the_url_from_database_url_runs_a_real_kit(database_url: str, insert_events, receiver, clock):
+    """A bare libpq URL (what a platform hands you) becomes an engine the kit accepts and drains with."""
+    engine = create_engine(outboxkit.database_url(libpq_url(database_url)))
+    try:
+        [row_id] = insert_events([{"n": 1}])
+        with OutboxKit(engine, [SampleEvent], clock=clock) as kit:
+            assert kit.drain_once(SampleEvent).delivered == 1
+        with Session(engine) as session:
+            assert session.get(SampleEvent, row_id).status == "done"
+    finally:
+        engine.dispose()
+
+
+# -- an AsyncEngine --------------------------------------------------------------
+
+
+@pytest.fixture
+def async_engine(database_url: str) -> Iterator[AsyncEngine]:
+    engine = create_async_engine(
+        outboxkit.database_url(database_url), pool_size=3, max_overflow=2, pool_pre_ping=True, pool_recycle=600
+    )
+    yield engine
+    asyncio.run(engine.dispose())
+
+
+def test_an_async_engine_gets_a_sync_psycopg_twin_with_its_pool_settings(async_engine):
+    kit = kit_on(async_engine)
+    try:
+        engine = kit.engine
+        assert isinstance(engine, Engine) and engine is not async_engine.sync_engine
+        assert (engine.dialect.driver, engine.dialect.is_async) == ("psycopg", False)
+        assert engine.url == async_engine.url
+        assert (engine.pool.size(), engine.pool._max_overflow) == (3, 2)
+        assert (engine.pool._pre_ping, engine.pool._recycle) == (True, 600)
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT 1").scalar() == 1
+        pool = engine.pool
+        assert pool.checkedin() == 1
+    finally:
+        kit.close()
+    assert pool.checkedin() == 0  # close() disposed the engine the kit built, closing its connections
+
+
+def test_an_async_engine_without_a_pool_gets_a_twin_without_one(database_url: str):
+    async_engine = create_async_engine(outboxkit.database_url(database_url), poolclass=NullPool)
+    try:
+        with kit_on(async_engine) as kit:
+            assert isinstance(kit.engine.pool, NullPool)
+    finally:
+        asyncio.run(async_engine.dispose())
+
+
+def test_rows_enqueued_through_an_async_session_are_delivered_by_a_kit_on_the_async_engine(
+    async_engine, receiver, clock
+):
+    """The outbox row is added in the same AsyncSession transaction as the business change."""
+
+    async def enqueue() -> list[int]:
+        async with AsyncSession(async_engine) as session, session.begin():
+            events = [SampleEvent(target_url=f"{receiver.url}/events", payload={"n": n}) for n in (1, 2)]
+            session.add_all(events)
+            await session.flush()
+            return [event.id for event in events]
+
+    async def rolled_back() -> None:
+        async with AsyncSession(async_engine) as session:
+            async with session.begin():
+                session.add(SampleEvent(target_url=f"{receiver.url}/events", payload={"n": "never"}))
+                await session.flush()
+                await session.rollback()  # the business change failed: its outbox row goes with it
+
+    ids = asyncio.run(enqueue())
+    asyncio.run(rolled_back())
+    with OutboxKit(async_engine, [SampleEvent], clock=clock) as kit:
+        assert kit.drain_once(SampleEvent).delivered == 2
+    assert sorted(request.body["n"] for request in receiver.requests) == [1, 2]
+
+    async def statuses() -> dict[int, str]:
+        async with AsyncSession(async_engine) as session:
+            return dict((await session.execute(select(SampleEvent.id, SampleEvent.status))).all())
+
+    assert asyncio.run(statuses()) == {ids[0]: "done", ids[1]: "done"}
+
+
+def test_rows_enqueued_with_core_insert_sync_and_async_get_the_delivery_defaults(engine, async_engine, receiver, clock):
+    """A Core insert names only the application's columns; the kit's columns get their server defaults."""
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent).values(target_url=f"{receiver.url}/events", payload={"via": "sync"}))
+
+    async def enqueue() -> None:
+        async with async_engine.begin() as connection:
+            await connection.execute(
+                insert(SampleEvent), [{"target_url": f"{receiver.url}/events", "payload": {"via": "async"}}]
+            )
+
+    asyncio.run(enqueue())
+    with Session(engine) as session:
+        rows = session.scalars(select(SampleEvent).order_by(SampleEvent.id)).all()
+        assert [(row.status, row.attempts) for row in rows] == [("pending", 0), ("pending", 0)]
+        assert len({row.idempotency_key for row in rows}) == 2
+    with OutboxKit(async_engine, [SampleEvent], clock=clock) as kit:
+        assert kit.drain_once(SampleEvent).delivered == 2
+    assert sorted(request.body["via"] for request in receiver.requests) == ["async", "sync"]
