@@ -23,6 +23,7 @@ from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
 from outboxkit.transport import CallableTransport, Delivery, Transport
+from outboxkit.worker import DrainWorker
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "Transport",
     # the kit, its settings and its database
     "DrainResult",
+    "DrainWorker",
     "Drainer",
     "OutboxKit",
     "OutboxKitSettings",

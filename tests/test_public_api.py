@@ -17,7 +17,7 @@ from outboxkit import errors
 PUBLIC_API = {
     "Outbox", "OutboxOptions", "outbox_table_args",                                     # the model
     "Delivery", "Transport", "HttpTransport", "CallableTransport", "AttemptResult", "FailureKind",  # sending
-    "OutboxKit", "OutboxKitSettings", "OutboxOverride", "Drainer", "DrainResult", "database_url",  # the kit
+    "OutboxKit", "OutboxKitSettings", "OutboxOverride", "Drainer", "DrainResult", "DrainWorker", "database_url",  # the kit
     "Clock", "SystemClock", "ManualClock",                                              # time
     "JobContext", "cron", "every", "calendar_interval", "once",                         # scheduled jobs
     "OutboxKitError", "ConfigurationError", "InvalidValueError", "InvalidDeliveryError", "InvalidTypeError",  # errors
