@@ -70,24 +70,35 @@ def _end_of_second_pass(moment: datetime) -> datetime:
 
 
 class WallClockCronTrigger(CronTrigger):
-    """APScheduler's ``CronTrigger`` that fires a named wall-clock hour once on the fall-back day.
+    """APScheduler's ``CronTrigger``, corrected for the repeated hour of fall-back.
 
-    When clocks go back, an hour of wall time happens twice.  APScheduler
-    fires ``hour=2`` jobs in both passes; a job that names its hour means
-    that hour of the day once, so every fire time in the second pass is
-    skipped: the search resumes at the end of the repeated period, however
-    many fire times the period holds.  A job whose hour is ``*`` (e.g. every
-    30 minutes) runs in both passes: elapsed time goes on.
+    Two corrections, both about the hour that happens twice when clocks go
+    back:
+
+    * A job that names its hour (``hour=2``) means that hour of the day
+      once, so every fire time in the second pass is skipped: the search
+      resumes at the end of the repeated period, however many fire times the
+      period holds.  A job whose hour is ``*`` (e.g. every 30 minutes) runs
+      in both passes: elapsed time goes on.
+    * APScheduler 3.11 steps from the previous fire time by adding 1 µs and
+      rounding up on the local clock, and that arithmetic drops ``fold``:
+      after a fire time in the second pass it answers one in the first pass,
+      *before* the previous one, which a scheduler runs at once, and so on
+      in a loop.  Here every search starts from a whole second in UTC, where
+      there is no fold (cron fire times fall on whole seconds).
     """
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
-        candidate = super().get_next_fire_time(previous_fire_time, now)
+        if previous_fire_time is None:
+            candidate = super().get_next_fire_time(None, now.astimezone(timezone.utc))
+        else:
+            after = previous_fire_time.astimezone(timezone.utc).replace(microsecond=0) + timedelta(seconds=1)
+            candidate = super().get_next_fire_time(None, after)
         if str(self.fields[self.FIELD_NAMES.index("hour")]) == "*":
             return candidate
         # Each pass of the loop moves past one whole repeated period, so it ends.
         while candidate is not None and _second_pass(candidate):
-            resume = _end_of_second_pass(candidate)
-            candidate = super().get_next_fire_time(resume - timedelta(microseconds=1), resume)
+            candidate = super().get_next_fire_time(None, _end_of_second_pass(candidate))
         return candidate
 
 
@@ -154,11 +165,12 @@ class AnchoredCalendarTrigger(BaseTrigger):
         self.timezone = timezone
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
-        after = previous_fire_time if previous_fire_time is not None else now - timedelta(microseconds=1)
+        # In UTC: Python compares two datetimes of one zone by wall time, blind to the fold.
+        after = (previous_fire_time or now - timedelta(microseconds=1)).astimezone(timezone.utc)
         index = self._index_before(after.astimezone(self.timezone).date())
         while True:  # ends: the start's own month recurs at least every 12 steps (every 8 years for 29 Feb)
             fire_time = self._occurrence(index)
-            if fire_time is not None and fire_time > after:
+            if fire_time is not None and fire_time.astimezone(timezone.utc) > after:
                 return fire_time
             index += 1
 
