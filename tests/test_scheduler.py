@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -343,3 +344,14 @@ def test_every_start_outside_production_warns_that_a_failed_election_runs_withou
         assert all(record.levelno == logging.WARNING and environment in record.getMessage() for record in warnings)
     finally:
         kit.close()
+
+
+@pytest.mark.parametrize(("variable", "expected"), [(None, "production"), ("development", "development")])
+def test_the_example_service_runs_in_production_unless_told_otherwise(monkeypatch, variable, expected):
+    from exampleapp.app import service_settings
+
+    for name in [name for name in os.environ if name.startswith("OUTBOXKIT_")]:
+        monkeypatch.delenv(name)
+    if variable is not None:
+        monkeypatch.setenv("OUTBOXKIT_ENVIRONMENT", variable)
+    assert service_settings().environment == expected
