@@ -1,6 +1,8 @@
-"""Scheduled jobs: their definitions, their triggers and the discipline every run follows.
+"""Scheduled jobs: their definitions and the discipline every run follows.
 
-A job is a function of one ``JobContext`` that returns counts (or None)::
+A job is a function of one ``JobContext`` (sync or ``async def``) that
+returns counts (or None); a function that cannot be called that way is
+refused when the job is registered::
 
     def expire_trials(context: JobContext) -> dict[str, int]:
         expired = context.session.execute(update(Trial)...).rowcount
@@ -24,6 +26,11 @@ Every run goes through ``JobRunner.run``, which
 * records the run's end, outcome and counts, then trims the job's history to
   the newest ``history_limit`` runs, so the admin can show a heartbeat;
 * logs only when something happened (a non-zero count, an error, a skip).
+
+A run whose scheduler died mid-run stays ``running``; the next scheduler to
+start marks it ``abandoned`` (``JobRunner.abandon_unfinished``).  The
+triggers (``cron``, ``every``, ``calendar_interval``, ``once``) live in
+``outboxkit.triggers`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -36,23 +43,20 @@ import re
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime, timezone
 
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.calendarinterval import CalendarIntervalTrigger
-from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.date import DateTrigger
-from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
+from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 
 __all__ = [
     "JobContext",
     "JobFailed",
     "JobRunner",
+    "INTERVAL_ANCHOR",
     "ScheduledJob",
     "calendar_interval",
     "cron",
@@ -108,114 +112,40 @@ class ScheduledJob:
             raise ConfigurationError(
                 f"job {self.id!r}: trigger must come from cron(), every(), calendar_interval() or once()"
             )
-        if not callable(self.function):
-            raise ConfigurationError(f"job {self.id!r}: function must be callable with one JobContext")
+        _check_job_function(self.id, self.function)
 
 
-# -- triggers ------------------------------------------------------------------
+_JOB_SIGNATURE = "def job(context: JobContext) -> dict[str, int] | None (or async def)"
 
 
-def _zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ConfigurationError(f"unknown IANA timezone {name!r} (e.g. 'Europe/Berlin', 'UTC')") from None
+def _check_job_function(job_id: str, function: object) -> None:
+    """Refuse, at registration, a function that every run would fail to call.
 
-
-class WallClockCronTrigger(CronTrigger):
-    """APScheduler's ``CronTrigger`` that fires a fixed wall-clock time once on the fall-back day.
-
-    When clocks go back, 02:00-03:00 happens twice.  APScheduler fires a
-    daily 02:30 job in both passes; a job that names its hour is meant to
-    run once a day, so the second pass is skipped.  A job whose hour is
-    ``*`` (e.g. every 30 minutes) runs in both passes: elapsed time goes on.
+    A job is called with exactly one positional argument, its ``JobContext``;
+    it may be sync or async and may have further parameters with defaults.
+    A function whose signature cannot be read (some builtins) is accepted.
     """
-
-    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
-        hour_is_wildcard = str(self.fields[self.FIELD_NAMES.index("hour")]) == "*"
-        candidate = super().get_next_fire_time(previous_fire_time, now)
-        for _ in range(8):  # at most a few repeated instants in a row
-            if candidate is None or hour_is_wildcard or not _second_pass(candidate):
-                return candidate
-            # In UTC: wall-clock arithmetic on an aware local time would drop the fold.
-            after = candidate.astimezone(timezone.utc)
-            candidate = super().get_next_fire_time(after, after + timedelta(seconds=1))
-        return candidate
-
-
-def _second_pass(moment: datetime) -> bool:
-    """Whether ``moment`` is the repeated occurrence of an ambiguous local time (fold=1)."""
-    return moment.fold == 1 and moment.replace(fold=0).utcoffset() != moment.utcoffset()
-
-
-def cron(*, timezone: str, **fields: int | str) -> CronTrigger:
-    """A cron schedule in an IANA timezone: ``cron(timezone="Europe/Berlin", hour=3, minute=30)``.
-
-    Fields are APScheduler's: year, month, day, week, day_of_week, hour,
-    minute, second.  Daylight saving: a wall-clock time that does not exist
-    (spring-forward) fires shifted by the gap (02:30 becomes 03:30); a time
-    that happens twice (fall-back) fires once, in the first pass, unless the
-    hour is ``*``.
-    """
-    try:
-        return WallClockCronTrigger(timezone=_zone(timezone), **fields)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"bad cron schedule {fields!r}: {exc}") from None
-
-
-# Interval fire times are counted from this instant unless a job names its own
-# start, so every process computes the same fire times for the same job: the
-# fence (job_id, scheduled_for) can only stop a second run of an occurrence
-# that both schedulers agree on.
-INTERVAL_ANCHOR = datetime(2000, 1, 1, tzinfo=timezone.utc)
-
-
-def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, start: datetime | None = None) -> IntervalTrigger:
-    """A fixed interval of elapsed time, e.g. ``every(minutes=5)``.
-
-    Fire times are ``start + k * interval``; ``start`` defaults to
-    ``INTERVAL_ANCHOR`` so that every process agrees on them.
-    """
-    period = timedelta(seconds=seconds, minutes=minutes, hours=hours)
-    if period <= timedelta(0):
-        raise ConfigurationError("every() needs a positive interval, e.g. every(minutes=5)")
-    return IntervalTrigger(seconds=period.total_seconds(), start_date=start or INTERVAL_ANCHOR, timezone=timezone.utc)
-
-
-def calendar_interval(
-    *,
-    timezone: str,
-    years: int = 0,
-    months: int = 0,
-    weeks: int = 0,
-    days: int = 0,
-    hour: int = 0,
-    minute: int = 0,
-    second: int = 0,
-    start: datetime | None = None,
-) -> CalendarIntervalTrigger:
-    """Every N calendar days/weeks/months/years at one wall-clock time, e.g. monthly at 06:00 Berlin time."""
-    try:
-        return CalendarIntervalTrigger(
-            years=years,
-            months=months,
-            weeks=weeks,
-            days=days,
-            hour=hour,
-            minute=minute,
-            second=second,
-            start_date=start.date() if start is not None else None,
-            timezone=_zone(timezone),
+    if not callable(function):
+        raise ConfigurationError(f"job {job_id!r}: the function must be callable, not {function!r}; {_JOB_SIGNATURE}")
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise ConfigurationError(
+            f"job {job_id!r}: {_describe(function)} is a generator function; a job returns its counts: {_JOB_SIGNATURE}"
         )
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"bad calendar interval: {exc}") from None
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)  # stands for the JobContext
+    except TypeError:
+        raise ConfigurationError(
+            f"job {job_id!r}: {_describe(function)}{signature} cannot be called with one JobContext; "
+            f"expected {_JOB_SIGNATURE}"
+        ) from None
 
 
-def once(at: datetime) -> DateTrigger:
-    """A one-shot job at an aware instant.  If no leader runs at that instant, the next leader runs it late."""
-    if not isinstance(at, datetime) or at.tzinfo is None:
-        raise ConfigurationError("once() needs an aware datetime, e.g. datetime(2030, 1, 1, tzinfo=timezone.utc)")
-    return DateTrigger(run_date=at)
+def _describe(function: object) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__name__
 
 
 # -- running -----------------------------------------------------------------
@@ -256,11 +186,30 @@ _TRIM = text(
 )
 
 
+# Runs of the listed jobs that are still 'running' when a scheduler starts.
+# The lock is exclusive and a new leader starts one leader tick after taking
+# it, when any previous leader has stopped scheduling: such a run was started
+# by an earlier scheduler that was killed, or that lost the lock and is still
+# finishing it.  The second kind records its real outcome over this one.
+_ABANDON = text(
+    """
+    UPDATE outboxkit_job_runs
+    SET outcome = 'abandoned',
+        error = format(
+            'the run never finished: the scheduler that started it (%s) was killed, stopped or lost '
+            'the leader lock mid-run; marked abandoned by %s when it started the schedule',
+            leader, CAST(:by AS text))
+    WHERE outcome = 'running' AND job_id = ANY(CAST(:job_ids AS text[]))
+    RETURNING job_name, scheduled_for, leader
+    """
+)
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """What ``JobRunner.run`` did: ``skipped`` if the fence said the occurrence already ran."""
 
-    outcome: str  # "ok", "error" or "skipped"
+    outcome: str  # "ok", "error" or "skipped" (an "abandoned" run is one that never returned)
     counts: dict[str, int]
     error: str | None = None
 
@@ -317,6 +266,33 @@ class JobRunner:
         except Exception as exc:  # the history table is unreachable: the job itself has run or will run again
             logger.error("%s: could not record the run scheduled for %s: %s", job.name, scheduled_for.isoformat(), exc)
             return RunRecord(outcome="error", counts={}, error=f"{type(exc).__name__}: {exc}")
+
+    def abandon_unfinished(self, job_ids: list[str]) -> int:
+        """Mark these jobs' runs still ``running`` as ``abandoned``; call before a scheduler starts.
+
+        Returns how many rows were marked; never raises (a failure is logged,
+        and only leaves those rows ``running``).  The rows keep their fence,
+        so an abandoned occurrence is not run again.
+        """
+        by = self._leader()
+        try:
+            with self.engine.begin() as connection:
+                abandoned = connection.execute(_ABANDON, {"job_ids": job_ids, "by": by}).all()
+        except Exception as exc:
+            logger.warning(
+                "could not mark unfinished runs as abandoned (%s); if the error names "
+                "ck_outboxkit_job_runs_outcome, run the kit's migrations (alembic upgrade heads)",
+                exc,
+            )
+            return 0
+        for job_name, scheduled_for, leader in abandoned:
+            logger.warning(
+                "%s: the run scheduled for %s, started by %s, never finished; marked abandoned",
+                job_name,
+                scheduled_for.isoformat(),
+                leader,
+            )
+        return len(abandoned)
 
     def _call(self, job: ScheduledJob, *, scheduled_for: datetime, leader: str) -> RunRecord:
         session = Session(self.engine)

@@ -10,7 +10,9 @@ Nothing is persisted in APScheduler: on every promotion a fresh in-memory
 ``BackgroundScheduler`` is built and every job is added from the registry
 with ``replace_existing=True``.  All jobs coalesce missed runs into one and
 never overlap themselves (``max_instances=1``); every run goes through
-``JobRunner`` (fence, fresh session, history; see ``outboxkit.jobs``).
+``JobRunner`` (fence, fresh session, history; see ``outboxkit.jobs``), and
+learns its fire time through ``_OccurrenceScheduler``.  Before a scheduler
+starts, runs left ``running`` by an earlier one are marked ``abandoned``.
 
 ``elect()`` starts a ``LeaderElection`` whose callbacks start and stop this
 scheduler.  Drain work does not wait for leadership: every process that
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
+from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
@@ -68,27 +71,62 @@ class JobInfo:
     next_run_at: datetime | None = None
 
 
-class _OccurrenceExecutor(ThreadPoolExecutor):
-    """A thread pool that hands each fire time to the job.
+class _OccurrenceScheduler(BackgroundScheduler):
+    """A ``BackgroundScheduler`` whose jobs learn the fire time they run for, through public API only.
 
-    APScheduler's own executor calls ``func(*args, **kwargs)`` without the
-    time it was scheduled for, and the fence keys on exactly that time.
+    APScheduler 3.11 calls a job's function without the time it was
+    scheduled for, and the fence keys on exactly that time: the occurrence's
+    fire time from the trigger, the same in every process (``datetime.now()``
+    in the job would differ per process and defeat the fence).  So each job
+    is registered with a wrapper that takes its fire time from a per-job
+    queue, and a listener on ``EVENT_JOB_SUBMITTED`` fills that queue with
+    the event's ``scheduled_run_times``: exactly the fire times APScheduler
+    submitted, in order.  The event is dispatched by the scheduler thread
+    right after the submission (before its next wake-up), so the wrapper's
+    wait is short.  Pairing by order is exact because a job never overlaps
+    itself (``max_instances=1``): its next submission, and so its next fire
+    time, comes only after the previous call has returned.  A submission
+    that fails raises in APScheduler and posts no event and runs nothing.
     """
 
-    def _do_submit_job(self, job, run_times):  # type: ignore[no-untyped-def]
-        def run_occurrences() -> list[JobExecutionEvent]:
-            for run_time in run_times:
-                job.func(*job.args, scheduled_for=run_time)  # JobRunner.run never raises
-            return [JobExecutionEvent(EVENT_JOB_EXECUTED, job.id, job._jobstore_alias, run) for run in run_times]
+    # Never reached while the scheduler thread lives; a bound so a bug cannot hang a worker thread.
+    HANDOFF_TIMEOUT_SECONDS = 60.0
 
-        def report(future) -> None:  # type: ignore[no-untyped-def]
-            exception = future.exception()
-            if exception is not None:
-                self._run_job_error(job.id, exception, exception.__traceback__)
-            else:
-                self._run_job_success(job.id, future.result())
+    def __init__(self, *, max_workers: int) -> None:
+        super().__init__(
+            timezone=timezone.utc,
+            executors={"default": ThreadPoolExecutor(max_workers=max_workers)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self._fire_times: dict[str, queue.SimpleQueue[datetime]] = {}
+        self._fire_times_lock = threading.Lock()
+        self.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
 
-        self._pool.submit(run_occurrences).add_done_callback(report)
+    def add_occurrence_job(
+        self, run: Callable[[datetime], object], *, id: str, name: str, trigger: BaseTrigger
+    ) -> None:
+        """Add (or replace) a job whose function is ``run(scheduled_for)``."""
+        self.add_job(
+            self._run_occurrence, args=[id, run], trigger=trigger, id=id, name=name,
+            max_instances=1, replace_existing=True,
+        )
+
+    def _queue(self, job_id: str) -> queue.SimpleQueue[datetime]:
+        with self._fire_times_lock:
+            return self._fire_times.setdefault(job_id, queue.SimpleQueue())
+
+    def _submitted(self, event: JobSubmissionEvent) -> None:
+        fire_times = self._queue(event.job_id)
+        for scheduled_for in event.scheduled_run_times:
+            fire_times.put(scheduled_for)
+
+    def _run_occurrence(self, job_id: str, run: Callable[[datetime], object]) -> None:
+        try:
+            scheduled_for = self._queue(job_id).get(timeout=self.HANDOFF_TIMEOUT_SECONDS)
+        except queue.Empty:
+            logger.error("%s: no fire time was handed over by the scheduler; this run is skipped", job_id)
+            return
+        run(scheduled_for)
 
 
 class OutboxScheduler:
@@ -101,7 +139,7 @@ class OutboxScheduler:
         self.runner = JobRunner(kit.engine, leader=self._leader_identity, history_limit=self.settings.job_history_limit)
         self._lock = threading.RLock()
         self._jobs: dict[str, ScheduledJob] = {}
-        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler: _OccurrenceScheduler | None = None
         self._election: LeaderElection | None = None
         for outbox in kit.outboxes:
             self._jobs[drain_job_id(outbox)] = ScheduledJob(
@@ -170,13 +208,11 @@ class OutboxScheduler:
         with self._lock:
             if self._scheduler is not None:
                 return
-            scheduler = BackgroundScheduler(
-                timezone=timezone.utc,
-                executors={"default": _OccurrenceExecutor(max_workers=self.max_workers)},
-                job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-            )
+            scheduler = _OccurrenceScheduler(max_workers=self.max_workers)
             for job in self._jobs.values():
                 self._schedule(scheduler, job)
+            # Before the first fire time: every run still 'running' now was started by an earlier scheduler.
+            self.runner.abandon_unfinished(list(self._jobs))
             scheduler.start()
             self._scheduler = scheduler
         logger.info("scheduler started with %d job(s)", len(self._jobs))
@@ -190,12 +226,11 @@ class OutboxScheduler:
         scheduler.shutdown(wait=wait)
         logger.info("scheduler stopped")
 
-    def _schedule(self, scheduler: BackgroundScheduler, job: ScheduledJob) -> None:
-        def run_occurrence(scheduled_for: datetime | None = None) -> RunRecord:
-            # _OccurrenceExecutor always passes the fire time; the default satisfies APScheduler's signature check.
-            return self.runner.run(job, scheduled_for=scheduled_for or datetime.now(timezone.utc))
+    def _schedule(self, scheduler: _OccurrenceScheduler, job: ScheduledJob) -> None:
+        def run_occurrence(scheduled_for: datetime) -> RunRecord:
+            return self.runner.run(job, scheduled_for=scheduled_for)
 
-        scheduler.add_job(run_occurrence, trigger=job.trigger, id=job.id, name=job.name, replace_existing=True)
+        scheduler.add_occurrence_job(run_occurrence, id=job.id, name=job.name, trigger=job.trigger)
 
     def _drain_function(self, outbox: type[Outbox]) -> JobFunction:
         # The safety net behind the drain loops (which claim on NOTIFY and at
@@ -229,6 +264,14 @@ class OutboxScheduler:
         """Start campaigning; the scheduler runs while this process leads.  Idempotent."""
         with self._lock:
             if self._election is None:
+                if not self.settings.is_production:
+                    # Said at every start, not only when an election fails: by then it is too late to notice.
+                    logger.warning(
+                        "OUTBOXKIT_ENVIRONMENT=%s: if the leader election fails, this process runs the scheduler "
+                        "without the lock (fail open, meant for a laptop); production must set "
+                        "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
+                        self.settings.environment,
+                    )
                 options = {
                     "dsn": self.lock_dsn,
                     "key": self.settings.advisory_lock_key,

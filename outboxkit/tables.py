@@ -35,7 +35,7 @@ __all__ = ["job_runs", "kit_metadata", "reset_audit"]
 
 kit_metadata = MetaData()
 
-RUN_OUTCOMES = ("running", "ok", "error")
+RUN_OUTCOMES = ("running", "ok", "error", "abandoned")  # abandoned: its scheduler died mid-run
 
 job_runs = Table(
     "outboxkit_job_runs",
@@ -51,7 +51,7 @@ job_runs = Table(
     Column("error", Text),
     Column("leader", String(300), nullable=False),
     UniqueConstraint("job_id", "scheduled_for", name="uq_outboxkit_job_runs_occurrence"),
-    CheckConstraint("outcome IN ('running', 'ok', 'error')", name="ck_outboxkit_job_runs_outcome"),
+    CheckConstraint("outcome IN ('running', 'ok', 'error', 'abandoned')", name="ck_outboxkit_job_runs_outcome"),
     Index("ix_outboxkit_job_runs_job_started", "job_id", "started_at"),
 )
 

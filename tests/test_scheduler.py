@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import select, text
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
-from outboxkit.jobs import JobFailed, calendar_interval, cron, every, once
+from outboxkit import scheduler as scheduler_module
+from outboxkit.jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
 from outboxkit.tables import job_runs
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
@@ -186,35 +189,6 @@ def test_bad_job_registrations_are_refused_and_change_nothing(kit):
     assert kit.scheduler.jobs() == before
 
 
-BERLIN_DST_2026 = [
-    # (case, cron fields, search from (UTC), expected fire times (UTC))
-    ("daily 09:00 across spring-forward", {"hour": 9, "minute": 0}, "2026-03-28T00:00",
-     ["2026-03-28T08:00", "2026-03-29T07:00", "2026-03-30T07:00"]),
-    ("daily 09:00 across fall-back", {"hour": 9, "minute": 0}, "2026-10-24T00:00",
-     ["2026-10-24T07:00", "2026-10-25T08:00", "2026-10-26T08:00"]),
-    ("02:30 does not exist on 29 March: fires at 03:30 CEST", {"hour": 2, "minute": 30}, "2026-03-28T00:00",
-     ["2026-03-28T01:30", "2026-03-29T01:30", "2026-03-30T00:30"]),
-    ("02:30 happens twice on 25 October: fires once", {"hour": 2, "minute": 30}, "2026-10-24T00:00",
-     ["2026-10-24T00:30", "2026-10-25T00:30", "2026-10-26T01:30"]),
-    ("every 30 minutes keeps elapsed time across spring-forward", {"minute": "*/30"}, "2026-03-29T00:00",
-     ["2026-03-29T00:00", "2026-03-29T00:30", "2026-03-29T01:00", "2026-03-29T01:30"]),
-    ("every 30 minutes runs in both passes of the repeated hour", {"minute": "*/30"}, "2026-10-25T00:00",
-     ["2026-10-25T00:00", "2026-10-25T00:30", "2026-10-25T01:00", "2026-10-25T01:30", "2026-10-25T02:00"]),
-]
-
-
-@pytest.mark.parametrize(("case", "fields", "start", "expected"), BERLIN_DST_2026, ids=[row[0] for row in BERLIN_DST_2026])
-def test_cron_in_berlin_fires_at_the_right_instants_across_2026_dst_changes(case, fields, start, expected):
-    trigger = cron(timezone="Europe/Berlin", **fields)
-    now = datetime.fromisoformat(start).replace(tzinfo=UTC)
-    previous, fired = None, []
-    for _ in expected:
-        previous = trigger.get_next_fire_time(previous, now)
-        now = previous
-        fired.append(previous.astimezone(UTC).strftime("%Y-%m-%dT%H:%M"))
-    assert fired == expected
-
-
 def test_scheduler_restarts_with_a_fresh_apscheduler_after_a_stop(kit, engine):
     calls = []
     kit.scheduler.add_job("test.tick", lambda context: calls.append(1), every(seconds=0.05))
@@ -246,3 +220,138 @@ def test_interval_jobs_registered_at_different_moments_agree_on_fire_times():
     first, second = every(seconds=7), every(seconds=7)
     assert first.get_next_fire_time(None, now) == second.get_next_fire_time(None, now + timedelta(seconds=2))
     assert every(seconds=7, start=now).get_next_fire_time(None, now) == now
+
+
+# -- what a job function must look like, checked at add_job --------------------
+
+
+class CountingJob:
+    def __call__(self, context):
+        return {"calls": 1}
+
+
+def job_with_options(context, *, limit=10):
+    return None
+
+
+async def async_job(context):
+    return None
+
+
+def partial_target(table, context):
+    return None
+
+
+@pytest.mark.parametrize(
+    "function",
+    [lambda context: None, async_job, job_with_options, CountingJob(), functools.partial(partial_target, "grants"), print],
+    ids=["lambda", "async", "keyword-options", "callable-object", "partial", "builtin"],
+)
+def test_add_job_accepts_any_function_callable_with_one_job_context(kit, function):
+    assert kit.scheduler.add_job("test.fine", function, every(minutes=1)).function is function
+
+
+def no_arguments():
+    return None
+
+
+def two_arguments(context, session):
+    return None
+
+
+def keyword_only(*, context):
+    return None
+
+
+def generator_job(context):
+    yield {"rows": 1}
+
+
+@pytest.mark.parametrize(
+    ("function", "shown"),
+    [
+        (no_arguments, r"no_arguments\(\)"),
+        (two_arguments, r"two_arguments\(context, session\)"),
+        (keyword_only, r"keyword_only\(\*, context\)"),
+        (lambda: None, r"<lambda>\(\)"),
+        (generator_job, "generator function"),
+        ("expire_trials", "must be callable"),
+    ],
+    ids=["no-arguments", "two-arguments", "keyword-only", "lambda-without-context", "generator", "not-callable"],
+)
+def test_add_job_refuses_a_wrong_signature_naming_the_job_and_the_expected_one(kit, function, shown):
+    before = kit.scheduler.jobs()
+    with pytest.raises(ConfigurationError, match=shown) as refused:
+        kit.scheduler.add_job("billing.expire-trials", function, every(minutes=1))
+    assert "'billing.expire-trials'" in str(refused.value)
+    assert "def job(context: JobContext)" in str(refused.value)
+    assert kit.scheduler.jobs() == before
+
+
+# -- fire times reach the job through APScheduler's public API -------------------
+
+
+def test_each_run_gets_its_exact_fire_time_from_the_trigger_not_the_clock(kit):
+    fired: list[datetime] = []
+    kit.scheduler.add_job("test.grid", lambda context: fired.append(context.scheduled_for), every(seconds=0.2))
+    kit.scheduler.start()
+    wait_until(lambda: len(fired) >= 3, message="three runs")
+    kit.scheduler.shutdown()
+    step = timedelta(seconds=0.2)
+    assert all((moment - INTERVAL_ANCHOR) % step == timedelta(0) for moment in fired)  # on the grid, to the microsecond
+    assert all(later - earlier >= step for earlier, later in zip(fired, fired[1:]))
+
+
+def test_the_scheduler_overrides_no_private_apscheduler_method():
+    from apscheduler.executors.base import BaseExecutor
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from outboxkit.scheduler import _OccurrenceScheduler
+
+    own = {name for name, value in vars(_OccurrenceScheduler).items() if name.startswith("_") and callable(value)}
+    assert not {name for name in own if not name.startswith("__") and hasattr(BackgroundScheduler, name)}
+    assert not any(issubclass(value, BaseExecutor) for value in vars(scheduler_module).values() if isinstance(value, type)
+                   and value.__module__ == scheduler_module.__name__)
+
+
+def test_a_starting_scheduler_does_not_fire_todays_calendar_occurrence_that_has_passed(kit):
+    # Before: calendar_interval started from the boot date and fired a past first fire time at once on promotion.
+    passed = datetime.now(UTC) - timedelta(minutes=1)
+    daily = calendar_interval(timezone="UTC", days=1, hour=passed.hour, minute=passed.minute)
+    kit.scheduler.add_job("test.daily", lambda context: None, daily)
+    kit.scheduler.start()
+    [info] = [info for info in kit.scheduler.jobs() if info.id == "test.daily"]
+    assert info.next_run_at > datetime.now(UTC) + timedelta(hours=23)
+
+
+# -- the environment warning ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("environment", "warned"), [("development", True), ("test", True), ("production", False)])
+def test_every_start_outside_production_warns_that_a_failed_election_runs_without_the_lock(
+    engine, caplog, environment, warned
+):
+    settings = QUIET.model_copy(update={"environment": environment, "leader_tick_seconds": 0.05})
+    kit = OutboxKit(engine, [SampleEvent], settings=settings)
+    try:
+        with caplog.at_level(logging.WARNING, logger="outboxkit.scheduler"):
+            kit.scheduler.elect()
+            kit.scheduler.elect()  # idempotent: one start, one warning
+            kit.scheduler.resign()
+            kit.scheduler.elect()  # a new start warns again
+        warnings = [record for record in caplog.records if "OUTBOXKIT_ENVIRONMENT=production" in record.getMessage()]
+        assert len(warnings) == (2 if warned else 0)
+        assert all(record.levelno == logging.WARNING and environment in record.getMessage() for record in warnings)
+    finally:
+        kit.close()
+
+
+@pytest.mark.parametrize(("variable", "expected"), [(None, "production"), ("development", "development")])
+def test_the_example_service_runs_in_production_unless_told_otherwise(monkeypatch, variable, expected):
+    from exampleapp.app import service_settings
+
+    for name in [name for name in os.environ if name.startswith("OUTBOXKIT_")]:
+        monkeypatch.delenv(name)
+    if variable is not None:
+        monkeypatch.setenv("OUTBOXKIT_ENVIRONMENT", variable)
+    assert service_settings().environment == expected

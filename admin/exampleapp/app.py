@@ -8,7 +8,10 @@ Run it with several workers; exactly one of them leads and runs the schedule::
 ``create_app`` builds everything from its arguments; the module-level ``app``
 (what uvicorn imports) is built on first access from ``DATABASE_URL``, so
 importing ``create_app`` needs no environment.  Settings (intervals, the
-advisory key, the environment) come from ``OUTBOXKIT_*`` variables.
+advisory key, the environment) come from ``OUTBOXKIT_*`` variables; the
+service runs as ``production`` (a failed leader election starts no
+scheduler) unless ``OUTBOXKIT_ENVIRONMENT`` says otherwise, as the local demo
+does.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from exampleapp.database import create_example_engine
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import OutboxKit, OutboxKitSettings
 
-__all__ = ["create_app", "kit_from_environment"]
+__all__ = ["create_app", "kit_from_environment", "service_settings"]
 
 OUTBOXES = [CreditGrantOutbox, WebhookOutbox]
 
@@ -98,9 +101,21 @@ def __getattr__(name: str) -> FastAPI:
     database_url = os.environ.get("DATABASE_URL")
     if not database_url:
         raise RuntimeError("set DATABASE_URL (e.g. postgresql://root@127.0.0.1:5432/example) to run exampleapp.app")
-    application = create_app(database_url)
+    application = create_app(database_url, settings=service_settings())
     globals()["app"] = application
     return application
+
+
+def service_settings() -> OutboxKitSettings:
+    """The ``OUTBOXKIT_*`` settings, in ``production`` unless ``OUTBOXKIT_ENVIRONMENT`` is set.
+
+    The kit's own default is ``development`` (fail open, for a laptop); a
+    service deployed as this one is must fail closed, so it says so itself.
+    """
+    settings = OutboxKitSettings.from_environment()
+    if "environment" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"environment": "production"})
+    return settings
 
 
 def kit_from_environment() -> OutboxKit:

@@ -79,7 +79,7 @@ class RunModel(_Model):
     scheduled_for: datetime
     started_at: datetime
     finished_at: datetime | None
-    outcome: str = Field(description="running, ok or error")
+    outcome: str = Field(description="running, ok, error or abandoned (its scheduler died mid-run)")
     counts: dict[str, Any]
     error: str | None
     leader: str
