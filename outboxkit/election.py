@@ -68,6 +68,7 @@ import psycopg
 from sqlalchemy import Connection, Engine, text
 
 from outboxkit.errors import InvalidValueError, LifecycleError
+from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 
 __all__ = [
@@ -183,7 +184,8 @@ class LeaderElection:
     def __init__(
         self,
         *,
-        dsn: str,
+        dsn: str | None = None,
+        connect: SessionConnector | None = None,
         on_elected: Callable[[], None],
         on_demoted: Callable[[bool], None],
         key: int = DEFAULT_ADVISORY_LOCK_KEY,
@@ -197,6 +199,8 @@ class LeaderElection:
             raise InvalidValueError("leader_tick_seconds and standby_probe_seconds must be positive")
         if not -(2**63) <= key < 2**63:
             raise InvalidValueError(f"advisory key {key} does not fit a signed 64-bit integer")
+        if (dsn is None) == (connect is None):
+            raise ValueError("LeaderElection needs exactly one of dsn= or connect= (outboxkit.connections)")
         self.dsn = dsn
         self.key = key
         self.leader_tick_seconds = leader_tick_seconds
@@ -205,6 +209,15 @@ class LeaderElection:
         self.connect_timeout = connect_timeout
         self.application_name = leader_application_name()
         self.identity = self.application_name[len(APPLICATION_NAME_PREFIX) :]
+        # The lock connection: from the engine (its connect_args, creator and hooks) or a direct DSN;
+        # keepalives at the tick, so a vanished server is noticed within about two ticks.
+        self._connect = connect or session_connector(
+            engine=None,
+            dsn=dsn,
+            application_name=self.application_name,
+            keepalive_seconds=leader_tick_seconds,
+            connect_timeout=connect_timeout,
+        )
         self._on_elected = on_elected
         self._on_demoted = on_demoted
         self._sleep = sleep
@@ -287,20 +300,11 @@ class LeaderElection:
 
     def _try_acquire(self) -> None:
         try:
-            connection = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=max(1, round(self.connect_timeout)),
-                keepalives=1,
-                keepalives_idle=max(1, round(self.leader_tick_seconds)),
-                keepalives_interval=max(1, round(self.leader_tick_seconds / 3)),
-                keepalives_count=3,
-            )
+            connection = self._connect()
         except Exception as exc:
             self._campaign_failed(exc)
             return
         try:
-            connection.execute("SELECT set_config('application_name', %s, false)", [self.application_name])
             acquired, backend_pid = connection.execute(
                 "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()", [self.key]
             ).fetchone()

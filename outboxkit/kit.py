@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
@@ -189,9 +190,22 @@ class OutboxKit:
                 self._worker = DrainWorker(self)
             return self._worker
 
+    def session_connector(self, application_name: str, *, keepalive_seconds: float | None = None) -> SessionConnector:
+        """Opens the dedicated lock and LISTEN connections (``outboxkit.connections``).
+
+        From ``lock_database_url`` when set (a direct DSN), else from the
+        engine, so its ``connect_args``, ``creator`` and connect hooks apply.
+        """
+        return session_connector(
+            engine=None if self.settings.lock_database_url else self.engine,
+            dsn=self.lock_dsn if self.settings.lock_database_url else None,
+            application_name=application_name,
+            keepalive_seconds=keepalive_seconds or self.settings.leader_tick_seconds,
+        )
+
     @property
     def lock_dsn(self) -> str:
-        """Where the lock and LISTEN connections go: ``lock_database_url``, else the engine's database."""
+        """A libpq URL of the lock database: ``lock_database_url``, else the engine's (the admin's and CLI's view)."""
         # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
         url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.engine.url
         return url.set(drivername="postgresql").render_as_string(hide_password=False)

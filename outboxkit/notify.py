@@ -37,6 +37,7 @@ from sqlalchemy import TextClause, text
 from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from outboxkit.errors import InvalidValueError
+from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.model import Outbox
 
 __all__ = [
@@ -111,6 +112,11 @@ def notify_statement(outbox: type[Outbox]) -> TextClause:
     return text("SELECT pg_notify(:channel, '')").bindparams(channel=channel_for(outbox))
 
 
+def listener_application_name() -> str:
+    """``outboxkit-listener:<host>:<pid>``, cut to PostgreSQL's 63 bytes."""
+    return f"outboxkit-listener:{socket.gethostname()}:{os.getpid()}"[:63]
+
+
 class NotifyListener:
     """Holds a LISTEN connection and calls ``channels[channel]()`` for each notification.
 
@@ -123,18 +129,24 @@ class NotifyListener:
     def __init__(
         self,
         *,
-        dsn: str,
+        dsn: str | None = None,
+        connect: SessionConnector | None = None,
         channels: Mapping[str, Callable[[], None]],
         poll_seconds: float = 0.25,
         max_backoff_seconds: float = 10.0,
     ) -> None:
         if not channels:
             raise InvalidValueError("NotifyListener needs at least one channel")
+        if (dsn is None) == (connect is None):
+            raise ValueError("NotifyListener needs exactly one of dsn= or connect= (outboxkit.connections)")
         self.dsn = dsn
         self.channels = dict(channels)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
-        self.application_name = f"outboxkit-listener:{socket.gethostname()}:{os.getpid()}"[:63]
+        self.application_name = listener_application_name()
+        self._open = connect or session_connector(
+            engine=None, dsn=dsn, application_name=self.application_name, keepalive_seconds=15
+        )
         self._stopping = threading.Event()
         self._changed = threading.Condition()
         self.generation = 0
@@ -180,9 +192,7 @@ class NotifyListener:
         try:
             for attempt in retrying:
                 with attempt:
-                    connection = psycopg.connect(
-                        self.dsn, autocommit=True, application_name=self.application_name, connect_timeout=5
-                    )
+                    connection = self._open()
                     try:
                         for channel in self.channels:
                             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

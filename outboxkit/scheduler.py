@@ -38,7 +38,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from outboxkit.election import LeaderElection
+from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
@@ -253,7 +253,7 @@ class OutboxScheduler:
 
     @property
     def lock_dsn(self) -> str:
-        """Where the lock connection goes (``OutboxKit.lock_dsn``)."""
+        """A libpq URL of the lock database (``OutboxKit.lock_dsn``); the connection itself comes from ``OutboxKit.session_connector``."""
         return self.kit.lock_dsn
 
     @property
@@ -272,8 +272,12 @@ class OutboxScheduler:
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
                     )
+                connection: dict[str, object] = (
+                    {} if "dsn" in overrides or "connect" in overrides
+                    else {"connect": self.kit.session_connector(leader_application_name())}
+                )
                 options = {
-                    "dsn": self.lock_dsn,
+                    **connection,
                     "key": self.settings.advisory_lock_key,
                     "leader_tick_seconds": self.settings.leader_tick_seconds,
                     "standby_probe_seconds": self.settings.standby_probe_seconds,

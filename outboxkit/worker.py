@@ -35,7 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from outboxkit.model import Outbox
-from outboxkit.notify import NotifyListener, channel_for
+from outboxkit.notify import NotifyListener, channel_for, listener_application_name
 
 if TYPE_CHECKING:
     from outboxkit.drain import Drainer
@@ -90,7 +90,7 @@ class DrainWorker:
             self._drainers = drainers
             if settings.listen_enabled:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
-                self._listener = NotifyListener(dsn=self.kit.lock_dsn, channels=channels)
+                self._listener = NotifyListener(connect=self.kit.session_connector(listener_application_name()), channels=channels)
                 self._listener.start()
         logger.info(
             "draining %s in this process%s",

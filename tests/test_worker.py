@@ -255,3 +255,33 @@ def test_a_missing_outbox_table_is_said_once_with_the_migration_to_run(database_
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("outboxkit")]
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert "sample_event_outbox" in errors[0].getMessage()
+
+
+def test_the_lock_and_listen_connections_come_from_the_engine_and_its_hooks(database_url, receiver):
+    from sqlalchemy import create_engine, event
+
+    from outboxkit.election import ElectionState
+    from tests.support.database import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(database_url), pool_size=2)
+    hooked: list[str] = []
+
+    @event.listens_for(engine, "do_connect")
+    def remember(dialect, record, cargs, cparams):  # e.g. where an IAM token would be fetched
+        hooked.append(cparams.get("dbname", ""))
+
+    kit = make_kit(engine, leader_tick_seconds=0.2)
+    try:
+        election = kit.scheduler.elect()
+        kit.worker.start()
+        assert election.wait_for(ElectionState.LEADER, timeout=20)
+        assert kit.worker.listener.wait_for_generation(1, timeout=10)
+        with psycopg.connect(database_url) as probe:
+            names = {row[0] for row in probe.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")}
+        assert any(name.startswith("outboxkit-leader:") for name in names)
+        assert any(name.startswith("outboxkit-listener:") for name in names)
+        assert len(hooked) >= 2, "both session connections went through the engine's do_connect hook"
+        assert engine.pool.checkedout() == 0, "they were detached: no pool slot is held for them"
+    finally:
+        kit.close()
+        engine.dispose()
