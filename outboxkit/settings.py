@@ -19,6 +19,11 @@ The election and the scheduler (see docs/election.md)::
     OUTBOXKIT_LEADER_TICK_SECONDS=15
     OUTBOXKIT_STANDBY_PROBE_SECONDS=60
     OUTBOXKIT_DRAIN_INTERVAL_SECONDS=60
+
+The admin (see docs/admin.md)::
+
+    OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
+    OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
 """
 
 from __future__ import annotations
@@ -100,6 +105,15 @@ class OutboxKitSettings(BaseSettings):
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
+
+    # -- admin -----------------------------------------------------------------
+    # The admin's POST bodies (JSON API and forms) are read only after the
+    # auth dependency has admitted the request, and never beyond this size:
+    # the biggest legitimate body (500 ids) is about 12 KB.
+    admin_max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # How long a CSRF token of the admin's pages is valid; a page always hands
+    # out one with at least half of this left.
+    admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
 
     @field_validator("outboxes", mode="before")
     @classmethod

@@ -170,5 +170,5 @@ def test_a_form_posted_without_its_csrf_token_is_refused(served, page_factory):
     page.evaluate("document.querySelectorAll('input[name=csrf_token]').forEach((field) => field.remove())")
     page.get_by_role("button", name="Reset this row").click()
 
-    assert "security token is missing or invalid" in page.get_by_role("alert").inner_text()
+    assert "security token is missing, invalid or expired" in page.get_by_role("alert").inner_text()
     assert row_of(harness.engine, row_id)["status"] == "stuck"

@@ -160,3 +160,10 @@ def record_run(
             ),
             {"job_id": job_id, "job_name": job_name, "at": at, "outcome": outcome, "counts": json.dumps(counts or {})},
         )
+
+
+def cookie_named(client: TestClient, prefix: str) -> Any:
+    """The client's one cookie whose name starts with ``prefix`` (the admin names its cookies per mount)."""
+    found = [cookie for cookie in client.cookies.jar if cookie.name.startswith(prefix)]
+    assert len(found) == 1, f"expected one {prefix}* cookie, got {[cookie.name for cookie in found]}"
+    return found[0]
