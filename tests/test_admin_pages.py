@@ -168,6 +168,18 @@ def test_reset_selected_rows(admin):
         ("/admin/audit?cursor=zzz", 400),
         ("/admin/audit?outbox=nope", 404),
         ("/admin/static/secrets.txt", 404),
+        # Unicode digits ("²".isdigit() is true in Python) and other non-ASCII input.
+        ("/admin/outboxes/webhooks?status_code=²", 422),
+        ("/admin/outboxes/webhooks?status_code=４００", 422),
+        ("/admin/outboxes/webhooks?status_code=4_00", 422),
+        ("/admin/outboxes/webhooks?status=stück", 422),
+        ("/admin/outboxes/webhooks?cursor=²", 400),
+        ("/admin/outboxes/%E2%80%AEevil", 404),
+        ("/admin/outboxes/webhooks/rows/²", 422),
+        ("/admin/outboxes/webhooks/rows/١", 422),
+        ("/admin/outboxes/webhooks/bulk-reset?status_code=³", 422),
+        ("/admin/audit?outbox=ü&cursor=²", 404),
+        ("/admin/audit?cursor=²", 400),
     ],
 )
 def test_bad_page_input_gets_a_clear_4xx(admin, path, expected):

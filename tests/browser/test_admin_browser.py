@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from tests.support.admin import (
     ADMIN_PASSWORD,
     ADMIN_USER,
+    ServedApp,
     add_webhooks,
     admin_database_url,  # noqa: F401  (fixture)
     admin_harness,
@@ -53,29 +51,6 @@ def _require_chromium() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser tests cannot run under CI: {missing}")
         pytest.skip(f"browser tests need a browser: {missing}")
-
-
-class ServedApp:
-    """An ASGI app served by uvicorn in a background thread on a free local port."""
-
-    def __init__(self, app) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="admin-uvicorn", daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
 
 
 @pytest.fixture(scope="module")
