@@ -5,6 +5,7 @@ Each test names one item of the hardening list in docs/admin.md ("Hardening").
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 from urllib.parse import urlsplit
@@ -195,8 +196,6 @@ def test_a_real_server_answers_a_510_mb_announcement_at_once_without_waiting_for
         )
         refused = _raw_exchange(base_url, head + "\r\n")
         assert refused.startswith(b"HTTP/1.1 401"), refused[:200]
-
-        import base64
 
         credentials = base64.b64encode(f"{ADMIN_USER}:{ADMIN_PASSWORD}".encode()).decode()
         too_large = _raw_exchange(base_url, head + f"Authorization: Basic {credentials}\r\n\r\n")

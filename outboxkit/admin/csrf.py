@@ -42,7 +42,7 @@ from outboxkit.clock import Clock
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "CsrfTokens"]
 
-CSRF_COOKIE = "outboxkit_csrf"  # the prefix of the cookie's name; see csrf_cookie_name
+CSRF_COOKIE = "outboxkit_csrf"  # the prefix of the cookie's name; see CsrfTokens.cookie_name
 CSRF_FIELD = "csrf_token"
 _PURPOSE = "csrf"
 

@@ -30,7 +30,7 @@ from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.admin.cursor import InvalidCursor
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
-from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, database_unavailable_message
+from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
 from outboxkit.admin.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
 from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
@@ -150,7 +150,7 @@ def pages_router(
             status_code = next(code for kind, code in refusals if isinstance(exc, kind))
             return error_page(request, who, status_code, str(exc))
         except DATABASE_UNAVAILABLE_ERRORS as exc:
-            return error_page(request, who, 503, database_unavailable_message(exc), heading="Database unreachable")
+            return error_page(request, who, 503, report_database_unavailable(exc), heading="Database unreachable")
 
     def redirect(request: Request, who: str, target: str, flash: Flash) -> RedirectResponse:
         response = RedirectResponse(target, status_code=303)

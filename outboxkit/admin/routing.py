@@ -44,8 +44,8 @@ __all__ = [
     "AdminRoute",
     "BodyTooLarge",
     "admin_route_class",
-    "database_unavailable_message",
     "read_json_body",
+    "report_database_unavailable",
 ]
 
 logger = logging.getLogger("outboxkit.admin")
@@ -74,7 +74,8 @@ DATABASE_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def database_unavailable_message(error: Exception) -> str:
+def report_database_unavailable(error: Exception) -> str:
+    """Log one line about ``error`` (no traceback: it is the database's trouble, not a bug) and return the message to show."""
     logger.warning("outboxkit admin: the database is unreachable: %s", str(error).splitlines()[0] if str(error) else type(error).__name__)
     return (
         "The database is unreachable (connection refused, timed out or lost), so the admin cannot show or change "
@@ -155,7 +156,7 @@ class AdminRoute(APIRoute):
             except BodyTooLarge as exc:
                 return _json_error(413, str(exc))
             except DATABASE_UNAVAILABLE_ERRORS as exc:
-                return _json_error(503, database_unavailable_message(exc))
+                return _json_error(503, report_database_unavailable(exc))
 
         return handle
 
