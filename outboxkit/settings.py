@@ -12,6 +12,11 @@ Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
 ``OutboxKitSettings.from_environment()`` (what the kit uses by default) turns
 a bad value into a ``ConfigurationError`` that names its variable.
 
+The admin (see docs/admin.md)::
+
+    OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
+    OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
+
 The election and the scheduler (see docs/election.md)::
 
     OUTBOXKIT_LOCK_DATABASE_URL=postgresql://app@db-primary:5432/app   # direct, not via a transaction pooler
@@ -19,11 +24,6 @@ The election and the scheduler (see docs/election.md)::
     OUTBOXKIT_LEADER_TICK_SECONDS=15
     OUTBOXKIT_STANDBY_PROBE_SECONDS=60
     OUTBOXKIT_DRAIN_INTERVAL_SECONDS=60
-
-The admin (see docs/admin.md)::
-
-    OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
-    OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
 """
 
 from __future__ import annotations
