@@ -128,6 +128,7 @@ BAD_WRITES = [
     ("reset", {"ids": ["１"]}, 422),
     ("reset-matching", {"status_code": "４００", "dry_run": False}, 422),
     ("reset-matching", {"dry_run": "²"}, 422),
+    ("reset-matching", {"status_code": 422.0, "dry_run": False}, 422),
 ]
 
 
