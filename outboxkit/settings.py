@@ -87,6 +87,15 @@ class OutboxKitSettings(BaseSettings):
     environment: Literal["development", "test", "staging", "production"] = "development"
     outboxes: dict[str, OutboxOverride] = Field(default_factory=dict)
 
+    # -- admin -----------------------------------------------------------------
+    # The admin's POST bodies (JSON API and forms) are read only after the
+    # auth dependency has admitted the request, and never beyond this size:
+    # the biggest legitimate body (500 ids) is about 12 KB.
+    admin_max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # How long a CSRF token of the admin's pages is valid; a page always hands
+    # out one with at least half of this left.
+    admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
+
     # -- election and scheduler ------------------------------------------------
     # The lock connection and the LISTEN connection hold session state (an
     # advisory lock, a LISTEN registration) for hours.  A transaction-mode
@@ -105,15 +114,6 @@ class OutboxKitSettings(BaseSettings):
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
-
-    # -- admin -----------------------------------------------------------------
-    # The admin's POST bodies (JSON API and forms) are read only after the
-    # auth dependency has admitted the request, and never beyond this size:
-    # the biggest legitimate body (500 ids) is about 12 KB.
-    admin_max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
-    # How long a CSRF token of the admin's pages is valid; a page always hands
-    # out one with at least half of this left.
-    admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
 
     @field_validator("outboxes", mode="before")
     @classmethod
