@@ -12,6 +12,11 @@ Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
 ``OutboxKitSettings.from_environment()`` (what the kit uses by default) turns
 a bad value into a ``ConfigurationError`` that names its variable.
 
+The admin (see docs/admin.md)::
+
+    OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
+    OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
+
 The election and the scheduler (see docs/election.md)::
 
     OUTBOXKIT_LOCK_DATABASE_URL=postgresql://app@db-primary:5432/app   # direct, not via a transaction pooler
@@ -101,6 +106,15 @@ class OutboxKitSettings(BaseSettings):
 
     environment: Literal["development", "test", "staging", "production"] = "development"
     outboxes: dict[str, OutboxOverride] = Field(default_factory=dict)
+
+    # -- admin -----------------------------------------------------------------
+    # The admin's POST bodies (JSON API and forms) are read only after the
+    # auth dependency has admitted the request, and never beyond this size:
+    # the biggest legitimate body (500 ids) is about 12 KB.
+    admin_max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # How long a CSRF token of the admin's pages is valid; a page always hands
+    # out one with at least half of this left.
+    admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
 
     # -- election and scheduler ------------------------------------------------
     # The lock connection and the LISTEN connection hold session state (an

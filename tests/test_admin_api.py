@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -9,7 +10,9 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
+from exampleapp.models import WebhookOutbox
 from outboxkit.admin import JobInfo
+from outboxkit.notify import channel_for
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,
@@ -18,6 +21,8 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     admin_harness,
     audit_entries,
     empty_tables,
+    listening,
+    notified,
     record_run,
     row_of,
     snapshot,
@@ -319,3 +324,40 @@ def test_concurrent_bulk_and_list_resets_queue_instead_of_failing(admin):
     assert sorted(answer.status_code for answer in answers) == [200, 200, 200]
     assert sum(answer.json()["changed"] for answer in answers) == 300
     assert sum(entry["row_count"] for entry in audit_entries(admin.engine)) == 300
+
+
+# -- actions wake the drain (NOTIFY in the action's transaction) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [("reset", None), ("retry-now", None), ("reset-matching", {"dry_run": False, "status_code": 400})],
+)
+def test_an_api_action_wakes_a_listening_drainer_when_it_commits(admin, admin_database_url, action, body):
+    status = "pending" if action == "retry-now" else "stuck"
+    (row_id,) = add_webhooks(admin.engine, 1, status=status, next_attempt_at=admin.clock.now() + timedelta(hours=1))
+    with listening(admin_database_url, WebhookOutbox) as listener:
+        response = admin.client.post(f"/admin/api/outboxes/webhooks/{action}", json=body or {"ids": [row_id]})
+        assert response.status_code == 200 and response.json()["changed"] == 1, response.text
+        assert notified(listener) == [channel_for(WebhookOutbox)]
+
+
+def test_a_page_reset_wakes_a_listening_drainer(admin, admin_database_url):
+    ids = add_webhooks(admin.engine, 2, status="stuck")
+    page = admin.client.get("/admin/outboxes/webhooks")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+    with listening(admin_database_url, WebhookOutbox) as listener:
+        response = admin.client.post("/admin/outboxes/webhooks/reset-selected", data={"csrf_token": token, "ids": [str(i) for i in ids]})
+        assert response.status_code == 303
+        assert notified(listener) == [channel_for(WebhookOutbox)]
+
+
+def test_an_action_that_changes_nothing_sends_no_wake_up(admin, admin_database_url):
+    (row_id,) = add_webhooks(admin.engine, 1, status="done", error=None, status_code=200)
+    add_webhooks(admin.engine, 1, status="stuck")
+    with listening(admin_database_url, WebhookOutbox) as listener:
+        assert admin.client.post("/admin/api/outboxes/webhooks/reset", json={"ids": [row_id]}).json()["changed"] == 0
+        dry = admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"dry_run": True})
+        assert dry.json()["matched"] == 1
+        # Absence can only be shown by waiting; a short wait suffices (a NOTIFY arrives on commit).
+        assert notified(listener, timeout=0.5) == []

@@ -14,6 +14,7 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     admin_app,
     admin_database_url,
     audit_entries,
+    cookie_named,
     record_run,
     row_of,
     snapshot,
@@ -70,12 +71,12 @@ def test_rows_page_has_status_tabs_filter_and_pagination(admin):
 def test_reset_from_the_row_page_with_the_csrf_token(admin):
     (row_id,) = add_webhooks(admin.engine, 1, status="stuck", attempts=4)
     detail = admin.client.get(f"/admin/outboxes/webhooks/rows/{row_id}")
-    assert CSRF_COOKIE in detail.cookies
+    assert cookie_named(admin.client, CSRF_COOKIE).value == _token(detail)
 
     response = admin.client.post(f"/admin/outboxes/webhooks/rows/{row_id}/reset", data={"csrf_token": _token(detail)})
 
     assert response.status_code == 303
-    assert response.headers["location"] == f"/admin/outboxes/webhooks/rows/{row_id}?done=reset"
+    assert response.headers["location"] == f"/admin/outboxes/webhooks/rows/{row_id}"
     assert row_of(admin.engine, row_id)["status"] == "pending"
     after = admin.client.get(response.headers["location"])
     assert "Reset: the row is pending and due now" in after.text
@@ -93,7 +94,8 @@ def test_a_post_without_a_valid_csrf_token_is_refused_and_changes_nothing(admin,
     elif forgery == "other_cookie":
         response = admin.client.post(url, data={"csrf_token": token + "x"})
     elif forgery == "unsigned":
-        admin.client.cookies.set(CSRF_COOKIE, "abc.def")
+        cookie = cookie_named(admin.client, CSRF_COOKIE)
+        admin.client.cookies.set(cookie.name, "abc.def", domain=cookie.domain, path=cookie.path)
         response = admin.client.post(url, data={"csrf_token": "abc.def"})
     else:
         response = admin.client.get(url)
@@ -118,7 +120,7 @@ def test_a_held_row_is_refused_on_the_page_with_409(admin):
     assert "Retry now" not in detail.text
     before = snapshot(admin.engine)
     # A form rendered before the drain claimed the row, submitted now.
-    token = admin.client.cookies[CSRF_COOKIE]
+    token = cookie_named(admin.client, CSRF_COOKIE).value
     response = admin.client.post(f"/admin/outboxes/webhooks/rows/{row_id}/retry-now", data={"csrf_token": token})
     assert response.status_code == 409 and "holds" in response.text
     assert snapshot(admin.engine) == before
@@ -166,6 +168,18 @@ def test_reset_selected_rows(admin):
         ("/admin/audit?cursor=zzz", 400),
         ("/admin/audit?outbox=nope", 404),
         ("/admin/static/secrets.txt", 404),
+        # Unicode digits ("²".isdigit() is true in Python) and other non-ASCII input.
+        ("/admin/outboxes/webhooks?status_code=²", 422),
+        ("/admin/outboxes/webhooks?status_code=４００", 422),
+        ("/admin/outboxes/webhooks?status_code=4_00", 422),
+        ("/admin/outboxes/webhooks?status=stück", 422),
+        ("/admin/outboxes/webhooks?cursor=²", 400),
+        ("/admin/outboxes/%E2%80%AEevil", 404),
+        ("/admin/outboxes/webhooks/rows/²", 422),
+        ("/admin/outboxes/webhooks/rows/١", 422),
+        ("/admin/outboxes/webhooks/bulk-reset?status_code=³", 422),
+        ("/admin/audit?outbox=ü&cursor=²", 404),
+        ("/admin/audit?cursor=²", 400),
     ],
 )
 def test_bad_page_input_gets_a_clear_4xx(admin, path, expected):

@@ -86,6 +86,18 @@ BAD_READS = [
     ("/admin/api/audit?cursor=" + _cursor({"s": "rows:stuck", "k": [5]}), 400),
     ("/admin/api/audit?limit=0", 422),
     ("/admin/api/audit?outbox=nope", 404),
+    # Unicode digits ("²".isdigit() is true in Python) and other non-ASCII input.
+    ("/admin/api/outboxes/webhooks/rows?status_code=²", 422),
+    ("/admin/api/outboxes/webhooks/rows?status_code=４００", 422),
+    ("/admin/api/outboxes/webhooks/rows?limit=٣", 422),
+    ("/admin/api/outboxes/webhooks/rows?cursor=é", 400),
+    ("/admin/api/outboxes/webhooks/rows?cursor=²", 400),
+    ("/admin/api/outboxes/webhooks/rows/²", 422),
+    ("/admin/api/outboxes/webhooks/rows/١", 422),
+    ("/admin/api/outboxes/%F0%9F%92%A5/rows", 404),
+    ("/admin/api/outboxes/%E2%80%AEevil/rows/1", 404),
+    ("/admin/api/audit?limit=¹", 422),
+    ("/admin/api/audit?outbox=ü", 404),
 ]
 
 
@@ -112,6 +124,11 @@ BAD_WRITES = [
     ("reset-matching", {"status_code": 99, "dry_run": False}, 422),
     ("reset-matching", {"status_code": "4xx", "dry_run": False}, 422),
     ("reset-matching", {"dry_run": "maybe"}, 422),
+    ("reset", {"ids": ["²"]}, 422),
+    ("reset", {"ids": ["１"]}, 422),
+    ("reset-matching", {"status_code": "４００", "dry_run": False}, 422),
+    ("reset-matching", {"dry_run": "²"}, 422),
+    ("reset-matching", {"status_code": 422.0, "dry_run": False}, 422),
 ]
 
 

@@ -9,8 +9,9 @@ from sqlalchemy import select
 
 from exampleapp.models import WebhookOutbox
 from outboxkit.cli import main
+from outboxkit.notify import channel_for
 from outboxkit.tables import reset_audit
-from tests.support.admin import add_webhooks
+from tests.support.admin import add_webhooks, listening, notified
 from tests.support.database import sqlalchemy_url
 
 APP = ["--app", "exampleapp.app:kit_from_environment"]
@@ -130,3 +131,15 @@ def test_drain_once_delivers_due_rows(cli, engine, receiver):
     assert json.loads(out) == [{"outbox": "webhooks", "claimed": 3, "delivered": 3, "retried": 0, "stuck": 0,
                                 "lost_claims": 0, "error": ""}]
     assert set(statuses(engine).values()) == {"done"}
+
+
+def test_a_cli_reset_wakes_a_listening_drainer(cli, engine, database_url):
+    (row_id,) = add_webhooks(engine, 1)
+    add_webhooks(engine, 1, status_code=422)
+    with listening(database_url, WebhookOutbox) as listener:
+        code, _, _ = cli("reset", "webhooks", str(row_id))
+        assert code == 0
+        assert notified(listener) == [channel_for(WebhookOutbox)]
+        code, _, _ = cli("reset", "webhooks", "--all", "--status-code", "422", "--yes")
+        assert code == 0
+        assert notified(listener) == [channel_for(WebhookOutbox)]

@@ -12,26 +12,28 @@ Routes, relative to where the application mounts the router::
     GET  /api/jobs                                  jobs, their last runs, and the leader
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
-changed), 400 a cursor or body that does not decode, 415 a POST that is not JSON,
-422 anything else malformed (ids out of range, page size outside 1..200, a
-filter with NUL characters, more than 500 ids).  Page sizes are refused, not
-clamped.
+changed), 400 a cursor or body that does not decode, 413 a body over the cap,
+415 a POST that is not JSON, 422 anything else malformed (ids out of range or
+not JSON integers, ``dry_run`` not a JSON boolean, page size outside 1..200, a
+filter with NUL characters, more than 500 ids), 503 the database is
+unreachable.  Page sizes are refused, not clamped.
+
+A POST body is read by the endpoint itself, after the auth dependency has
+admitted the request (FastAPI reads a declared body parameter before any
+dependency runs), and never beyond the cap (see ``outboxkit.admin.routing``).
 """
 
 
-import json
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from starlette.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from outboxkit.admin.cursor import InvalidCursor
+from outboxkit.admin.routing import AdminRoute, read_json_body
 from outboxkit.admin.schemas import (
     MAX_ROW_ID,
     ActionResult,
@@ -50,7 +52,7 @@ from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
 from outboxkit.queries import RowFilter
 
-__all__ = ["MAX_PAGE_SIZE", "AdminRoute", "api_router", "http_errors"]
+__all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
 
 MAX_PAGE_SIZE = 200
 
@@ -60,11 +62,13 @@ class ErrorBody(BaseModel):
 
 
 _NOT_FOUND = {"model": ErrorBody, "description": "Unknown outbox or row."}
+_UNAVAILABLE = {503: {"model": ErrorBody, "description": "The database is unreachable; nothing was read or changed."}}
 READ_ERRORS = {400: {"model": ErrorBody, "description": "The cursor does not decode."}, 404: _NOT_FOUND}
 WRITE_ERRORS = {
     400: {"model": ErrorBody, "description": "The body does not parse (for example, it is not UTF-8)."},
     404: _NOT_FOUND,
     409: {"model": ErrorBody, "description": "A drain holds a listed row; nothing was changed."},
+    413: {"model": ErrorBody, "description": "The body is larger than OUTBOXKIT_ADMIN_MAX_BODY_BYTES; nothing was changed."},
     415: {"model": ErrorBody, "description": "The body is not application/json."},
 }
 
@@ -82,32 +86,23 @@ def http_errors() -> Iterator[None]:
         raise HTTPException(status_code=400, detail=str(exc)) from None
 
 
-class AdminRoute(APIRoute):
-    """Answers malformed input with 422 itself, whatever the application's handlers do.
-
-    FastAPI's default handler echoes the offending input as UTF-8 JSON, which
-    fails (500) on a lone surrogate such as ``"\\ud800"``; here the body is
-    written ASCII-escaped, so any input gets its 422.
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def handle(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True, default=str)
-                return Response(body, status_code=422, media_type="application/json")
-
-        return handle
-
-
 def require_json(request: Request) -> None:
     """Only JSON bodies: a cross-site form or no-CORS fetch cannot send them, which is the API's CSRF guard."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise HTTPException(status_code=415, detail="send the body as application/json")
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of an endpoint that reads ``model`` itself (after auth, capped).
+
+    The schema is written inline in the operation: FastAPI's component models
+    store numeric bounds as floats, which would publish the id maximum
+    2^63-1 as 9.223372036854776e+18.
+    """
+    schema = model.model_json_schema()
+    assert "$defs" not in schema, f"{model.__name__} must not need $defs to be inlined"
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 OutboxName = Annotated[str, Path(description="The outbox's job_name.", max_length=100)]
@@ -116,9 +111,9 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
 
 
-def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter:
+def api_router(service: AdminService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
-    router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=AdminRoute)
+    router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=route_class, responses=_UNAVAILABLE)
     Actor = Annotated[str, Depends(actor)]
 
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
@@ -148,9 +143,10 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
     def id_action(action: str, summary: str) -> None:
         perform = service.reset if action == "reset" else service.retry_now
 
-        def act(outbox: OutboxName, body: IdsRequest, who: Actor) -> ActionResult:
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> ActionResult:
+            body: IdsRequest = await read_json_body(request, IdsRequest)
             with http_errors():
-                return perform(outbox, body.ids, actor=who)
+                return await run_in_threadpool(perform, outbox, body.ids, actor=who)
 
         router.add_api_route(
             f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
@@ -161,6 +157,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
             dependencies=[Depends(require_json)],
             summary=summary,
             name=f"outboxkit_admin_api_{action}",
+            openapi_extra=json_body(IdsRequest),
         )
 
     id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now")
@@ -172,11 +169,13 @@ def api_router(service: AdminService, *, actor: Callable[..., str]) -> APIRouter
         responses=WRITE_ERRORS,
         dependencies=[Depends(require_json)],
         summary="Reset every stuck row matching a filter (dry_run defaults to true)",
+        openapi_extra=json_body(MatchRequest),
     )
-    def reset_matching(outbox: OutboxName, body: MatchRequest, who: Actor) -> MatchOutcome:
+    async def reset_matching(request: Request, outbox: OutboxName, who: Actor) -> MatchOutcome:
+        body: MatchRequest = await read_json_body(request, MatchRequest)
+        row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
         with http_errors():
-            row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
-            return service.reset_matching(outbox, row_filter, dry_run=body.dry_run, actor=who)
+            return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
 
     @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
     def audit(

@@ -1,12 +1,27 @@
-"""CSRF protection for the admin's HTML forms: a signed double-submit token.
+"""CSRF protection for the admin's HTML forms: a signed, expiring, actor-bound double-submit token.
 
-On every page the admin makes sure the browser holds a cookie with a token
-``<nonce>.<HMAC-SHA256(secret, nonce)>``, and puts the same token in a
-hidden field of each form.  A POST is accepted only when the field equals the
-cookie and the signature checks out.  A page on another site can make a
-browser send the cookie, but it cannot read it to fill in the field, and it
-cannot plant a cookie of its own (for example from a sibling subdomain)
-without the secret.
+On every page the admin makes sure the browser holds a cookie with a token,
+and puts the same token in a hidden field of each form.  The token is
+``<nonce>.<expires>.<HMAC-SHA256(secret, actor, mount path, nonce, expires)>``
+(see ``outboxkit.admin.signing``).  A POST is accepted only when
+
+* the field equals the cookie,
+* the signature checks out for the actor the application's auth dependency
+  admitted *now* and for this admin's mount path, and
+* the token has not expired (``OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS``,
+  two hours by default).
+
+A page on another site can make a browser send the cookie, but it cannot
+read it to fill in the field, and it cannot plant a cookie of its own (for
+example from a sibling subdomain) without the secret.  A token leaked from
+one admin's browser is worthless to another admin, and worthless to anyone
+once it expires.  A page re-issues the token once less than half its
+lifetime is left, so a form is always good for at least half the lifetime.
+
+The cookie is scoped to the admin's mount path (``Path=/admin``) and named
+``outboxkit_csrf_<tag>``, where the tag derives from the secret and the mount
+path, so two admins on one host (other prefixes, other ports) keep separate
+cookies.
 
 The secret is per router.  With several worker processes, pass the same
 ``csrf_secret`` to every worker, or a form rendered by one worker is refused
@@ -19,44 +34,49 @@ The JSON API does not use this token: its POST routes accept only
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
+from datetime import timedelta
+
+from outboxkit.admin.signing import Signer
+from outboxkit.clock import Clock
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "CsrfTokens"]
 
-CSRF_COOKIE = "outboxkit_csrf"
+CSRF_COOKIE = "outboxkit_csrf"  # the prefix of the cookie's name; see CsrfTokens.cookie_name
 CSRF_FIELD = "csrf_token"
+_PURPOSE = "csrf"
 
 
 class CsrfTokens:
-    """Issues and checks double-submit tokens signed with one secret."""
+    """Issues and checks double-submit tokens for one admin router."""
 
-    def __init__(self, secret: str | bytes | None = None) -> None:
-        if secret is None:
-            secret = secrets.token_bytes(32)
-        elif isinstance(secret, str):
-            secret = secret.encode()
-        if len(secret) < 16:
-            raise ValueError("csrf_secret must be at least 16 bytes long")
-        self._secret = secret
+    def __init__(self, signer: Signer, *, clock: Clock, lifetime_seconds: int) -> None:
+        self._signer = signer
+        self._clock = clock
+        self.lifetime_seconds = lifetime_seconds
 
-    def _sign(self, nonce: str) -> str:
-        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
+    def cookie_name(self, mount_path: str) -> str:
+        return f"{CSRF_COOKIE}_{self._signer.tag(mount_path)}"
 
-    def issue(self) -> str:
-        nonce = secrets.token_urlsafe(24)
-        return f"{nonce}.{self._sign(nonce)}"
+    def issue(self, *, actor: str, mount_path: str) -> str:
+        expires = self._clock.now() + timedelta(seconds=self.lifetime_seconds)
+        nonce = secrets.token_urlsafe(18).replace(".", "_")
+        return self._signer.sign(_PURPOSE, binding=(actor, mount_path), fields=(nonce,), expires=expires)
 
-    def is_valid(self, token: str | None) -> bool:
-        """The token was issued with this secret."""
-        if not token or len(token) > 200:
+    def is_valid(self, token: str | None, *, actor: str, mount_path: str) -> bool:
+        """Issued by this router to ``actor`` for ``mount_path``, and not expired."""
+        return self._signer.unsign(token, _PURPOSE, binding=(actor, mount_path), now=self._clock.now()) is not None
+
+    def is_fresh(self, token: str | None, *, actor: str, mount_path: str) -> bool:
+        """Valid, with at least half its lifetime left: good to hand out in a form."""
+        if not self.is_valid(token, actor=actor, mount_path=mount_path):
             return False
-        nonce, _, signature = token.partition(".")
-        return bool(nonce) and hmac.compare_digest(signature.encode(), self._sign(nonce).encode())
+        assert token is not None
+        return self._signer.expires_at(token) - self._clock.now().timestamp() >= self.lifetime_seconds / 2
 
-    def accepts(self, *, cookie: str | None, submitted: str | None) -> bool:
-        """A POST is genuine: the form's token is the cookie's, and it is ours."""
+    def accepts(self, *, cookie: str | None, submitted: str | None, actor: str, mount_path: str) -> bool:
+        """A POST is genuine: the form's token is the cookie's, ours, for this actor, and not expired."""
         if not cookie or not submitted:
             return False
-        return hmac.compare_digest(cookie.encode(), submitted.encode()) and self.is_valid(cookie)
+        same = secrets.compare_digest(cookie.encode("utf-8", "surrogatepass"), submitted.encode("utf-8", "surrogatepass"))
+        return same and self.is_valid(cookie, actor=actor, mount_path=mount_path)

@@ -2,10 +2,16 @@
 
 Every page is a GET that changes nothing.  Every change is a POST form that
 carries the CSRF token (see ``outboxkit.admin.csrf``); a POST without a valid
-token is answered 403 before anything is read or written.  After a change the
-browser is redirected (303) to a page that shows the result, so reloading
-never repeats an action.  The pages are left out of the OpenAPI schema; the
-JSON API is the documented interface.
+token for the signed-in actor is answered 403 before the database is read or
+written.  After a change the browser is redirected (303) to a page that shows
+the result, so reloading never repeats an action; the result travels in a
+signed flash cookie (see ``outboxkit.admin.flash``), never in the URL, so a
+link cannot make a page claim a change that did not happen.
+
+The cookies are scoped to the admin's mount path.  Query and form values are
+parsed strictly: a number is ASCII digits (``"²".isdigit()`` is true in
+Python, and ``int("²")`` raises).  The pages are left out of the OpenAPI
+schema; the JSON API is the documented interface.
 """
 
 
@@ -19,11 +25,13 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
-from outboxkit.admin.api import AdminRoute, OutboxName, RowIdPath
-from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD, CsrfTokens
+from outboxkit.admin.api import OutboxName, RowIdPath
+from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.admin.cursor import InvalidCursor
+from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
-from outboxkit.admin.schemas import STATUS_VALUES, FilterText, IdsRequest, StatusCode
+from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
+from outboxkit.admin.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
 from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
 from outboxkit.queries import RowFilter
@@ -31,35 +39,55 @@ from outboxkit.queries import RowFilter
 __all__ = ["pages_router"]
 
 _filter_text = TypeAdapter(FilterText)
-_status_code = TypeAdapter(StatusCode)
-_ids = TypeAdapter(IdsRequest)
-NOTICES = {
-    "reset": "Reset: the row is pending and due now; the next drain sends it.",
-    "retry_now": "The row is due now; the next drain sends it.",
-    "unchanged": "Nothing to do: the row was not in a state this action applies to.",
-}
 
 
 class PageInputError(ValueError):
     """A page's query or form field is malformed (answered 422)."""
 
 
+def _ascii_number(value: str, *, low: int, high: int, what: str) -> int:
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(high)) or not low <= int(value) <= high:
+        raise PageInputError(f"{what} must be a whole number from {low} to {high}, got {value[:40]!r}")
+    return int(value)
+
+
 def _row_filter(error_contains: str | None, status_code: str | None) -> RowFilter:
     try:
         text = _filter_text.validate_python(error_contains or None)
-        code = _status_code.validate_python(status_code.strip() if status_code and status_code.strip() else None)
     except ValidationError as exc:
         raise PageInputError(f"bad filter: {exc.errors()[0]['msg']}") from None
+    code_text = status_code.strip() if status_code else ""
+    code = _ascii_number(code_text, low=100, high=599, what="bad filter: the status code") if code_text else None
     return RowFilter(error_contains=text, status_code=code)
 
 
-def _int_or_none(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() and len(value) < 19 else None
+def _selected_ids(values: list[Any]) -> list[int]:
+    if not values:
+        raise PageInputError("bad selection: select at least one row")
+    if len(values) > MAX_BULK_IDS:
+        raise PageInputError(f"bad selection: at most {MAX_BULK_IDS} rows at once")
+    return [
+        _ascii_number(value if isinstance(value, str) else "", low=1, high=MAX_ROW_ID, what="bad selection: a row id")
+        for value in values
+    ]
 
 
-def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: CsrfTokens, page_size: int) -> APIRouter:
+def _form_text(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    return value if isinstance(value, str) else None
+
+
+def pages_router(
+    service: AdminService,
+    *,
+    actor: Callable[..., str],
+    csrf: CsrfTokens,
+    flashes: FlashNotices,
+    page_size: int,
+    route_class: type[AdminRoute] = AdminRoute,
+) -> APIRouter:
     """The HTML routes over ``service``."""
-    router = APIRouter(include_in_schema=False, route_class=AdminRoute)
+    router = APIRouter(include_in_schema=False, route_class=route_class)
     environment = make_environment()
     Actor = Annotated[str, Depends(actor)]
 
@@ -68,28 +96,47 @@ def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: Csrf
         pairs = {key: value for key, value in (query or {}).items() if value not in (None, "")}
         return f"{path}?{urlencode(pairs)}" if pairs else path
 
-    def render(request: Request, template: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
-        token = request.cookies.get(CSRF_COOKIE)
-        fresh = not csrf.is_valid(token)
-        if fresh:
-            token = csrf.issue()
+    def mount_path(request: Request) -> str:
+        """Where the application mounted the admin: the cookies' Path."""
+        return url(request, "overview").rstrip("/") or "/"
+
+    def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+        response.set_cookie(
+            name, value, max_age=max_age, path=mount_path(request), httponly=True, samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def render(request: Request, who: str, template: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
+        mount = mount_path(request)
+        csrf_cookie = csrf.cookie_name(mount)
+        token = request.cookies.get(csrf_cookie)
+        reissue = not csrf.is_fresh(token, actor=who, mount_path=mount)
+        if reissue:
+            token = csrf.issue(actor=who, mount_path=mount)
+        flash_cookie = flashes.cookie_name(mount)
+        flash_value = request.cookies.get(flash_cookie)
+        flash = flashes.decode(flash_value, actor=who, mount_path=mount) if flash_value else None
         html = environment.get_template(template).render(
             url=lambda route, query=None, **params: url(request, route, query, **params),
             now=service.kit.clock.now(),
             csrf_field=CSRF_FIELD,
             csrf_token=token,
             outbox_names=service.outbox_names,
+            notice=flash.message if flash else None,
             **context,
         )
         response = HTMLResponse(html, status_code=status_code)
-        if fresh:
-            response.set_cookie(
-                CSRF_COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/"
-            )
+        if reissue:
+            set_cookie(response, request, csrf_cookie, token, csrf.lifetime_seconds)
+        if flash_value is not None:  # shown (or worthless): either way, only once
+            response.delete_cookie(flash_cookie, path=mount, httponly=True, samesite="strict", secure=request.url.scheme == "https")
         return response
 
-    def guarded(request: Request, build: Callable[[], Response]) -> Response:
-        """Answer the service's refusals with an error page instead of a stack trace."""
+    def error_page(request: Request, who: str, status_code: int, message: str, heading: str = "Not done") -> HTMLResponse:
+        return render(request, who, "error.html", status_code=status_code, message=message, heading=heading)
+
+    def guarded(request: Request, who: str, build: Callable[[], Response]) -> Response:
+        """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
         refusals: tuple[tuple[type[Exception], int], ...] = (
             (UnknownOutboxError, 404),
             (RowsNotFound, 404),
@@ -101,73 +148,70 @@ def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: Csrf
             return build()
         except tuple(kind for kind, _ in refusals) as exc:
             status_code = next(code for kind, code in refusals if isinstance(exc, kind))
-            return render(request, "error.html", status_code=status_code, message=str(exc))
+            return error_page(request, who, status_code, str(exc))
+        except DATABASE_UNAVAILABLE_ERRORS as exc:
+            return error_page(request, who, 503, report_database_unavailable(exc), heading="Database unreachable")
 
-    async def checked_form(request: Request) -> FormData | None:
-        form = await request.form(max_fields=1000)
-        submitted = form.get(CSRF_FIELD)
-        ok = csrf.accepts(cookie=request.cookies.get(CSRF_COOKIE), submitted=submitted if isinstance(submitted, str) else None)
-        return form if ok else None
+    def redirect(request: Request, who: str, target: str, flash: Flash) -> RedirectResponse:
+        response = RedirectResponse(target, status_code=303)
+        mount = mount_path(request)
+        set_cookie(response, request, flashes.cookie_name(mount), flashes.encode(flash, actor=who, mount_path=mount), FLASH_SECONDS)
+        return response
 
-    def refused(request: Request) -> Response:
-        message = "The form's security token is missing or invalid; nothing was changed. Reload the page and try again."
-        return render(request, "error.html", status_code=403, message=message)
-
-    def redirect(target: str) -> RedirectResponse:
-        return RedirectResponse(target, status_code=303)
-
-    async def post_action(request: Request, act: Callable[[FormData], Response]) -> Response:
-        """Check the CSRF token first; then act in a worker thread, answering refusals with an error page."""
-        form = await checked_form(request)
-        if form is None:
-            return refused(request)
-        return await run_in_threadpool(guarded, request, lambda: act(form))
+    async def post_action(request: Request, who: str, act: Callable[[FormData], Response]) -> Response:
+        """Read the form (capped), check the CSRF token; then act in a worker thread, refusals as error pages."""
+        try:
+            form = await request.form(max_fields=MAX_BULK_IDS + 10)
+        except BodyTooLarge as exc:
+            return error_page(request, who, 413, str(exc))
+        mount = mount_path(request)
+        cookie = request.cookies.get(csrf.cookie_name(mount))
+        if not csrf.accepts(cookie=cookie, submitted=_form_text(form, CSRF_FIELD), actor=who, mount_path=mount):
+            message = (
+                "The form's security token is missing, invalid or expired; nothing was changed. "
+                "Reload the page and try again."
+            )
+            return error_page(request, who, 403, message)
+        return await run_in_threadpool(guarded, request, who, lambda: act(form))
 
     @router.get("/", name="outboxkit_admin_overview")
-    def overview(request: Request) -> Response:
-        return render(request, "overview.html", overview=service.overview())
+    def overview(request: Request, who: Actor) -> Response:
+        return guarded(request, who, lambda: render(request, who, "overview.html", overview=service.overview()))
 
     @router.get("/outboxes/{outbox}", name="outboxkit_admin_rows")
     def rows(
         request: Request,
         outbox: OutboxName,
+        who: Actor,
         status: str = "stuck",
         error_contains: str | None = None,
         status_code: str | None = None,
         cursor: str | None = None,
-        done: str | None = None,
-        changed: str | None = None,
     ) -> Response:
         def build() -> Response:
             if status not in STATUS_VALUES:
                 raise PageInputError(f"status must be one of {', '.join(STATUS_VALUES)}")
             row_filter = _row_filter(error_contains, status_code)
             page = service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=page_size)
-            return render(
-                request,
-                "rows.html",
-                page=page,
-                summary=service.outbox_overview(outbox),
-                filter_query=row_filter.as_dict(),
-                done=done,
-                changed=_int_or_none(changed),
-            )
+            summary = service.outbox_overview(outbox)
+            return render(request, who, "rows.html", page=page, summary=summary, filter_query=row_filter.as_dict())
 
-        return guarded(request, build)
+        return guarded(request, who, build)
 
     @router.get("/outboxes/{outbox}/rows/{row_id}", name="outboxkit_admin_row")
-    def row(request: Request, outbox: OutboxName, row_id: RowIdPath, done: str | None = None) -> Response:
-        return guarded(request, lambda: render(request, "row.html", row=service.row(outbox, row_id), notice=NOTICES.get(done or "")))
+    def row(request: Request, outbox: OutboxName, row_id: RowIdPath, who: Actor) -> Response:
+        return guarded(request, who, lambda: render(request, who, "row.html", row=service.row(outbox, row_id)))
 
     def row_action(action: str) -> Callable[..., Any]:
+        perform = service.reset if action == "reset" else service.retry_now
+
         async def act(request: Request, outbox: OutboxName, row_id: RowIdPath, who: Actor) -> Response:
             def build(form: FormData) -> Response:
-                perform = service.reset if action == "reset" else service.retry_now
                 result = perform(outbox, [row_id], actor=who)
-                outcome = action if result.changed else "unchanged"
-                return redirect(url(request, "row", {"done": outcome}, outbox=outbox, row_id=row_id))
+                flash = Flash(kind=action if result.changed else "unchanged", count=result.changed)  # type: ignore[arg-type]
+                return redirect(request, who, url(request, "row", outbox=outbox, row_id=row_id), flash)
 
-            return await post_action(request, build)
+            return await post_action(request, who, build)
 
         return act
 
@@ -181,14 +225,11 @@ def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: Csrf
     @router.post("/outboxes/{outbox}/reset-selected", name="outboxkit_admin_reset_selected")
     async def reset_selected(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
-            try:
-                ids = _ids.validate_python({"ids": form.getlist("ids")}).ids
-            except ValidationError as exc:
-                raise PageInputError(f"bad selection: {exc.errors()[0]['msg']}") from None
-            result = service.reset(outbox, ids, actor=who)
-            return redirect(url(request, "rows", {"status": "stuck", "done": "selected", "changed": result.changed}, outbox=outbox))
+            result = service.reset(outbox, _selected_ids(form.getlist("ids")), actor=who)
+            target = url(request, "rows", {"status": "stuck"}, outbox=outbox)
+            return redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
 
-        return await post_action(request, build)
+        return await post_action(request, who, build)
 
     @router.get("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset")
     def bulk_reset_confirm(
@@ -197,32 +238,31 @@ def pages_router(service: AdminService, *, actor: Callable[..., str], csrf: Csrf
         def build() -> Response:
             row_filter = _row_filter(error_contains, status_code)
             preview = service.reset_matching(outbox, row_filter, dry_run=True, actor=who)
-            return render(request, "bulk_reset.html", preview=preview, filter_query=row_filter.as_dict())
+            return render(request, who, "bulk_reset.html", preview=preview, filter_query=row_filter.as_dict())
 
-        return guarded(request, build)
+        return guarded(request, who, build)
 
     @router.post("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset_apply")
     async def bulk_reset_apply(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
-            fields = {name: form.get(name) for name in ("error_contains", "status_code")}
-            row_filter = _row_filter(*(value if isinstance(value, str) else None for value in fields.values()))
+            row_filter = _row_filter(_form_text(form, "error_contains"), _form_text(form, "status_code"))
             result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who)
-            query = {"status": "stuck", "done": "bulk", "changed": result.changed, **row_filter.as_dict()}
-            return redirect(url(request, "rows", query, outbox=outbox))
+            target = url(request, "rows", {"status": "stuck", **row_filter.as_dict()}, outbox=outbox)
+            return redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
 
-        return await post_action(request, build)
+        return await post_action(request, who, build)
 
     @router.get("/audit", name="outboxkit_admin_audit")
-    def audit(request: Request, outbox: str | None = None, cursor: str | None = None) -> Response:
+    def audit(request: Request, who: Actor, outbox: str | None = None, cursor: str | None = None) -> Response:
         def build() -> Response:
             page = service.audit(outbox_name=outbox or None, cursor=cursor, limit=page_size)
-            return render(request, "audit.html", page=page, outbox=outbox or None)
+            return render(request, who, "audit.html", page=page, outbox=outbox or None)
 
-        return guarded(request, build)
+        return guarded(request, who, build)
 
     @router.get("/jobs", name="outboxkit_admin_jobs")
-    def jobs(request: Request) -> Response:
-        return render(request, "jobs.html", view=service.jobs())
+    def jobs(request: Request, who: Actor) -> Response:
+        return guarded(request, who, lambda: render(request, who, "jobs.html", view=service.jobs()))
 
     @router.get("/static/{name}", name="outboxkit_admin_static")
     def static(name: Annotated[str, Path(max_length=50)]) -> Response:

@@ -9,9 +9,12 @@ from fastapi import APIRouter, Request, params
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
 from outboxkit.admin.csrf import CsrfTokens
+from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.jobs import JobSource
 from outboxkit.admin.pages import pages_router
+from outboxkit.admin.routing import admin_route_class
 from outboxkit.admin.service import AdminService
+from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
 
@@ -64,9 +67,14 @@ def create_admin_router(
     ``job_source`` lists the scheduled jobs (see ``outboxkit.admin.JobSource``);
     without it the jobs page lists jobs seen in the run history.
 
-    ``csrf_secret`` signs the pages' form tokens; give every worker process the
-    same one (at least 16 bytes), or a form from one worker fails at another.
-    Without it a random per-process secret is used.
+    ``csrf_secret`` signs the pages' form tokens and flash notices, and names
+    their cookies; give every worker process the same one (at least 16
+    bytes), or a form from one worker fails at another.  Without it a random
+    per-process secret is used.
+
+    From the kit's settings: ``admin_max_body_bytes`` caps every POST body
+    (413 above it; bodies are read only after ``dependencies`` admitted the
+    request) and ``admin_csrf_token_seconds`` is the form tokens' lifetime.
 
     ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
     200); ``preview_chars`` caps each payload column in the row detail.
@@ -90,9 +98,12 @@ def create_admin_router(
     if job_source is not None and not isinstance(job_source, JobSource):
         raise ConfigurationError(f"job_source must have a jobs() -> list[JobInfo] method, got {job_source!r}")
     try:
-        csrf = CsrfTokens(csrf_secret)
+        signer = Signer(csrf_secret)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+    csrf = CsrfTokens(signer, clock=kit.clock, lifetime_seconds=kit.settings.admin_csrf_token_seconds)
+    flashes = FlashNotices(signer, clock=kit.clock)
+    route_class = admin_route_class(max_body_bytes=kit.settings.admin_max_body_bytes)
     if actor is None:
         actor = actor_from_request_state if dependencies else _insecure_actor
 
@@ -102,6 +113,8 @@ def create_admin_router(
         403: {"description": "The application's auth dependency refused the request (not allowed)."},
     }
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
-    router.include_router(api_router(service, actor=actor))
-    router.include_router(pages_router(service, actor=actor, csrf=csrf, page_size=page_size))
+    router.include_router(api_router(service, actor=actor, route_class=route_class))
+    router.include_router(
+        pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class)
+    )
     return router

@@ -43,7 +43,9 @@ MAX_FILTER_LENGTH = 200
 
 Status = Literal["pending", "done", "stuck"]
 STATUS_VALUES = ("stuck", "pending", "done")  # the order of the tabs
-RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID, description="A row id (bigint, 1 to 2^63-1).")]
+# Request bodies are strict: only a JSON integer is an id (not "1", 1.0 or true)
+# and only JSON true/false is a boolean (not "no", "off", "0" or 0).
+RowId = Annotated[int, Field(strict=True, ge=1, le=MAX_ROW_ID, description="A row id (bigint, 1 to 2^63-1), a JSON integer.")]
 
 
 def _plain_text(value: str | None) -> str | None:
@@ -64,7 +66,7 @@ FilterText = Annotated[
     Field(max_length=MAX_FILTER_LENGTH, description="Case-insensitive substring of last_error; %, _ and \\ match themselves."),
     AfterValidator(_plain_text),
 ]
-StatusCode = Annotated[int | None, Field(ge=100, le=599, description="Exact last HTTP status code.")]
+StatusCode = Annotated[int | None, Field(strict=True, ge=100, le=599, description="Exact last HTTP status code.")]
 
 
 class _Model(BaseModel):
@@ -178,7 +180,9 @@ class MatchRequest(BaseModel):
 
     error_contains: FilterText = None
     status_code: StatusCode = None
-    dry_run: bool = Field(default=True, description="Count and sample only; nothing changes. Defaults to true.")
+    dry_run: bool = Field(
+        default=True, strict=True, description="Count and sample only; nothing changes. A JSON boolean; defaults to true."
+    )
 
 
 class SkippedRow(_Model):

@@ -14,7 +14,11 @@ Action rules (the same for one id, a list, or a filter):
 * an unknown id raises ``RowsNotFound`` and nothing changes;
 * any other row is left alone and reported as skipped, so repeating an
   action is harmless (idempotent);
-* a change is audited with its actor; a request that changed nothing is not.
+* a change is audited with its actor; a request that changed nothing is not;
+* a change wakes the drain: ``pg_notify`` on the outbox's channel in the same
+  transaction, so a listening drainer wakes when the reset commits (never
+  before: PostgreSQL delivers notifications on commit) instead of at the
+  next interval run.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from outboxkit.admin.schemas import (
 )
 from outboxkit.errors import OutboxKitError
 from outboxkit.kit import OutboxKit
+from outboxkit.notify import notify_statement
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
 from outboxkit.tables import reset_audit
 
@@ -234,6 +239,7 @@ class AdminService:
             else:
                 changed = queries.retry_rows_now(connection, wanted, now=now)
             audit_id = self._record(connection, actor=actor, outbox_name=outbox_name, action=action, ids=changed, row_filter={})
+            self._wake_drain(connection, outbox_name, changed)
         done = set(changed)
         skipped = [SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done]
         return ActionResult(
@@ -252,6 +258,7 @@ class AdminService:
                 audit_id = self._record(
                     connection, actor=actor, outbox_name=outbox_name, action="reset", ids=changed, row_filter=row_filter.as_dict()
                 )
+                self._wake_drain(connection, outbox_name, changed)
         return MatchOutcome(
             outbox=outbox_name,
             filter=RowFilterModel(**row_filter.as_dict()),
@@ -261,6 +268,10 @@ class AdminService:
             changed=len(changed),
             audit_id=audit_id,
         )
+
+    def _wake_drain(self, connection: Connection, outbox_name: str, changed: list[int]) -> None:
+        if changed:
+            connection.execute(notify_statement(self.kit.outbox(outbox_name)))
 
     @staticmethod
     def _record(

@@ -2,7 +2,8 @@
 
 The example admin app runs under uvicorn in a thread on a free 127.0.0.1
 port; the browser signs in with HTTP Basic.  The main flows run with
-JavaScript disabled, which proves the pages need none.  Without
+JavaScript disabled, which proves the pages need none; the attacks (framing
+the admin from another port, script in stored row data) run with it enabled.  Without
 /usr/bin/chromium these tests skip, except under CI=true, where they fail.
 """
 
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
 
 from tests.support.admin import (
     ADMIN_PASSWORD,
     ADMIN_USER,
+    ServedApp,
     add_webhooks,
     admin_database_url,  # noqa: F401  (fixture)
     admin_harness,
@@ -53,29 +55,6 @@ def _require_chromium() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"browser tests cannot run under CI: {missing}")
         pytest.skip(f"browser tests need a browser: {missing}")
-
-
-class ServedApp:
-    """An ASGI app served by uvicorn in a background thread on a free local port."""
-
-    def __init__(self, app) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="admin-uvicorn", daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -170,5 +149,73 @@ def test_a_form_posted_without_its_csrf_token_is_refused(served, page_factory):
     page.evaluate("document.querySelectorAll('input[name=csrf_token]').forEach((field) => field.remove())")
     page.get_by_role("button", name="Reset this row").click()
 
-    assert "security token is missing or invalid" in page.get_by_role("alert").inner_text()
+    assert "security token is missing, invalid or expired" in page.get_by_role("alert").inner_text()
     assert row_of(harness.engine, row_id)["status"] == "stuck"
+
+
+def test_the_admin_cannot_be_framed_by_another_page(served, page_factory):
+    """A page on another local port frames a row page (a clickjacking setup): the browser shows nothing of it."""
+    base_url, harness = served
+    (row_id,) = add_webhooks(harness.engine, 1, status="stuck")
+    target = f"{base_url}/admin/outboxes/webhooks/rows/{row_id}"
+
+    def bait(request):
+        return HTMLResponse(f'<h1>Win a prize</h1><iframe id="victim" src="{target}"></iframe><iframe id="own" src="/own"></iframe>')
+
+    def own(request):
+        return HTMLResponse('<p id="own">a frame this page may show</p>')
+
+    framer = Starlette(routes=[Route("/", bait), Route("/own", own)])
+    with ServedApp(framer) as framer_url:
+        page = page_factory(javascript=True)
+        refusal = page.expect_console_message(lambda message: "frame-ancestors" in message.text)
+        answer = page.expect_response(lambda response: response.url == target and response.status == 200)
+        with refusal as refused, answer as admin_answer:
+            page.goto(framer_url + "/")
+        assert admin_answer.value.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in refused.value.text
+        page.frame_locator("#own").locator("#own").wait_for()  # framing itself works in this page
+
+        victim = page.locator("#victim").element_handle().content_frame()
+        victim.wait_for_load_state()
+        assert victim.url != target  # Chromium swaps a refused frame for its error page
+        assert victim.locator("text=Reset this row").count() == 0
+    assert row_of(harness.engine, row_id)["status"] == "stuck"
+
+
+def test_no_script_runs_from_stored_row_data(served, page_factory):
+    base_url, harness = served
+    (row_id,) = add_webhooks(
+        harness.engine,
+        1,
+        status="stuck",
+        payload={"note": "<script>window.pwned = 'payload'</script>", "html": "\"><img src=x onerror=\"window.pwned='attr'\">"},
+        error="<img src=x onerror=\"window.pwned='error'\"><script>window.pwned='error script'</script>",
+        event="<svg onload=\"window.pwned='event'\">",
+    )
+    page = page_factory(javascript=True)
+    for path in (f"/admin/outboxes/webhooks/rows/{row_id}", "/admin/outboxes/webhooks?status=stuck"):
+        page.goto(base_url + path)
+        page.wait_for_load_state("load")
+        assert page.evaluate("() => window.pwned") is None, path
+    page.goto(base_url + f"/admin/outboxes/webhooks/rows/{row_id}")
+    assert "<script>window.pwned = 'payload'</script>" in page.locator("dl.payload").inner_text()  # shown as text
+
+    # Even markup that escaped the escaping would not run: the policy blocks inline script and handlers.
+    blocked = page.evaluate(
+        """() => new Promise((resolve) => {
+            const seen = [];
+            document.addEventListener('securitypolicyviolation', (event) => {
+                seen.push(event.effectiveDirective);
+                if (seen.length === 2) resolve(seen);
+            });
+            const script = document.createElement('script');
+            script.textContent = "window.pwned = 'inline'";
+            document.body.appendChild(script);
+            const holder = document.createElement('div');
+            holder.innerHTML = '<img src="/admin/static/nothing.png" onerror="window.pwned = \\'handler\\'">';
+            document.body.appendChild(holder);
+        })"""
+    )
+    assert sorted(blocked) == ["script-src-attr", "script-src-elem"]
+    assert page.evaluate("() => window.pwned") is None

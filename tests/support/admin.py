@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import psycopg
+from psycopg import sql
 import pytest
+import uvicorn
 from exampleapp.admin_app import create_app
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
 from outboxkit import ManualClock, OutboxKit
-from tests.support.database import sqlalchemy_url
+from outboxkit.notify import channel_for
+from tests.support.database import libpq_url, sqlalchemy_url
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "correct horse battery staple"
@@ -160,3 +166,46 @@ def record_run(
             ),
             {"job_id": job_id, "job_name": job_name, "at": at, "outcome": outcome, "counts": json.dumps(counts or {})},
         )
+
+
+def cookie_named(client: TestClient, prefix: str) -> Any:
+    """The client's one cookie whose name starts with ``prefix`` (the admin names its cookies per mount)."""
+    found = [cookie for cookie in client.cookies.jar if cookie.name.startswith(prefix)]
+    assert len(found) == 1, f"expected one {prefix}* cookie, got {[cookie.name for cookie in found]}"
+    return found[0]
+
+
+class ServedApp:
+    """An ASGI app served by uvicorn in a background thread on a free local port."""
+
+    def __init__(self, app) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="admin-uvicorn", daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@contextmanager
+def listening(database_url: str, outbox: type) -> Iterator[psycopg.Connection]:
+    """A psycopg connection that LISTENs on ``outbox``'s NOTIFY channel, as a drainer would."""
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(outbox))))
+        yield connection
+
+
+def notified(connection: psycopg.Connection, *, timeout: float = 10.0) -> list[str]:
+    """The channels notified so far; waits up to ``timeout`` for the first one."""
+    return [notification.channel for notification in connection.notifies(timeout=timeout, stop_after=1)]

@@ -1,0 +1,70 @@
+"""Flash notices: what an action did, shown once on the page the browser is sent to next.
+
+After a POST the admin redirects (303) and must say on the next page what
+happened.  A query parameter (``?done=reset``) would let anyone link to a page
+that claims a reset that never happened, so the notice travels in a cookie
+instead: ``<kind>.<count>.<expires>.<signature>`` signed with the admin's
+secret and bound to the actor and the mount path, built from the action's
+result, valid for ``FLASH_SECONDS`` and deleted by the page that shows it.
+Anything else in that cookie (forged, expired, another actor's) shows nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+from outboxkit.admin.signing import Signer
+from outboxkit.clock import Clock
+
+__all__ = ["FLASH_COOKIE", "FLASH_SECONDS", "Flash", "FlashNotices"]
+
+FLASH_COOKIE = "outboxkit_flash"
+FLASH_SECONDS = 60
+_PURPOSE = "flash"
+
+FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many"]
+_KINDS: tuple[str, ...] = ("reset", "retry_now", "unchanged", "reset_many")
+
+
+@dataclass(frozen=True, slots=True)
+class Flash:
+    """One notice: what kind of result, and how many rows it changed."""
+
+    kind: FlashKind
+    count: int = 0
+
+    @property
+    def message(self) -> str:
+        if self.kind == "reset":
+            return "Reset: the row is pending and due now; the next drain sends it."
+        if self.kind == "retry_now":
+            return "The row is due now; the next drain sends it."
+        if self.kind == "reset_many":
+            return f"Reset {self.count:,} row(s); they are pending and due now." if self.count else "Reset 0 row(s): none matched any more."
+        return "Nothing to do: the row was not in a state this action applies to."
+
+
+class FlashNotices:
+    """Encodes and reads flash cookies for one admin router."""
+
+    def __init__(self, signer: Signer, *, clock: Clock) -> None:
+        self._signer = signer
+        self._clock = clock
+
+    def cookie_name(self, mount_path: str) -> str:
+        return f"{FLASH_COOKIE}_{self._signer.tag(mount_path)}"
+
+    def encode(self, flash: Flash, *, actor: str, mount_path: str) -> str:
+        expires = self._clock.now() + timedelta(seconds=FLASH_SECONDS)
+        return self._signer.sign(_PURPOSE, binding=(actor, mount_path), fields=(flash.kind, str(flash.count)), expires=expires)
+
+    def decode(self, value: str | None, *, actor: str, mount_path: str) -> Flash | None:
+        fields = self._signer.unsign(value, _PURPOSE, binding=(actor, mount_path), now=self._clock.now())
+        if fields is None or len(fields) != 2:
+            return None
+        kind, count = fields
+        if kind not in _KINDS or not (count.isascii() and count.isdigit()):
+            return None
+        return Flash(kind=kind, count=int(count))  # type: ignore[arg-type]

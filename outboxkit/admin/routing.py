@@ -1,0 +1,185 @@
+"""The admin's HTTP edge: one route class that every admin route (JSON and pages) uses.
+
+It guarantees, whatever the application's own handlers and middleware do:
+
+* **Security headers** on every answer of an admin route, errors and the
+  application's 401s included: a Content-Security-Policy that allows no
+  script at all and no framing (``frame-ancestors 'none'``), ``X-Frame-Options:
+  DENY``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``,
+  ``Cross-Origin-Resource-Policy: same-origin`` and ``Cache-Control: no-store``
+  (the vendored stylesheet keeps its own ``Cache-Control``: it holds no data).
+* **A body cap**: a request body is read only when an endpoint asks for it,
+  which the admin's endpoints do after the auth dependency has admitted the
+  request, and never beyond ``max_body_bytes``: a larger ``Content-Length``
+  is refused before a byte is read, a chunked body as soon as it passes the
+  cap.  Either way the answer is 413 and nothing changes.
+* **Clear errors**: malformed input gets 422 (written ASCII-escaped, so input
+  FastAPI's default handler cannot echo, such as a lone surrogate, still gets
+  its 422), and a database that cannot be reached gets 503 with a message that
+  says so, not a bare 500.  The pages answer both with the admin's own error
+  page before this fallback is reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, ClassVar
+
+from fastapi import HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import exc as sqlalchemy_errors
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from outboxkit.errors import OutboxKitError
+
+__all__ = [
+    "DATABASE_UNAVAILABLE_ERRORS",
+    "SECURITY_HEADERS",
+    "AdminRoute",
+    "BodyTooLarge",
+    "admin_route_class",
+    "read_json_body",
+    "report_database_unavailable",
+]
+
+logger = logging.getLogger("outboxkit.admin")
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS: dict[str, str] = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cross-origin-resource-policy": "same-origin",
+    "cache-control": "no-store",
+}
+_ENCODED_HEADERS = [(name.encode(), value.encode()) for name, value in SECURITY_HEADERS.items()]
+
+# Raised by SQLAlchemy when it cannot connect or the connection died
+# (OperationalError wraps psycopg's "connection refused"), or when the pool
+# has no connection to give (TimeoutError).
+DATABASE_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    sqlalchemy_errors.OperationalError,
+    sqlalchemy_errors.InterfaceError,
+    sqlalchemy_errors.TimeoutError,
+)
+
+
+def report_database_unavailable(error: Exception) -> str:
+    """Log one line about ``error`` (no traceback: it is the database's trouble, not a bug) and return the message to show."""
+    logger.warning("outboxkit admin: the database is unreachable: %s", str(error).splitlines()[0] if str(error) else type(error).__name__)
+    return (
+        "The database is unreachable (connection refused, timed out or lost), so the admin cannot show or change "
+        "anything right now. Try again once the database is back."
+    )
+
+
+class BodyTooLarge(OutboxKitError):
+    """A request body is over the admin's cap (answered 413)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the request body is larger than {limit:,} bytes; nothing was changed")
+
+
+def _capped_receive(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """``receive`` that raises ``BodyTooLarge`` instead of passing on more than ``limit`` body bytes."""
+    received = 0
+    checked_length = False
+
+    async def capped() -> Message:
+        nonlocal received, checked_length
+        if not checked_length:
+            checked_length = True
+            for name, value in scope.get("headers", ()):
+                if name == b"content-length":
+                    length = value.strip()
+                    if not length.isdigit():  # bytes.isdigit() is ASCII-only
+                        raise HTTPException(status_code=400, detail="the Content-Length header is not a number")
+                    if int(length) > limit:
+                        raise BodyTooLarge(limit)
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise BodyTooLarge(limit)
+        return message
+
+    return capped
+
+
+def _headed_send(send: Send) -> Send:
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            present = {name.lower() for name, _ in headers}
+            headers += [(name, value) for name, value in _ENCODED_HEADERS if name not in present]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_headers
+
+
+def _json_error(status_code: int, detail: Any) -> Response:
+    body = json.dumps({"detail": jsonable_encoder(detail)}, ensure_ascii=True, default=str)
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
+class AdminRoute(APIRoute):
+    """Adds the admin's headers, body cap and error answers to a FastAPI route (see the module)."""
+
+    max_body_bytes: ClassVar[int] = 64 * 1024
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            receive = _capped_receive(scope, receive, self.max_body_bytes)
+            send = _headed_send(send)
+        await super().handle(scope, receive, send)
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return _json_error(422, exc.errors())
+            except BodyTooLarge as exc:
+                return _json_error(413, str(exc))
+            except DATABASE_UNAVAILABLE_ERRORS as exc:
+                return _json_error(503, report_database_unavailable(exc))
+
+        return handle
+
+
+def admin_route_class(*, max_body_bytes: int) -> type[AdminRoute]:
+    """An ``AdminRoute`` with its own body cap (one per admin router)."""
+    return type("AdminRoute", (AdminRoute,), {"max_body_bytes": max_body_bytes})
+
+
+async def read_json_body(request: Request, model: type[BaseModel]) -> Any:
+    """The request body as ``model``, read now (after auth), capped, strictly validated.
+
+    413 over the cap, 400 when the body is not UTF-8, 422 when it is not JSON
+    or does not fit the model (the model's strict types decide: ``"1"``,
+    ``1.0`` and ``true`` are not ids, ``"no"`` and ``0`` are not booleans).
+    """
+    body = await request.body()  # BodyTooLarge -> 413 in AdminRoute
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPException(status_code=400, detail="the body is not UTF-8 text") from None
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
