@@ -16,8 +16,8 @@ path (``--app module:attribute`` or ``$OUTBOXKIT_APP``); the attribute is an
 ``OutboxKit`` or a function returning one.  Output is a table for people,
 ``--json`` for scripts; the exit code is non-zero on failure.  ``status``,
 ``stuck``, ``reset`` and ``jobs`` act through the same service as the admin
-(so a reset is audited, and a row a drain holds is refused); they need the
-``admin`` extra.
+(``outboxkit.operations``: a reset is audited and wakes the drain, and a row
+a drain holds is refused); none of them needs the ``admin`` extra.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from outboxkit.errors import ConfigurationError, OutboxKitError
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
-    from outboxkit.admin.service import AdminService
+    from outboxkit.operations.service import AdminService
 
 __all__ = ["main"]
 
@@ -84,10 +84,8 @@ def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
 
 
 def admin_service(kit: OutboxKit) -> AdminService:
-    try:
-        from outboxkit.admin.service import AdminService
-    except ImportError as exc:
-        raise CommandError(str(exc)) from None
+    from outboxkit.operations.service import AdminService
+
     source = kit.scheduler  # the registry is the same in every process
     return AdminService(kit, job_source=source)
 
@@ -164,7 +162,7 @@ def command_stuck(kit: OutboxKit, args: argparse.Namespace) -> int:
 
 
 def command_reset(kit: OutboxKit, args: argparse.Namespace) -> int:
-    from outboxkit.admin.service import RowsHeld, RowsNotFound
+    from outboxkit.operations.service import RowsHeld, RowsNotFound
 
     service = admin_service(kit)
     if args.all == bool(args.ids):

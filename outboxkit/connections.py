@@ -27,6 +27,8 @@ from collections.abc import Callable
 import psycopg
 from sqlalchemy import Engine
 
+from outboxkit.errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["SessionConnector", "session_connector"]
 
 SessionConnector = Callable[[], psycopg.Connection]
@@ -42,7 +44,7 @@ def session_connector(
     callers retry them alike.
     """
     if dsn is None and engine is None:
-        raise ValueError("session_connector needs an engine or a dsn")
+        raise InvalidValueError("session_connector needs an engine or a dsn")
     idle = max(1, round(keepalive_seconds))
 
     def connect() -> psycopg.Connection:
@@ -74,7 +76,7 @@ def _detached_from(engine: Engine) -> psycopg.Connection:
     connection = pooled.dbapi_connection
     if not isinstance(connection, psycopg.Connection):
         pooled.close()
-        raise TypeError(f"the engine's driver gave a {type(connection).__name__}, not a psycopg connection")
+        raise InvalidTypeError(f"the engine's driver gave a {type(connection).__name__}, not a psycopg connection")
     if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         connection.rollback()
     connection.autocommit = True

@@ -200,7 +200,7 @@ class LeaderElection:
         if not -(2**63) <= key < 2**63:
             raise InvalidValueError(f"advisory key {key} does not fit a signed 64-bit integer")
         if (dsn is None) == (connect is None):
-            raise ValueError("LeaderElection needs exactly one of dsn= or connect= (outboxkit.connections)")
+            raise InvalidValueError("LeaderElection needs exactly one of dsn= or connect= (outboxkit.connections)")
         self.dsn = dsn
         self.key = key
         self.leader_tick_seconds = leader_tick_seconds

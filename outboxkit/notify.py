@@ -138,7 +138,7 @@ class NotifyListener:
         if not channels:
             raise InvalidValueError("NotifyListener needs at least one channel")
         if (dsn is None) == (connect is None):
-            raise ValueError("NotifyListener needs exactly one of dsn= or connect= (outboxkit.connections)")
+            raise InvalidValueError("NotifyListener needs exactly one of dsn= or connect= (outboxkit.connections)")
         self.dsn = dsn
         self.channels = dict(channels)
         self.poll_seconds = poll_seconds

@@ -143,3 +143,29 @@ def test_a_cli_reset_wakes_a_listening_drainer(cli, engine, database_url):
         code, _, _ = cli("reset", "webhooks", "--all", "--status-code", "422", "--yes")
         assert code == 0
         assert notified(listener) == [channel_for(WebhookOutbox)]
+
+
+def test_status_and_stuck_need_no_web_framework(database_url, engine):
+    # The CLI acts through outboxkit.operations; an environment without FastAPI and Jinja2 still runs it.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (
+        "import sys\n"
+        "for name in ('fastapi', 'jinja2', 'starlette'):\n"
+        "    sys.modules[name] = None  # an import of it now fails\n"
+        "from outboxkit.cli import main\n"
+        "code = main(['--app', 'tests.support.worker_app:kit_from_environment', 'status'])\n"
+        "code = code or main(['--app', 'tests.support.worker_app:kit_from_environment', 'stuck', 'sample-events'])\n"
+        "assert 'fastapi' not in sys.modules or sys.modules['fastapi'] is None\n"
+        "raise SystemExit(code)\n"
+    )
+    environment = {**os.environ, "DATABASE_URL": database_url,
+                   "PYTHONPATH": os.pathsep.join([str(root), str(root / "admin")])}
+    finished = subprocess.run([sys.executable, "-c", script], env=environment, cwd=root,
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert "sample-events" in finished.stdout

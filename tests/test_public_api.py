@@ -55,8 +55,8 @@ def test_internals_are_not_exported():
 
 
 def test_every_error_class_derives_from_the_root():
-    from outboxkit.admin.cursor import InvalidCursor
-    from outboxkit.admin.service import RowsHeld, RowsNotFound
+    from outboxkit.operations.cursor import InvalidCursor
+    from outboxkit.operations.service import RowsHeld, RowsNotFound
 
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.OutboxKitError), name

@@ -20,9 +20,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD
-from outboxkit.admin.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
+from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
 from outboxkit.admin.router import ACTOR_STATE_ATTRIBUTE, create_admin_router
-from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
 
 __all__ = [
     "ACTOR_STATE_ATTRIBUTE",

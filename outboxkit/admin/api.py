@@ -32,9 +32,9 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.admin.cursor import InvalidCursor
+from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.routing import AdminRoute, read_json_body
-from outboxkit.admin.schemas import (
+from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
     AuditPage,
@@ -48,7 +48,7 @@ from outboxkit.admin.schemas import (
     RowPage,
     Status,
 )
-from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
 from outboxkit.queries import RowFilter
 

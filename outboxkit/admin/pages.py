@@ -27,12 +27,12 @@ from starlette.datastructures import FormData
 
 from outboxkit.admin.api import OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
-from outboxkit.admin.cursor import InvalidCursor
+from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
-from outboxkit.admin.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
-from outboxkit.admin.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
+from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
 from outboxkit.errors import UnknownOutboxError
 from outboxkit.queries import RowFilter
 

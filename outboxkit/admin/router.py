@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request, params
 from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import FlashNotices
-from outboxkit.admin.jobs import JobSource
+from outboxkit.operations.jobs import JobSource
 from outboxkit.admin.pages import pages_router
 from outboxkit.admin.routing import admin_route_class
-from outboxkit.admin.service import AdminService
+from outboxkit.operations.service import AdminService
 from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit

@@ -28,9 +28,9 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
-from outboxkit.admin.cursor import decode_cursor, encode_cursor
-from outboxkit.admin.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
-from outboxkit.admin.schemas import (
+from outboxkit.operations.cursor import decode_cursor, encode_cursor
+from outboxkit.operations.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.schemas import (
     ActionResult,
     AuditEntry,
     AuditPage,
