@@ -39,6 +39,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, Waker, channel_for
+from outboxkit.retention import retention_job
 
 if TYPE_CHECKING:
     from outboxkit.kit import OutboxKit
@@ -112,6 +113,9 @@ class OutboxScheduler:
                 trigger=every(seconds=self.settings.drain_interval_seconds),
                 function=self._drain_function(outbox),
             )
+            if kit.options(outbox).retain_done_for is not None:  # opt-in retention of delivered rows
+                retention = retention_job(kit, outbox)
+                self._jobs[retention.id] = retention
 
     # -- registry ------------------------------------------------------------
 
