@@ -242,8 +242,10 @@ _ROW_SUMMARY_COLUMNS = (
 # early only if the rows happen to come first), in-flight rows are found in
 # ix_<table>_claimed (``claimed_until > :now`` implies its predicate), the
 # oldest due row is the due index's first entry, and the estimates are
-# catalog reads: reltuples scaled by the relation's current size, as the
-# planner does it, so they follow growth between two ANALYZE runs.
+# catalog reads: the index's reltuples scaled by its current size, as the
+# planner does it.  They are as fresh as the last VACUUM or ANALYZE (growth
+# into new index pages shows; growth into pages a vacuum freed does not),
+# hence the flag, and a capped count never reports fewer rows than it saw.
 STATUS_COUNTS = """
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending'
