@@ -7,8 +7,11 @@ tests/support/database.py) and drops at the end, with the example service's
 1. **claim**: ``--claim-rows`` due rows (default 1,000,000), first each with
    its own ``next_attempt_at``, then all sharing one (one INSERT, one
    ``now()``: a bulk enqueue); ``VACUUM ANALYZE``; the drain's real
-   ``CLAIM_DUE_ROWS`` statement timed ``--repeat`` times, each claim rolled
-   back so every run sees the same table;
+   ``CLAIM_DUE_ROWS`` statement (batch of 50) timed ``--repeat`` times, each
+   claim rolled back so every run sees the same table.  The key figure is the
+   median round trip of the statement; the server's own execution time
+   (``EXPLAIN (ANALYZE, TIMING OFF)``) is printed beside it, since on a
+   shared host the round trip includes waiting for a CPU;
 2. **drain**: ``--drain-rows`` due rows (default 100,000) with distinct due
    times, drained by a real drainer process (``bench/drain_worker.py``, an
    ``OutboxKit.drain`` loop) against the fast local receiver
@@ -25,7 +28,9 @@ tests/support/database.py) and drops at the end, with the example service's
    nine-day cutoff (timed), and a second run right after (the steady state:
    nothing old left); then the cost an index on ``delivered_at`` would add to
    every delivery, as outcome writes per second (``RECORD_OUTCOME``, one row
-   per transaction) with and without it.
+   per transaction) with and without it;
+5. **hot**: how many of the claim and outcome updates are HOT (no index
+   entry written), at fillfactor 100 and 70.
 
 ``--legacy-due-index`` measures the schema before this change: the due index
 on ``next_attempt_at`` alone, no in-flight index, and (for the overview) the
@@ -58,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import psycopg  # noqa: E402
-from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
@@ -160,18 +165,26 @@ def due_rows(count: int, *, url: str = "http://127.0.0.1:9/hook", same_time: boo
 # -- 1. the claim ----------------------------------------------------------------
 
 
-def time_claims(scratch: Scratch, repeat: int) -> list[float]:
+def time_claims(scratch: Scratch, repeat: int) -> tuple[list[float], list[float]]:
+    """Milliseconds per claim as the drainer sees it (the statement's round trip; the rollback after it is
+    not counted) and as the server spent them (``EXPLAIN (ANALYZE, TIMING OFF)``'s execution time)."""
+    client, server = [], []
     with psycopg.connect(scratch.url) as connection:
-
-        def claim() -> None:
+        for number in range(repeat + 5):  # the first five warm the caches
             now = datetime.now(timezone.utc)
             parameters = {"now": now, "lease_until": now + timedelta(minutes=5), "limit": 50, "token": uuid.uuid4()}
+            started = time.perf_counter()
             rows = connection.execute(CLAIM, parameters).fetchall()
+            elapsed = (time.perf_counter() - started) * 1000
             connection.rollback()  # every claim sees the same table
             if len(rows) != 50:
                 raise RuntimeError(f"the claim returned {len(rows)} rows, expected 50")
-
-        return timed(claim, repeat)
+            plan = connection.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + CLAIM, parameters).fetchone()[0]
+            connection.rollback()
+            if number >= 5:
+                client.append(elapsed)
+                server.append(plan[0]["Execution Time"])
+    return client, server
 
 
 def measure_claims(scratch: Scratch, rows: int, repeat: int) -> dict[str, float]:
@@ -179,10 +192,11 @@ def measure_claims(scratch: Scratch, rows: int, repeat: int) -> dict[str, float]
     for label, same_time in (("distinct", False), ("same_time", True)):
         started = time.perf_counter()
         scratch.refill(due_rows(rows, same_time=same_time))
-        samples = time_claims(scratch, repeat)
+        client, server = time_claims(scratch, repeat)
         print(f"claim, {rows:,} due rows, {label.replace('_', ' ')} due times (filled in {time.perf_counter() - started:.1f} s): "
-              f"{summary(samples)}")
-        results[label] = statistics.median(samples)
+              f"{summary(client)}; server execution time {summary(server)}")
+        results[label] = statistics.median(client)
+        results[f"{label}_server"] = statistics.median(server)
     return results
 
 
@@ -369,6 +383,32 @@ def outcome_writes_per_second(scratch: Scratch, rows: int) -> float:
         return len(claimed) / (time.perf_counter() - started)
 
 
+# -- 5. HOT updates and fillfactor ------------------------------------------------
+
+
+def measure_hot_updates(scratch: Scratch, rows: int) -> dict[str, float]:
+    """Share of the claim and outcome updates that were HOT, at fillfactor 100 and 70."""
+    shares = {}
+    for fillfactor in (100, 70):
+        with scratch.connect() as connection:
+            connection.execute(f"ALTER TABLE {TABLE} SET (fillfactor = {fillfactor})")
+        scratch.refill(due_rows(rows, same_time=False))  # TRUNCATE: the new fillfactor applies to every page
+        with scratch.connect() as connection:
+            connection.execute("SELECT pg_stat_reset_single_table_counters(%s::regclass)", (TABLE,))
+        outcome_writes_per_second(scratch, rows)
+        with scratch.connect() as connection:
+            connection.execute("SELECT pg_stat_force_next_flush()")
+        with scratch.connect() as connection:  # a new backend: reads the flushed counters
+            updated, hot = connection.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (TABLE,)
+            ).fetchone()
+        shares[fillfactor] = hot / updated if updated else 0.0
+        print(f"fillfactor {fillfactor}: {updated:,} updates (claim + outcome of {rows:,} rows), {hot:,} HOT ({shares[fillfactor]:.1%})")
+    with scratch.connect() as connection:
+        connection.execute(f"ALTER TABLE {TABLE} RESET (fillfactor)")
+    return {"hot_share_fillfactor_100": shares[100], "hot_share_fillfactor_70": shares[70]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="growth benchmark (see the module docstring)")
     parser.add_argument("--claim-rows", type=int, default=1_000_000)
@@ -378,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outcome-rows", type=int, default=20_000, help="rows per outcome-write measurement")
     parser.add_argument("--repeat", type=int, default=100, help="timed claims and overviews per measurement")
     parser.add_argument("--legacy-due-index", action="store_true", help="measure the schema before this change")
-    parser.add_argument("--skip", action="append", default=[], choices=["claim", "drain", "overview", "retention"])
+    parser.add_argument("--skip", action="append", default=[], choices=["claim", "drain", "overview", "retention", "hot"])
     arguments = parser.parse_args(argv)
     if min(arguments.claim_rows, arguments.drain_rows, arguments.pending_rows, arguments.outcome_rows) < 1000 or arguments.repeat < 1:
         parser.error("row counts must be >= 1000 and --repeat >= 1")
@@ -391,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "claim" not in arguments.skip:
             claims = measure_claims(scratch, arguments.claim_rows, arguments.repeat)
-            result.update(claim_ms_distinct_1m=round(claims["distinct"], 2), claim_ms_same_time_1m=round(claims["same_time"], 2))
+            result.update(
+                claim_ms_distinct_1m=round(claims["distinct"], 2),
+                claim_ms_same_time_1m=round(claims["same_time"], 2),
+                claim_server_ms_distinct_1m=round(claims["distinct_server"], 2),
+                claim_server_ms_same_time_1m=round(claims["same_time_server"], 2),
+            )
         if "drain" not in arguments.skip:
             drains = measure_drains(scratch, arguments.drain_rows)
             ratio = drains["after_bulk_reset"] / drains["distinct"]
@@ -417,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                 outcome_writes_per_s_without_delivered_index=round(retention["outcomes_without_index"], 1),
                 outcome_writes_per_s_with_delivered_index=round(retention["outcomes_with_index"], 1),
             )
+        if "hot" not in arguments.skip:
+            hot = measure_hot_updates(scratch, arguments.outcome_rows)
+            result.update({key: round(value, 4) for key, value in hot.items()})
     finally:
         scratch.drop()
     sizes = {"claim_rows": arguments.claim_rows, "drain_rows": arguments.drain_rows,

@@ -14,7 +14,8 @@ What one run does, and which rule each step keeps:
   never deleted, whatever happened since it was read;
 * it walks the table in id order, ``batch_size`` rows per statement, each
   statement its own short transaction (AUTOCOMMIT): no long transaction holds
-  back vacuum, and a drain's claim never waits behind more than one batch;
+  back vacuum, and row locks are held for one batch at a time (claims never
+  wait on them: they lock only pending rows);
 * it stops when a window holds no row created before the cutoff (ids grow
   with time, so every later row is younger still), at the end of the table,
   after ``max_rows`` deletions or after ``max_seconds``; what is left goes
@@ -38,7 +39,6 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from outboxkit.clock import Clock
 from outboxkit.errors import ConfigurationError
 from outboxkit.jobs import JobContext, ScheduledJob, every
 from outboxkit.model import Outbox
@@ -119,20 +119,20 @@ def delete_delivered_rows(
     return deleted
 
 
-def retention_job(kit: OutboxKit, outbox: type[Outbox], *, clock: Clock | None = None) -> ScheduledJob:
+def retention_job(kit: OutboxKit, outbox: type[Outbox]) -> ScheduledJob:
     """The scheduled job that applies ``retain_done_for`` to one outbox (hourly).
 
     The period comes from the kit's effective options (class options with
-    the settings applied); an outbox without one has no retention job.
+    the settings applied), the cutoff from the kit's clock; an outbox
+    without a period has no retention job.
     """
     options = kit.options(outbox)
     retain_for = options.retain_done_for
     if retain_for is None:
         raise ConfigurationError(f"outbox {options.job_name!r} keeps delivered rows forever (retain_done_for=None)")
-    run_clock = clock or kit.clock
 
     def apply_retention(context: JobContext) -> dict[str, int]:
-        cutoff = run_clock.now() - timedelta(seconds=retain_for)
+        cutoff = kit.clock.now() - timedelta(seconds=retain_for)
         return {"deleted": delete_delivered_rows(kit.engine, outbox, older_than=cutoff)}
 
     return ScheduledJob(
