@@ -124,9 +124,9 @@ def command_status(kit: OutboxKit, args: argparse.Namespace) -> int:
         last = outbox.last_drain
         rows.append({
             "outbox": outbox.name,
-            "pending": counts.pending,
+            "pending": f"~{counts.pending}" if counts.pending_estimated else counts.pending,
             "in_flight": counts.in_flight,
-            "stuck": counts.stuck,
+            "stuck": f"~{counts.stuck}" if counts.stuck_estimated else counts.stuck,
             "done": f"~{counts.done}" if counts.done_estimated else counts.done,
             "oldest_due": age(outbox.oldest_due_at),
             "last_drain": f"{age(last.started_at)} {last.outcome}" if last else "never",

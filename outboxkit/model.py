@@ -17,10 +17,10 @@
                             json={"workspace": self.workspace_id, "amount": self.amount})
 
 The mixin owns the delivery columns (status, attempts, due time, claim lease,
-last error...), a CHECK on ``status`` and a partial index on
-``next_attempt_at WHERE status = 'pending'`` that serves the drain.  The
-application adds its own columns and says what to send for one row.  A row
-inserted with ``next_attempt_at`` in the future is a scheduled one-shot send.
+last error...), a CHECK on ``status`` and the partial indexes the kit reads
+through (see ``outbox_table_args``).  The application adds its own columns and
+says what to send for one row.  A row inserted with ``next_attempt_at`` in the
+future is a scheduled one-shot send.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ LAST_ERROR_LIMIT = 2000
 # Default lease time beyond the slowest possible batch, for recording outcomes
 # and scheduling jitter (``OutboxOptions.lease_margin``).
 LEASE_MARGIN_SECONDS = 30.0
+# The shortest retention accepted: a smaller value is almost surely a unit
+# mistake (days or hours written as seconds).
+MINIMUM_RETENTION_SECONDS = 60.0
 _JOB_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
 
@@ -79,6 +82,12 @@ class OutboxOptions:
     claim holds its rows (default 30 s).  A shorter margin brings a crashed
     worker's rows back sooner but leaves less room for a slow database or a
     paused process before a live delivery could be claimed twice.
+
+    ``retain_done_for`` (seconds, default None: keep every row forever) turns
+    on retention of delivered rows: a scheduled job deletes ``done`` rows
+    whose ``delivered_at`` is older than that, never a ``pending`` or
+    ``stuck`` row (see ``outboxkit.retention``).  It may be overridden per
+    environment like ``backoff``.
     """
 
     job_name: str
@@ -89,6 +98,7 @@ class OutboxOptions:
     timeout: float = 10.0
     lease: float | None = None
     lease_margin: float = LEASE_MARGIN_SECONDS
+    retain_done_for: float | None = None
     transport: Transport | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +121,17 @@ class OutboxOptions:
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
             raise ConfigurationError(
                 f"outbox {self.job_name!r}: lease_margin must be a positive number of seconds, got {margin!r}"
+            )
+        retain = self.retain_done_for
+        if retain is not None and (
+            isinstance(retain, bool)
+            or not isinstance(retain, (int, float))
+            or not math.isfinite(retain)
+            or retain < MINIMUM_RETENTION_SECONDS
+        ):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: retain_done_for must be None (keep delivered rows forever) or a number "
+                f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
@@ -147,14 +168,32 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
         @declared_attr.directive
         def __table_args__(cls):
             return (*outbox_table_args(cls), Index("ix_mine", "workspace_id"))
+
+    Each partial index holds only the rows one reader looks at, so its size
+    follows the work left, not the table:
+
+    * ``ix_<table>_due_id`` on ``(next_attempt_at, id) WHERE status = 'pending'``
+      serves the drain's claim, which orders by both columns.  Its name differs
+      from the former ``ix_<table>_due`` (on ``next_attempt_at`` alone, which
+      sorted every group of rows sharing one due time on each claim), so
+      Alembic autogenerate on an existing table proposes dropping the old index
+      and creating this one (docs/operations.md, "Upgrading the due index");
+    * ``ix_<table>_stuck`` on ``id WHERE status = 'stuck'`` serves the admin's
+      stuck list and count;
+    * ``ix_<table>_claimed`` on ``claimed_until WHERE claimed_until IS NOT NULL``
+      serves the in-flight count (``claimed_until > now`` implies the
+      predicate): a claim sets the lease and every outcome write, park or
+      reset clears it, so the index holds the rows claimed right now (and
+      those of a crashed worker until they are claimed again).
     """
     table = cls.__tablename__  # type: ignore[attr-defined]
     statuses = ", ".join(f"'{status}'" for status in STATUSES)
     return (
         CheckConstraint(f"status IN ({statuses})", name=f"ck_{table}_status"),
         UniqueConstraint("idempotency_key", name=f"uq_{table}_idempotency_key"),
-        Index(f"ix_{table}_due", "next_attempt_at", postgresql_where=text("status = 'pending'")),
+        Index(f"ix_{table}_due_id", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")),
         Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
+        Index(f"ix_{table}_claimed", "claimed_until", postgresql_where=text("claimed_until IS NOT NULL")),
     )
 
 

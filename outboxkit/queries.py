@@ -238,6 +238,7 @@ from outboxkit.model import STATUSES  # noqa: E402  (kept with the section it se
 
 __all__ += [
     "AdminQueries",
+    "DeletedBatch",
     "PayloadField",
     "RowDetail",
     "RowFilter",
@@ -253,12 +254,68 @@ KIT_COLUMNS = frozenset(name for name, annotation in Outbox.__annotations__.item
 # Below this many rows in the table, ``done`` is counted exactly (a capped
 # scan); above it, it is derived from the planner's row estimate.
 DONE_EXACT_LIMIT = 10_000
+# Pending and stuck rows are counted exactly up to this many (a scan of their
+# partial index that stops there, a few milliseconds); past it the count
+# would cost a read of the whole backlog on every overview, so the figure is
+# the index's own size-scaled row estimate instead, flagged as one.
+COUNT_EXACT_LIMIT = 100_000
 LIST_ERROR_CHARS = 200
 
 _ROW_SUMMARY_COLUMNS = (
     "id, status, attempts, next_attempt_at, last_status_code, left(last_error, :error_chars) AS last_error, "
     "length(last_error) AS last_error_length, created_at, updated_at, delivered_at, claimed_until"
 )
+# Every part reads an index whose size follows the work left, never the
+# table: pending and stuck are capped scans of their partial indexes (ordered
+# by the index's keys, so the planner cannot pick a table scan that stops
+# early only if the rows happen to come first), in-flight rows are found in
+# ix_<table>_claimed (``claimed_until > :now`` implies its predicate), the
+# oldest due row is the due index's first entry, and the estimates are
+# catalog reads: the index's reltuples scaled by its current size, as the
+# planner does it.  They are as fresh as the last VACUUM or ANALYZE (growth
+# into new index pages shows; growth into pages a vacuum freed does not),
+# hence the flag, and a capped count never reports fewer rows than it saw.
+STATUS_COUNTS = """
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending'
+                           ORDER BY next_attempt_at, id LIMIT :cap) AS capped) AS pending,
+    (SELECT count(*) FROM {table} WHERE status = 'pending' AND claimed_until > :now) AS in_flight,
+    (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'stuck' ORDER BY id LIMIT :cap) AS capped) AS stuck,
+    (SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now) AS oldest_due_at,
+    (SELECT reltuples FROM pg_class WHERE oid = to_regclass(:table_name)) AS total_estimate,
+    (SELECT {estimate} FROM pg_class WHERE oid = to_regclass(:due_index)) AS pending_estimate,
+    (SELECT {estimate} FROM pg_class WHERE oid = to_regclass(:stuck_index)) AS stuck_estimate
+"""
+_SCALED_ESTIMATE = (
+    "CASE WHEN relpages > 0 AND reltuples >= 0 "
+    "THEN reltuples / relpages * (pg_relation_size(oid) / current_setting('block_size')::float8) END"
+)
+
+# Retention: one window of ``:window`` rows in id order after ``:after_id``
+# (a primary-key range scan, so no index serves retention alone), and delete
+# the done rows in it delivered before ``:cutoff``.  The DELETE re-checks
+# status and delivered_at on the row it deletes: a row that left ``done``
+# after the window was read (an operator's manual update) is re-evaluated
+# under its lock and kept.  The window also says how many of its rows were
+# created before the cutoff: a window with none means every later id is
+# younger still, so the walk can stop.
+DELETE_DELIVERED_ROWS = """
+WITH scanned AS (
+    SELECT id, status, delivered_at, created_at FROM {table}
+    WHERE id > :after_id ORDER BY id LIMIT :window
+), deleted AS (
+    DELETE FROM {table} AS outbox
+    USING scanned
+    WHERE outbox.id = scanned.id
+      AND scanned.status = 'done' AND scanned.delivered_at < :cutoff
+      AND outbox.status = 'done' AND outbox.delivered_at < :cutoff
+    RETURNING outbox.id
+)
+SELECT (SELECT count(*) FROM deleted) AS deleted,
+       (SELECT max(id) FROM scanned) AS last_id,
+       (SELECT count(*) FROM scanned WHERE created_at < :cutoff) AS created_before_cutoff
+"""
+
 _RESET = (
     "UPDATE {table} SET status = 'pending', attempts = 0, next_attempt_at = :now, "
     "claimed_until = NULL, claim_token = NULL, updated_at = :now"
@@ -294,7 +351,7 @@ def escape_like(value: str) -> str:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StatusCounts:
-    """One outbox's counts.  ``done`` is exact only when ``done_estimated`` is False."""
+    """One outbox's counts.  A count is exact only when its ``*_estimated`` flag is False."""
 
     pending: int
     in_flight: int
@@ -302,6 +359,22 @@ class StatusCounts:
     done: int
     done_estimated: bool
     oldest_due_at: datetime | None
+    pending_estimated: bool = False
+    stuck_estimated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeletedBatch:
+    """What one retention statement did: rows deleted, where the window ended, whether to go on."""
+
+    deleted: int
+    last_id: int | None
+    created_before_cutoff: int
+
+    @property
+    def more_may_follow(self) -> bool:
+        """False once the window was empty or held no row created before the cutoff."""
+        return self.last_id is not None and self.created_before_cutoff > 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -369,6 +442,9 @@ class AdminQueries:
         table = outbox.__table__  # type: ignore[attr-defined]
         self.table_name = _quote(table)
         preparer = postgresql.dialect().identifier_preparer
+        schema = f"{preparer.quote_schema(table.schema)}." if table.schema else ""
+        self.due_index = schema + preparer.quote(f"ix_{table.name}_due_id")
+        self.stuck_index = schema + preparer.quote(f"ix_{table.name}_stuck")
         self.payload_columns = [
             (column.name, preparer.quote(column.name), column.type.compile(dialect=postgresql.dialect()))
             for column in table.columns
@@ -379,24 +455,27 @@ class AdminQueries:
         return template.format(table=self.table_name)
 
     def status_counts(self, connection: Connection, *, now: datetime) -> StatusCounts:
-        """Exact pending, in-flight and stuck counts (partial indexes); ``done`` exact or estimated."""
+        """Pending, in-flight and stuck counts through their partial indexes; ``done`` exact or estimated.
+
+        Pending and stuck are exact up to ``COUNT_EXACT_LIMIT`` and estimated
+        past it; ``done`` is exact while the table holds at most
+        ``DONE_EXACT_LIMIT`` rows.
+        """
         row = connection.execute(
-            text(
-                self._sql(
-                    "SELECT (SELECT count(*) FROM {table} WHERE status = 'pending') AS pending, "
-                    "(SELECT count(*) FROM {table} WHERE status = 'pending' AND claimed_until > :now) AS in_flight, "
-                    "(SELECT count(*) FROM {table} WHERE status = 'stuck') AS stuck, "
-                    "(SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now) "
-                    "AS oldest_due_at, "
-                    "(SELECT reltuples FROM pg_class WHERE oid = to_regclass(:table_name)) AS total_estimate"
-                )
-            ),
-            {"now": now, "table_name": self.table_name},
+            text(STATUS_COUNTS.format(table=self.table_name, estimate=_SCALED_ESTIMATE)),
+            {
+                "now": now,
+                "cap": COUNT_EXACT_LIMIT + 1,
+                "table_name": self.table_name,
+                "due_index": self.due_index,
+                "stuck_index": self.stuck_index,
+            },
         ).one()
-        others = row.pending + row.stuck
+        pending, pending_estimated = _capped(row.pending, row.pending_estimate)
+        stuck, stuck_estimated = _capped(row.stuck, row.stuck_estimate)
         total_estimate = int(row.total_estimate) if row.total_estimate is not None else -1
         if total_estimate > DONE_EXACT_LIMIT:
-            done, estimated = max(0, total_estimate - others), True
+            done, estimated = max(0, total_estimate - pending - stuck), True
         else:
             done = connection.execute(
                 text(self._sql("SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'done' LIMIT :cap) AS capped")),
@@ -404,12 +483,14 @@ class AdminQueries:
             ).scalar_one()
             estimated = done > DONE_EXACT_LIMIT
         return StatusCounts(
-            pending=row.pending,
+            pending=pending,
             in_flight=row.in_flight,
-            stuck=row.stuck,
+            stuck=stuck,
             done=done,
             done_estimated=estimated,
             oldest_due_at=row.oldest_due_at,
+            pending_estimated=pending_estimated,
+            stuck_estimated=stuck_estimated,
         )
 
     def page(
@@ -509,6 +590,13 @@ class AdminQueries:
         ).scalars()
         return count, list(sample)
 
+    def delete_delivered_batch(self, connection: Connection, *, cutoff: datetime, after_id: int, window: int) -> DeletedBatch:
+        """Delete the ``done`` rows delivered before ``cutoff`` among the ``window`` rows after ``after_id``."""
+        row = connection.execute(
+            text(self._sql(DELETE_DELIVERED_ROWS)), {"cutoff": cutoff, "after_id": after_id, "window": window}
+        ).one()
+        return DeletedBatch(deleted=row.deleted, last_id=row.last_id, created_before_cutoff=row.created_before_cutoff)
+
     def reset_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, now: datetime) -> list[int]:
         """Reset every stuck row matching the filter.  Stuck rows carry no lease, so none is held."""
         filter_sql, params = row_filter.clauses()
@@ -521,6 +609,13 @@ class AdminQueries:
             )
         )
         return sorted(connection.execute(statement, {**params, "now": now}).scalars())
+
+
+def _capped(count: int, estimate: float | None) -> tuple[int, bool]:
+    """A capped count as shown: exact up to the limit, else the estimate (never below the limit)."""
+    if count <= COUNT_EXACT_LIMIT:
+        return count, False
+    return max(COUNT_EXACT_LIMIT + 1, round(estimate or 0)), True
 
 
 @cache

@@ -42,6 +42,7 @@ from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
+from outboxkit.retention import retention_job
 
 if TYPE_CHECKING:
     from outboxkit.kit import OutboxKit
@@ -51,6 +52,8 @@ __all__ = ["JobInfo", "OutboxScheduler", "drain_job_id"]
 logger = logging.getLogger("outboxkit.scheduler")
 
 DRAIN_JOB_PREFIX = "outboxkit.drain."
+# Every job id under "outboxkit." belongs to the kit (drains, retention); applications use their own.
+KIT_JOB_PREFIX = "outboxkit."
 
 
 def drain_job_id(outbox: type[Outbox]) -> str:
@@ -148,6 +151,9 @@ class OutboxScheduler:
                 trigger=every(seconds=self.settings.drain_interval_seconds),
                 function=self._drain_function(outbox),
             )
+            if kit.options(outbox).retain_done_for is not None:  # opt-in retention of delivered rows
+                retention = retention_job(kit, outbox)
+                self._jobs[retention.id] = retention
 
     # -- registry ------------------------------------------------------------
 
@@ -155,8 +161,11 @@ class OutboxScheduler:
         self, id: str, function: JobFunction, trigger: BaseTrigger, *, name: str | None = None
     ) -> ScheduledJob:
         """Register (or replace) an application job; takes effect at once if this process leads."""
-        if id.startswith(DRAIN_JOB_PREFIX):
-            raise ConfigurationError(f"job ids starting with {DRAIN_JOB_PREFIX!r} are reserved for the outbox drains")
+        if id.startswith(KIT_JOB_PREFIX):
+            raise ConfigurationError(
+                f"job ids starting with {KIT_JOB_PREFIX!r} are reserved for the kit's own jobs (drains, retention); "
+                "use your application's own prefix, e.g. 'billing.expire-trials'"
+            )
         job = ScheduledJob(id=id, name=name or id, trigger=trigger, function=function)
         with self._lock:
             self._jobs[id] = job
@@ -165,9 +174,9 @@ class OutboxScheduler:
         return job
 
     def remove_job(self, id: str) -> None:
-        """Unregister an application job (the drain jobs stay)."""
-        if id.startswith(DRAIN_JOB_PREFIX):
-            raise ConfigurationError("the outbox drain jobs cannot be removed")
+        """Unregister an application job (the kit's own jobs stay)."""
+        if id.startswith(KIT_JOB_PREFIX):
+            raise ConfigurationError("the kit's own jobs (drains, retention) cannot be removed")
         with self._lock:
             self.job(id)
             del self._jobs[id]

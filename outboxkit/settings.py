@@ -5,6 +5,7 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_ENVIRONMENT=production
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATTEMPTS=10
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__BACKOFF=1,5,30
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RETAIN_DONE_FOR=604800   # or "off"
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
@@ -83,6 +84,9 @@ class OutboxOverride(BaseModel):
     batch_size: int | None = Field(default=None, ge=1, le=10_000)
     concurrency: int | None = Field(default=None, ge=1, le=10_000)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Seconds, or "off" to keep delivered rows forever whatever the class says
+    # (the range is checked by OutboxOptions, which names the variable).
+    retain_done_for: Annotated[float, Field(allow_inf_nan=False)] | Literal["off"] | None = None
 
     @field_validator("backoff", mode="before")
     @classmethod
@@ -94,7 +98,11 @@ class OutboxOverride(BaseModel):
         return value
 
     def values(self) -> dict[str, object]:
-        return {name: value for name, value in self.model_dump().items() if value is not None}
+        """The fields that are set, as ``OutboxOptions`` keyword arguments."""
+        values = {name: value for name, value in self.model_dump().items() if value is not None}
+        if values.get("retain_done_for") == "off":
+            values["retain_done_for"] = None
+        return values
 
 
 class OutboxKitSettings(BaseSettings):

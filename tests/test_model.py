@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import Engine, create_engine, insert, select, text, update
@@ -14,6 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import ConfigurationError, Delivery, Outbox, OutboxKit, OutboxOptions
 from outboxkit.model import LEASE_MARGIN_SECONDS
+from outboxkit.queries import STATUS_COUNTS
 from tests.support.database import DatabaseFactory, sqlalchemy_url
 from tests.support.models import SampleEvent
 
@@ -110,6 +111,22 @@ def test_a_lease_that_is_not_finite_seconds_is_refused(lease):
         OutboxOptions(job_name="grants", lease=lease)
 
 
+def test_retention_is_off_by_default_and_takes_seconds():
+    assert OutboxOptions(job_name="grants").retain_done_for is None
+    assert OutboxOptions(job_name="grants", retain_done_for=7 * 86400).retain_done_for == 604800
+    assert OutboxOptions(job_name="grants", retain_done_for=60.0).retain_done_for == 60.0
+
+
+@pytest.mark.parametrize("retain", [0, -1, 59.9, 7, float("nan"), float("inf"), True, "604800", [604800]])
+def test_a_bad_retention_is_refused_with_an_example(retain):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"outbox 'grants': retain_done_for must be None \(keep delivered rows forever\) or a number of seconds "
+        r"of at least 60, e\.g\. 7 \* 86400 for a week; got ",
+    ):
+        OutboxOptions(job_name="grants", retain_done_for=retain)
+
+
 def test_options_are_keyword_only_and_frozen():
     with pytest.raises(TypeError):
         OutboxOptions("grants")  # type: ignore[misc]
@@ -173,7 +190,11 @@ def test_an_abstract_intermediate_is_allowed_and_its_subclasses_checked():
 
     table = base.metadata.tables["invoice_outbox"]
     assert {"tenant", "idempotency_key", "status", "next_attempt_at", "claim_token"} <= set(table.columns.keys())
-    assert {index.name for index in table.indexes} == {"ix_invoice_outbox_due", "ix_invoice_outbox_stuck"}
+    assert {index.name for index in table.indexes} == {
+        "ix_invoice_outbox_due_id",
+        "ix_invoice_outbox_stuck",
+        "ix_invoice_outbox_claimed",
+    }
     assert InvoiceOutbox(tenant="acme").build_delivery().url == "http://127.0.0.1:1/acme"
 
     with pytest.raises(ConfigurationError, match="Untitled must declare __outbox__"):
@@ -320,28 +341,90 @@ def test_the_idempotency_key_is_unique(outbox_engine):
             session.add(SampleEvent(target_url="http://127.0.0.1:1/e", payload={}, idempotency_key=key))
 
 
-def test_the_partial_due_index_exists_on_every_outbox_table(outbox_engine):
+def test_the_partial_indexes_exist_on_every_outbox_table(outbox_engine):
     with outbox_engine.connect() as connection:
         definitions = dict(
             connection.execute(text("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'")).all()
         )
     for table in (SampleEvent.__tablename__, CreditGrantOutbox.__tablename__, WebhookOutbox.__tablename__):
-        due = definitions[f"ix_{table}_due"]
-        assert f"ON public.{table} USING btree (next_attempt_at)" in due
+        due = definitions[f"ix_{table}_due_id"]
+        assert f"ON public.{table} USING btree (next_attempt_at, id)" in due
         assert due.endswith("WHERE ((status)::text = 'pending'::text)")
-        assert definitions[f"ix_{table}_stuck"].endswith("WHERE ((status)::text = 'stuck'::text)")
+        assert f"ix_{table}_due" not in definitions
+        assert definitions[f"ix_{table}_stuck"].endswith("USING btree (id) WHERE ((status)::text = 'stuck'::text)")
+        assert definitions[f"ix_{table}_claimed"].endswith("USING btree (claimed_until) WHERE (claimed_until IS NOT NULL)")
 
 
-def test_the_drain_query_uses_the_partial_index(outbox_engine):
+def plan_nodes(plan: dict, ancestors: tuple[dict, ...] = ()) -> Iterator[tuple[dict, tuple[dict, ...]]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan with the nodes above it."""
+    yield plan, ancestors
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child, (*ancestors, plan))
+
+
+def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_due_time(outbox_engine):
+    # One INSERT ... SELECT gives every row the same now(): the shape of a
+    # bulk enqueue or a bulk reset.  With the due index on next_attempt_at
+    # alone, the claim read and sorted all 20,000 of them.
+    from outboxkit.queries import CLAIM_DUE_ROWS
+
     with outbox_engine.begin() as connection:
-        connection.execute(text("SET LOCAL enable_seqscan = off"))
-        plan = "\n".join(
-            connection.execute(
-                text(
-                    "EXPLAIN SELECT id FROM sample_event_outbox WHERE status = 'pending' "
-                    "AND next_attempt_at <= now() ORDER BY next_attempt_at LIMIT 50"
-                )
-            ).scalars()
+        connection.execute(
+            text(
+                "INSERT INTO sample_event_outbox (target_url, payload) "
+                "SELECT 'http://127.0.0.1:1/e', '{}' FROM generate_series(1, 20000)"
+            )
         )
-    assert "ix_sample_event_outbox_due" in plan
+        connection.execute(text("ANALYZE sample_event_outbox"))
+    claim = CLAIM_DUE_ROWS.format(table="sample_event_outbox", asynchronous_commit="")
+    parameters = {"now": datetime(2100, 1, 1, tzinfo=timezone.utc), "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc)}
+    parameters.update(limit=50, token=uuid.uuid4())
+    connection = outbox_engine.connect()
+    try:  # EXPLAIN ANALYZE runs the claim: roll it back
+        plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + claim), parameters).scalar_one()[0]["Plan"]
+    finally:
+        connection.rollback()
+        connection.close()
+    scans = [(node, above) for node, above in plan_nodes(plan) if node.get("Index Name") == "ix_sample_event_outbox_due_id"]
+    assert len(scans) == 1
+    scan, above = scans[0]
+    assert scan["Actual Rows"] == 50  # one batch read in index order: no group read whole
+    assert not [node for node in above if "Sort" in node["Node Type"]]
+    assert plan["Actual Rows"] == 50
 
+
+def test_the_overview_counts_read_only_partial_indexes(outbox_engine):
+    from outboxkit.queries import admin_queries_for
+
+    with outbox_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO sample_event_outbox (target_url, payload, status, delivered_at) "
+                "SELECT 'http://127.0.0.1:1/e', '{}', 'done', now() FROM generate_series(1, 20000)"
+            )
+        )
+        connection.execute(  # a backlog, a few of it claimed
+            text(
+                "INSERT INTO sample_event_outbox (target_url, payload, next_attempt_at, claimed_until, claim_token) "
+                "SELECT 'http://127.0.0.1:1/e', '{}', now() + g * interval '1 second', "
+                "CASE WHEN g <= 10 THEN now() + interval '1 minute' END, CASE WHEN g <= 10 THEN gen_random_uuid() END "
+                "FROM generate_series(1, 5000) AS g"
+            )
+        )
+        connection.execute(text("ANALYZE sample_event_outbox"))
+    queries = admin_queries_for(SampleEvent)
+    with outbox_engine.connect() as connection:
+        plan = connection.execute(
+            text("EXPLAIN (FORMAT JSON) " + STATUS_COUNTS.format(table=queries.table_name, estimate="reltuples")),
+            {"now": datetime(2030, 1, 1, tzinfo=timezone.utc), "cap": 100_001, "table_name": queries.table_name,
+             "due_index": queries.due_index, "stuck_index": queries.stuck_index},
+        ).scalar_one()[0]["Plan"]
+    nodes = [node for node, _ in plan_nodes(plan)]
+    on_the_outbox = [node["Node Type"] for node in nodes if node.get("Relation Name") == "sample_event_outbox"]
+    assert len(on_the_outbox) == 4 and "Seq Scan" not in on_the_outbox
+    assert sorted(node["Index Name"] for node in nodes if node.get("Index Name", "").startswith("ix_")) == [
+        "ix_sample_event_outbox_claimed",  # in flight
+        "ix_sample_event_outbox_due_id",  # pending (capped)
+        "ix_sample_event_outbox_due_id",  # oldest due
+        "ix_sample_event_outbox_stuck",  # stuck (capped)
+    ]

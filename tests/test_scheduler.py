@@ -178,6 +178,8 @@ def test_bad_job_registrations_are_refused_and_change_nothing(kit):
     before = kit.scheduler.jobs()
     with pytest.raises(ConfigurationError, match="reserved"):
         kit.scheduler.add_job("outboxkit.drain.mine", lambda context: None, every(minutes=1))
+    with pytest.raises(ConfigurationError, match="reserved"):
+        kit.scheduler.add_job("outboxkit.retention.mine", lambda context: None, every(minutes=1))
     with pytest.raises(ConfigurationError, match="job id"):
         kit.scheduler.add_job("bad id!", lambda context: None, every(minutes=1))
     with pytest.raises(ConfigurationError, match="trigger"):

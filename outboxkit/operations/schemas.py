@@ -98,9 +98,15 @@ class LeaderModel(_Model):
 
 
 class OutboxCounts(_Model):
-    pending: int = Field(description="Exact count of pending rows (including those in flight).")
-    in_flight: int = Field(description="Pending rows a drain holds now (claimed_until in the future).")
-    stuck: int = Field(description="Exact count of stuck rows.")
+    pending: int = Field(description="Pending rows (including those in flight); an estimate when pending_estimated is true.")
+    pending_estimated: bool = Field(
+        description="True past 100,000 pending rows: pending is then the due index's row estimate, not a count."
+    )
+    in_flight: int = Field(description="Exact count of pending rows a drain holds now (claimed_until in the future).")
+    stuck: int = Field(description="Stuck rows; an estimate when stuck_estimated is true.")
+    stuck_estimated: bool = Field(
+        description="True past 100,000 stuck rows: stuck is then the stuck index's row estimate, not a count."
+    )
     done: int = Field(description="Delivered rows; an estimate when done_estimated is true.")
     done_estimated: bool = Field(
         description="True when done comes from the planner's row estimate (pg_class.reltuples) instead of a count."
