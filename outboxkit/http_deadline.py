@@ -98,7 +98,11 @@ class DeadlineBackend(httpcore.NetworkBackend):
         last_error: OSError | None = None
         for family, kind, protocol, _, address in addresses:
             left = self._left_until(ends, f"no connection to {host}:{port} in time")
-            sock = socket.socket(family, kind, protocol)
+            try:
+                sock = socket.socket(family, kind, protocol)
+            except OSError as exc:  # out of file descriptors, an address family the host lacks
+                last_error = exc
+                continue
             try:
                 for option in socket_options or ():
                     sock.setsockopt(*option)
@@ -140,12 +144,19 @@ class DeadlineBackend(httpcore.NetworkBackend):
         except ValueError:
             pass
         else:  # a literal needs no lookup, and getaddrinfo returns it at once
-            return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+            try:
+                return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+            except OSError as exc:
+                raise httpcore.ConnectError(f"address {host!r}: {exc}") from exc
         ends = None if budget is None else time.monotonic() + budget
         if not self._lookup_slots.acquire(timeout=budget):
             raise httpcore.ConnectTimeout(f"name lookup of {host!r} did not finish in time (every lookup thread is busy)")
         lookup = _Lookup(host, port, self._lookup_slots)
-        threading.Thread(target=lookup.run, name="outboxkit-dns", daemon=True).start()
+        try:
+            threading.Thread(target=lookup.run, name="outboxkit-dns", daemon=True).start()
+        except RuntimeError as exc:  # the process is out of threads
+            self._lookup_slots.release()
+            raise httpcore.ConnectError(f"name lookup of {host!r} could not start: {exc}") from exc
         if not lookup.done.wait(self._left_until(ends, f"name lookup of {host!r} did not finish in time")):
             raise httpcore.ConnectTimeout(f"name lookup of {host!r} did not finish in time")
         if lookup.error is not None:

@@ -116,6 +116,12 @@ class HttpTransport:
         except ValueError as exc:
             raise ConfigurationError(f"HttpTransport(connect_timeout=...): {exc}") from None
         default_headers = {"User-Agent": user_agent, **(headers or {})}
+        for name, value in default_headers.items():
+            # The message names the header, never its value: it may be a token.
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ConfigurationError(f"HttpTransport headers must map str to str; header {name!r} is not")
+            if not (name + value).isascii() or any(character in name + value for character in "\r\n\0"):
+                raise ConfigurationError(f"HttpTransport header {name!r} must be ASCII without line breaks")
         self._default_headers = [(name, value, name.lower()) for name, value in default_headers.items()]
         self._max_connections = max_connections
         self._tls = ssl_context if ssl_context is not None else httpx.create_ssl_context()

@@ -9,10 +9,14 @@ answer, a name lookup that hangs, and proxies.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpcore
 import httpx
@@ -90,6 +94,10 @@ def test_a_client_argument_is_refused_with_what_to_use_instead():
         ({"proxy": "socks5://proxy.test:1080"}, "only http:// proxies are supported"),
         ({"proxy": "https://proxy.test:3128"}, "only http:// proxies are supported"),
         ({"verify": False}, "unexpected keyword argument 'verify'"),
+        ({"headers": {"X-Count": 1}}, "must map str to str"),
+        ({"headers": {"Authorization": "Bearer caf\u00e9"}}, "'Authorization' must be ASCII"),
+        ({"headers": {"X-Evil": "a\r\nInjected: 1"}}, "without line breaks"),
+        ({"user_agent": None}, "must map str to str"),
     ],
 )
 def test_bad_options_are_refused_at_start_up(arguments, message):
@@ -421,15 +429,16 @@ def test_an_answer_dripped_past_the_deadline_ends_the_send_at_the_deadline(trans
 
 
 def test_an_upload_the_receiver_reads_slowly_ends_at_the_deadline(transport, receiver: Receiver):
-    # 32 MB, far more than the loopback socket buffers hold, read 256 kB every 50 ms: each write
-    # makes progress well within a second (so httpx's per-operation timeout never fires), but
-    # the upload takes over 6 s in all.
-    receiver.read_pace = (262_144, 0.05)
+    # 32 MB, far more than the loopback socket buffers hold, read 128 kB every 50 ms: each write
+    # makes progress well within a second (so a per-operation timeout never fires), but the
+    # upload takes over 12 s in all.  A longer deadline than the other tests': encoding 32 MB
+    # of JSON at the start of the send takes a visible share of it on a busy machine.
+    receiver.read_pace = (131_072, 0.05)
     delivery = Delivery(url=f"{receiver.url}/events", json={"blob": "x" * 32_000_000})
-    result, elapsed = timed_send(transport, delivery)
+    result, elapsed = timed_send(transport, delivery, timeout=2.0)
     assert result.failure is FailureKind.TIMEOUT
-    assert result.error == "timeout: no complete answer within 1 s (deadline; WriteTimeout while sending the request)"
-    assert DEADLINE <= elapsed < LATEST_END
+    assert result.error == "timeout: no complete answer within 2 s (deadline; WriteTimeout while sending the request)"
+    assert 2.0 <= elapsed < 2.0 + LATEST_END
 
 
 @pytest.fixture
@@ -549,3 +558,64 @@ def test_an_environment_proxy_the_transport_cannot_use_is_refused_at_start_up(no
     no_proxy_environment.setenv("HTTPS_PROXY", "socks5://proxy.test:1080")
     with pytest.raises(ConfigurationError, match=r"environment's proxy.*only http:// proxies.*trust_env=False"):
         HttpTransport()
+
+
+# -- TLS -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> Path:
+    """A self-signed certificate for 127.0.0.1 (made with the openssl command); its key is beside it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
+         "-subj", "/CN=outboxkit test receiver", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return folder / "cert.pem"
+
+
+@pytest.fixture
+def tls_receiver(certificate: Path) -> Iterator[Receiver]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, certificate.with_name("key.pem"))
+    with Receiver(tls=context) as receiver:
+        yield receiver
+
+
+def test_ssl_context_trusts_a_private_ca(tls_receiver: Receiver, certificate: Path):
+    with HttpTransport(ssl_context=ssl.create_default_context(cafile=str(certificate))) as transport:
+        result = send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.succeeded
+    assert tls_receiver.keys() == [KEY]
+
+
+def test_the_default_context_refuses_an_unknown_certificate(transport, tls_receiver: Receiver):
+    result = send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.failure is FailureKind.CONNECTION
+    assert "CERTIFICATE_VERIFY_FAILED" in result.error
+    assert tls_receiver.keys() == []
+
+
+def test_an_answer_dripped_over_tls_ends_at_the_deadline(tls_receiver: Receiver, certificate: Path):
+    tls_receiver.respond = lambda request: Reply(body=b"x" * 300, drip=1, drip_pause=0.1)
+    with HttpTransport(ssl_context=ssl.create_default_context(cafile=str(certificate))) as transport:
+        result, elapsed = timed_send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ReadTimeout while reading the answer)"
+    assert DEADLINE <= elapsed < LATEST_END
+
+
+def test_a_tls_handshake_that_gets_no_answer_ends_at_the_deadline(transport):
+    # The kernel completes the TCP handshake into the listen queue; nothing ever reads the ClientHello.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        result, elapsed = timed_send(transport, Delivery(url=f"https://127.0.0.1:{port}/events"))
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ConnectTimeout while connecting)"
+    assert DEADLINE <= elapsed < LATEST_END

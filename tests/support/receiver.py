@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -66,14 +67,17 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that drops its connection (a killed worker, a send that
-        # timed out) is part of the tests, not a receiver error.
-        if isinstance(sys.exc_info()[1], ConnectionError):
+        # timed out, a client that refused our certificate) is part of the
+        # tests, not a receiver error.
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLError)):
             return
         super().handle_error(request, client_address)
 
 
 class Receiver:
-    def __init__(self) -> None:
+    """``tls``: a server-side context; the receiver then speaks HTTPS (``url`` starts with ``https://``)."""
+
+    def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[Request] = []
         self.respond: Callable[[Request], Reply] = lambda request: Reply()
         self._released = threading.Event()
@@ -166,8 +170,10 @@ class Receiver:
             do_POST = do_PUT = do_PATCH = do_DELETE = do_GET = _handle
 
         self._server = _Server(("127.0.0.1", 0), Handler)
+        if tls is not None:  # the handshake runs in the handler's thread, on its first read
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)
 
     def _record(self, request: Request | None, delta: int) -> None:
