@@ -16,7 +16,8 @@ is cut to the time left:
 * DNS: ``getaddrinfo`` runs on a helper thread (at most ``RESOLVER_THREADS``
   at once) and is waited for at most the time left; an IP literal is not
   looked up;
-* TCP: each resolved address is tried with the time left;
+* TCP: the resolved addresses are tried in turn, each with an equal share
+  of the time left;
 * TLS handshake: one ``wrap_socket`` whose socket timeout is the time left
   (CPython bounds the whole handshake by it);
 * each ``send`` and ``recv`` of the request and the answer: the socket
@@ -96,8 +97,10 @@ class DeadlineBackend(httpcore.NetworkBackend):
         ends = None if budget is None else time.monotonic() + budget
         addresses = self._resolve(host, port, budget)
         last_error: OSError | None = None
-        for family, kind, protocol, _, address in addresses:
+        for index, (family, kind, protocol, _, address) in enumerate(addresses):
             left = self._left_until(ends, f"no connection to {host}:{port} in time")
+            if left is not None:  # share the time out, so one black-holed address (often IPv6) leaves room for the next
+                left /= len(addresses) - index
             try:
                 sock = socket.socket(family, kind, protocol)
             except OSError as exc:  # out of file descriptors, an address family the host lacks

@@ -518,6 +518,23 @@ def test_a_name_that_does_not_resolve_is_a_connection_failure(transport, hanging
     assert "name lookup of 'receiver.fails.test' failed" in result.error
 
 
+def test_an_address_that_gets_no_answer_leaves_time_for_the_next(monkeypatch, unanswered_port, receiver: Receiver):
+    # A name with two addresses, the first black-holed (as a broken IPv6 route often is).
+    real = socket.getaddrinfo
+    addresses = [
+        (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))
+        for port in (unanswered_port, receiver.port)
+    ]
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda host, *args, **kwargs: addresses if host == "twofold.test" else real(host, *args, **kwargs)
+    )
+    with HttpTransport() as transport:
+        result, elapsed = timed_send(transport, Delivery(url=f"http://twofold.test:{receiver.port}/events"), timeout=2.0)
+    assert result.succeeded  # the first address had half of the time, the second answered
+    assert receiver.keys() == [KEY]
+    assert 1.0 <= elapsed < 2.0 + LATEST_END
+
+
 # -- proxies ---------------------------------------------------------------------
 
 
