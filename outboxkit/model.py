@@ -78,6 +78,10 @@ class OutboxOptions:
     change for monitors.  ``backoff`` and ``max_attempts`` may be overridden
     per environment (see ``OutboxKitSettings.outboxes``).
 
+    ``timeout`` is each attempt's total deadline: a transport's ``send``
+    returns within it (``HttpTransport`` enforces it), so the lease can be
+    sized on it.
+
     ``lease_margin`` is how much longer than the slowest possible batch a
     claim holds its rows (default 30 s).  A shorter margin brings a crashed
     worker's rows back sooner but leaves less room for a slow database or a
@@ -145,7 +149,7 @@ class OutboxOptions:
 
     @property
     def minimum_lease(self) -> float:
-        """The shortest safe lease: every round of sends in a batch timing out, plus a margin."""
+        """The shortest safe lease: every round of sends in a batch running to its deadline (``timeout``), plus a margin."""
         rounds = math.ceil(self.batch_size / self.concurrency)
         return rounds * self.timeout + self.lease_margin
 

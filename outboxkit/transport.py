@@ -3,6 +3,11 @@
 A transport is one method, ``send(delivery, idempotency_key=..., timeout=...)
 -> AttemptResult``, and ``close()``.  It never raises for a failed delivery; a
 timeout or a refused connection is an ``AttemptResult`` with a ``failure``.
+``timeout`` is a total deadline: ``send`` returns within ``timeout`` seconds
+of being called, whatever the receiver does, because the drain's lease
+(``OutboxOptions.minimum_lease``) is sized on it.  A send that outlived it
+could still be running when its row's lease ends and another drain claims
+the row again.
 ``HttpTransport`` (in ``outboxkit.http_transport``) is the default;
 ``CallableTransport`` wraps a function, which is handy in tests and for
 non-HTTP receivers.
@@ -191,7 +196,12 @@ def _is_http_url(url: object) -> bool:
 
 @runtime_checkable
 class Transport(Protocol):
-    """Sends a delivery and reports what happened; never raises for a failed send."""
+    """Sends a delivery and reports what happened; never raises for a failed send.
+
+    ``send`` must return within ``timeout`` seconds (the whole attempt: name
+    lookup, connect, request and the complete answer); the lease relies on
+    it.  An attempt that cannot finish in time returns a ``timeout`` failure.
+    """
 
     def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult: ...
 

@@ -1,8 +1,8 @@
 """The drain's fast paths (docs/performance.md) keep the behaviour they replaced.
 
 * The HTTP transport's direct path sends what the client path sent (default
-  headers, the key, one Content-Type), and an environment proxy still routes
-  through the full client.
+  headers, the key, one Content-Type), and an environment proxy is still
+  honoured.
 * Outcome writes run on an AUTOCOMMIT connection, one statement each; their
   asynchronous commit is local to that statement's transaction.
 * ``drain`` keeps the send pool fed: a row the receiver holds does not stop

@@ -1,19 +1,29 @@
 """HttpTransport: what goes on the wire and how failures map to outcomes.
 
 Unit tests mock the network with respx; the last tests use the real
-receiver on 127.0.0.1 for a real refused connection and a real reset.
+receiver on 127.0.0.1 for a real refused connection, a real reset, answers
+and uploads that drip past the send's deadline, a connect that gets no
+answer, a name lookup that hangs, and proxies.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import ssl
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpcore
 import httpx
 import pytest
 import respx
 
+from outboxkit.errors import ConfigurationError
 from outboxkit.http_transport import ERROR_BODY_LIMIT, HttpTransport
 from outboxkit.policy import FailureKind
 from outboxkit.transport import Delivery
@@ -43,35 +53,62 @@ def send(transport: HttpTransport, delivery: Delivery | None = None, *, timeout:
 
 
 def test_sends_from_one_thread_reuse_one_connection_pool_and_close_it(router, monkeypatch):
-    created: list[httpx.HTTPTransport] = []
+    created: list[httpcore.ConnectionPool] = []
 
-    class CountingPool(httpx.HTTPTransport):
+    class CountingPool(httpcore.ConnectionPool):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             created.append(self)
 
-    monkeypatch.setattr(httpx, "HTTPTransport", CountingPool)
+    monkeypatch.setattr(httpcore, "ConnectionPool", CountingPool)
     route = router.post(URL).respond(200)
     with HttpTransport() as transport:
-        before = len(created)  # the transport's own client builds one at start
         for _ in range(3):
             assert send(transport).status_code == 200
-        assert len(created) - before <= 1  # this thread's pool, made once and reused
+        assert len(created) == 1  # this thread's pool, made once and reused
     assert route.call_count == 3
-    assert transport.client.is_closed
+    after_close = send(transport)
+    assert after_close.failure is FailureKind.TRANSPORT
+    assert "the transport is closed" in after_close.error
 
 
-def test_a_client_passed_in_is_used_and_left_open(router):
-    route = router.post(URL).respond(204)
-    client = httpx.Client()
-    try:
-        with HttpTransport(client=client) as transport:
-            assert transport.client is client
-            assert send(transport).status_code == 204
-        assert route.call_count == 1
-        assert not client.is_closed
-    finally:
-        client.close()
+def test_respx_sees_the_sends_on_the_deadline_path(router, transport):
+    route = router.post(URL).respond(202)
+    assert send(transport, timeout=1.0).status_code == 202
+    (call,) = route.calls
+    assert call.request.headers["Idempotency-Key"] == KEY
+    assert call.request.headers["Host"] == "receiver.test"
+
+
+def test_a_client_argument_is_refused_with_what_to_use_instead():
+    with pytest.raises(ConfigurationError, match=r"client=\.\.\.\) was removed.*ssl_context=.*proxy="):
+        HttpTransport(client=httpx.Client())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"ssl_context": "/etc/ssl/cert.pem"}, "must be an ssl.SSLContext"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"connect_timeout": -1}, "connect_timeout"),
+        ({"proxy": "socks5://proxy.test:1080"}, "only http:// proxies are supported"),
+        ({"proxy": "https://proxy.test:3128"}, "only http:// proxies are supported"),
+        ({"verify": False}, "unexpected keyword argument 'verify'"),
+        ({"headers": {"X-Count": 1}}, "must map str to str"),
+        ({"headers": {"Authorization": "Bearer caf\u00e9"}}, "'Authorization' must be ASCII"),
+        ({"headers": {"X-Evil": "a\r\nInjected: 1"}}, "without line breaks"),
+        ({"user_agent": None}, "must map str to str"),
+    ],
+)
+def test_bad_options_are_refused_at_start_up(arguments, message):
+    with pytest.raises(ConfigurationError, match=message):
+        HttpTransport(**arguments)
+
+
+def test_a_bad_proxy_url_is_refused_without_echoing_its_password():
+    with pytest.raises(ConfigurationError) as caught:
+        HttpTransport(proxy="https://user:hunter2@proxy.test:3128")
+    assert "hunter2" not in str(caught.value)
 
 
 def test_json_body_and_content_type(router, transport):
@@ -351,5 +388,251 @@ def test_a_real_receiver_that_does_not_answer_in_time_maps_to_timeout(transport,
     receiver.respond = lambda request: Reply(hang=True)  # answers only when the fixture stops it
     result = send(transport, Delivery(url=f"{receiver.url}/events", json={"n": 1}), timeout=0.3)
     assert result.failure is FailureKind.TIMEOUT
-    assert "ReadTimeout" in result.error
+    assert result.error == "timeout: no complete answer within 0.3 s (deadline; ReadTimeout while reading the answer)"
     assert receiver.keys() == [KEY]
+
+
+# -- the deadline: one total budget per send, on 127.0.0.1 ----------------------
+#
+# Each receiver below would take tens of seconds to finish; per-operation
+# timeouts never fire because every wait ends in well under a second.  A send
+# must end at its deadline: not before it, and long before the receiver would
+# have finished (the upper bounds leave room for a busy machine).
+
+DEADLINE = 1.0
+LATEST_END = 3.0
+
+
+def timed_send(transport: HttpTransport, delivery: Delivery, *, timeout: float = DEADLINE):
+    started = time.monotonic()
+    result = send(transport, delivery, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("part", ["all", "head", "body"])
+def test_an_answer_dripped_past_the_deadline_ends_the_send_at_the_deadline(transport, receiver: Receiver, part):
+    # One byte every 0.1 s of a ~300-byte part: about 30 s to answer.
+    receiver.respond = lambda request: Reply(
+        headers={"X-Padding": "p" * 250}, body=b"x" * 300, drip=1, drip_pause=0.1, drip_part=part
+    )
+    delivery = Delivery(url=f"{receiver.url}/events", json={"n": 1})
+    result, elapsed = timed_send(transport, delivery)
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ReadTimeout while reading the answer)"
+    assert DEADLINE <= elapsed < LATEST_END
+    # The same thread's pool is not poisoned: the next send gets a fresh connection and its answer.
+    receiver.respond = lambda request: Reply(status=201)
+    again, elapsed = timed_send(transport, delivery)
+    assert again.status_code == 201 and again.succeeded
+    assert elapsed < LATEST_END
+    assert receiver.keys() == [KEY, KEY]
+
+
+def test_an_upload_the_receiver_reads_slowly_ends_at_the_deadline(transport, receiver: Receiver):
+    # 32 MB, far more than the loopback socket buffers hold, read 128 kB every 50 ms: each write
+    # makes progress well within a second (so a per-operation timeout never fires), but the
+    # upload takes over 12 s in all.  A longer deadline than the other tests': encoding 32 MB
+    # of JSON at the start of the send takes a visible share of it on a busy machine.
+    receiver.read_pace = (131_072, 0.05)
+    delivery = Delivery(url=f"{receiver.url}/events", json={"blob": "x" * 32_000_000})
+    result, elapsed = timed_send(transport, delivery, timeout=2.0)
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 2 s (deadline; WriteTimeout while sending the request)"
+    assert 2.0 <= elapsed < 2.0 + LATEST_END
+
+
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A port on 127.0.0.1 whose listen queue is full: a connect to it gets no answer at all."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted; Linux then drops further SYNs
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(8):
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            fillers.append(filler)
+            filler.settimeout(0.5)
+            try:
+                filler.connect(listener.getsockname())
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("the listen queue never filled here, so no connect can be made to hang")
+        yield listener.getsockname()[1]
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+def test_a_connect_that_gets_no_answer_ends_at_the_deadline(transport, unanswered_port):
+    result, elapsed = timed_send(transport, Delivery(url=f"http://127.0.0.1:{unanswered_port}/events"))
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ConnectTimeout while connecting)"
+    assert DEADLINE <= elapsed < LATEST_END
+
+
+def test_connect_timeout_ends_a_connect_before_the_deadline(unanswered_port):
+    with HttpTransport(connect_timeout=0.5) as transport:
+        result, elapsed = timed_send(transport, Delivery(url=f"http://127.0.0.1:{unanswered_port}/events"), timeout=20.0)
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error.startswith("timeout: no connection within connect_timeout 0.5 s (ConnectTimeout")
+    assert 0.5 <= elapsed < LATEST_END
+
+
+@pytest.fixture
+def hanging_lookups(monkeypatch) -> Iterator[list[str]]:
+    """``socket.getaddrinfo`` blocks for names ending in ``.hangs.test`` and fails for ``.fails.test``."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".hangs.test"):
+            asked.append(host)
+            release.wait(60)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if isinstance(host, str) and host.endswith(".fails.test"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        yield asked
+    finally:
+        release.set()  # let the lookup threads finish
+
+
+def test_a_name_lookup_that_hangs_ends_at_the_deadline(transport, hanging_lookups):
+    result, elapsed = timed_send(transport, Delivery(url="http://receiver.hangs.test/events"))
+    assert hanging_lookups == ["receiver.hangs.test"]
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ConnectTimeout while connecting)"
+    assert DEADLINE <= elapsed < LATEST_END
+
+
+def test_a_name_that_does_not_resolve_is_a_connection_failure(transport, hanging_lookups):
+    result = send(transport, Delivery(url="http://receiver.fails.test/events"))
+    assert result.failure is FailureKind.CONNECTION
+    assert "name lookup of 'receiver.fails.test' failed" in result.error
+
+
+def test_an_address_that_gets_no_answer_leaves_time_for_the_next(monkeypatch, unanswered_port, receiver: Receiver):
+    # A name with two addresses, the first black-holed (as a broken IPv6 route often is).
+    real = socket.getaddrinfo
+    addresses = [
+        (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))
+        for port in (unanswered_port, receiver.port)
+    ]
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda host, *args, **kwargs: addresses if host == "twofold.test" else real(host, *args, **kwargs)
+    )
+    with HttpTransport() as transport:
+        result, elapsed = timed_send(transport, Delivery(url=f"http://twofold.test:{receiver.port}/events"), timeout=2.0)
+    assert result.succeeded  # the first address had half of the time, the second answered
+    assert receiver.keys() == [KEY]
+    assert 1.0 <= elapsed < 2.0 + LATEST_END
+
+
+# -- proxies ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_proxy_environment(monkeypatch):
+    for scheme in ("HTTP", "HTTPS", "ALL", "NO"):
+        monkeypatch.delenv(f"{scheme}_PROXY", raising=False)
+        monkeypatch.delenv(f"{scheme.lower()}_proxy", raising=False)
+    return monkeypatch
+
+
+def test_an_explicit_proxy_carries_every_send_with_its_credentials(no_proxy_environment, receiver: Receiver):
+    proxy = receiver.url.replace("http://", "http://outbox:s3cret@")  # the receiver plays the proxy
+    with HttpTransport(proxy=proxy) as transport:
+        result = send(transport, Delivery(url="http://billing.invalid/grants", json={"n": 1}))
+    assert result.succeeded
+    (request,) = receiver.requests
+    assert request.path == "http://billing.invalid/grants" and request.key == KEY
+    assert request.headers["Proxy-Authorization"] == "Basic b3V0Ym94OnMzY3JldA=="
+
+
+def test_no_proxy_sends_a_listed_host_directly(no_proxy_environment, receiver: Receiver):
+    no_proxy_environment.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")  # nothing listens there
+    no_proxy_environment.setenv("NO_PROXY", "localhost,127.0.0.1")
+    with HttpTransport() as transport:
+        result = send(transport, Delivery(url=f"{receiver.url}/events"))
+    assert result.succeeded
+    assert receiver.requests[0].path == "/events"
+
+
+def test_trust_env_false_ignores_the_environment_proxy(no_proxy_environment, receiver: Receiver):
+    no_proxy_environment.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")
+    with HttpTransport(trust_env=False) as transport:
+        assert send(transport, Delivery(url=f"{receiver.url}/events")).succeeded
+
+
+def test_an_environment_proxy_the_transport_cannot_use_is_refused_at_start_up(no_proxy_environment):
+    no_proxy_environment.setenv("HTTPS_PROXY", "socks5://proxy.test:1080")
+    with pytest.raises(ConfigurationError, match=r"environment's proxy.*only http:// proxies.*trust_env=False"):
+        HttpTransport()
+
+
+# -- TLS -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> Path:
+    """A self-signed certificate for 127.0.0.1 (made with the openssl command); its key is beside it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
+         "-subj", "/CN=outboxkit test receiver", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return folder / "cert.pem"
+
+
+@pytest.fixture
+def tls_receiver(certificate: Path) -> Iterator[Receiver]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, certificate.with_name("key.pem"))
+    with Receiver(tls=context) as receiver:
+        yield receiver
+
+
+def test_ssl_context_trusts_a_private_ca(tls_receiver: Receiver, certificate: Path):
+    with HttpTransport(ssl_context=ssl.create_default_context(cafile=str(certificate))) as transport:
+        result = send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.succeeded
+    assert tls_receiver.keys() == [KEY]
+
+
+def test_the_default_context_refuses_an_unknown_certificate(transport, tls_receiver: Receiver):
+    result = send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.failure is FailureKind.CONNECTION
+    assert "CERTIFICATE_VERIFY_FAILED" in result.error
+    assert tls_receiver.keys() == []
+
+
+def test_an_answer_dripped_over_tls_ends_at_the_deadline(tls_receiver: Receiver, certificate: Path):
+    tls_receiver.respond = lambda request: Reply(body=b"x" * 300, drip=1, drip_pause=0.1)
+    with HttpTransport(ssl_context=ssl.create_default_context(cafile=str(certificate))) as transport:
+        result, elapsed = timed_send(transport, Delivery(url=f"{tls_receiver.url}/events", json={"n": 1}))
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ReadTimeout while reading the answer)"
+    assert DEADLINE <= elapsed < LATEST_END
+
+
+def test_a_tls_handshake_that_gets_no_answer_ends_at_the_deadline(transport):
+    # The kernel completes the TCP handshake into the listen queue; nothing ever reads the ClientHello.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        result, elapsed = timed_send(transport, Delivery(url=f"https://127.0.0.1:{port}/events"))
+    assert result.failure is FailureKind.TIMEOUT
+    assert result.error == "timeout: no complete answer within 1 s (deadline; ConnectTimeout while connecting)"
+    assert DEADLINE <= elapsed < LATEST_END

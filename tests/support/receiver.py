@@ -8,8 +8,11 @@ answers according to a ``respond`` function that tests replace::
         ...
         assert receiver.count_by_key()[key] == 1
 
-A ``Reply`` may delay its answer, hang until ``receiver.release()``, or
-reset the connection (after writing part of an answer, if asked).
+A ``Reply`` may delay its answer, hang until ``receiver.release()``, reset
+the connection (after writing part of an answer, if asked), or drip its
+answer a few bytes at a time (the status line and headers, the body, or
+both).  ``receiver.read_pace`` makes the receiver read request bodies slowly,
+so a large upload stalls in the sender's socket.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -46,6 +50,13 @@ class Reply:
     hang: bool = False  # wait for release() (or the test's end) before answering
     reset: bool = False  # close the connection abruptly (RST) without an answer
     partial: bytes = b""  # with reset: bytes written first, so the connection drops mid-response
+    drip: int = 0  # write the answer this many bytes at a time (0: at once), pausing drip_pause between writes
+    drip_pause: float = 0.1
+    drip_part: str = "all"  # which part drips: "all", "head" (status line and headers) or "body"
+
+    def __post_init__(self) -> None:
+        if self.drip_part not in ("all", "head", "body"):
+            raise ValueError(f"Reply.drip_part must be 'all', 'head' or 'body', got {self.drip_part!r}")
 
 
 class _Server(ThreadingHTTPServer):
@@ -56,17 +67,23 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that drops its connection (a killed worker, a send that
-        # timed out) is part of the tests, not a receiver error.
-        if isinstance(sys.exc_info()[1], ConnectionError):
+        # timed out, a client that refused our certificate) is part of the
+        # tests, not a receiver error.
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLError)):
             return
         super().handle_error(request, client_address)
 
 
 class Receiver:
-    def __init__(self) -> None:
+    """``tls``: a server-side context; the receiver then speaks HTTPS (``url`` starts with ``https://``)."""
+
+    def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[Request] = []
         self.respond: Callable[[Request], Reply] = lambda request: Reply()
         self._released = threading.Event()
+        self._stopped = threading.Event()
+        # (bytes, pause): read request bodies this many bytes at a time, pausing between reads.
+        self.read_pace: tuple[int, float] | None = None
         self._arrived = threading.Condition()
         self._in_flight = 0
         self.max_in_flight = 0
@@ -80,7 +97,7 @@ class Receiver:
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                raw = self._read_body(length)
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:
@@ -107,6 +124,9 @@ class Receiver:
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         self.close_connection = True
                         return
+                    if reply.drip:
+                        self._drip(reply)
+                        return
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
@@ -116,11 +136,44 @@ class Receiver:
                 finally:
                     receiver._record(None, -1)
 
+            def _read_body(self, length: int) -> bytes:
+                if receiver.read_pace is None or not length:
+                    return self.rfile.read(length) if length else b""
+                size, pause = receiver.read_pace
+                pieces: list[bytes] = []
+                while length > 0 and not receiver._stopped.wait(pause):
+                    piece = self.rfile.read1(min(size, length))
+                    if not piece:  # the sender gave up
+                        break
+                    pieces.append(piece)
+                    length -= len(piece)
+                return b"".join(pieces)
+
+            def _drip(self, reply: Reply) -> None:
+                lines = [f"HTTP/1.1 {reply.status} {self.responses.get(reply.status, ('',))[0]}"]
+                lines += [f"{name}: {value}" for name, value in reply.headers.items()]
+                lines.append(f"Content-Length: {len(reply.body)}")
+                head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+                self.close_connection = True
+                if reply.drip_part == "body":
+                    self.wfile.write(head)
+                    self.wfile.flush()
+                dripped = {"all": head + reply.body, "head": head, "body": reply.body}[reply.drip_part]
+                for start in range(0, len(dripped), reply.drip):
+                    self.wfile.write(dripped[start : start + reply.drip])
+                    self.wfile.flush()
+                    if receiver._stopped.wait(reply.drip_pause):
+                        return
+                if reply.drip_part == "head":
+                    self.wfile.write(reply.body)
+
             do_POST = do_PUT = do_PATCH = do_DELETE = do_GET = _handle
 
         self._server = _Server(("127.0.0.1", 0), Handler)
+        if tls is not None:  # the handshake runs in the handler's thread, on its first read
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)
 
     def _record(self, request: Request | None, delta: int) -> None:
@@ -140,6 +193,7 @@ class Receiver:
         self._released.set()
 
     def stop(self) -> None:
+        self._stopped.set()
         self.release()
         self._server.shutdown()
         self._server.server_close()
