@@ -285,3 +285,32 @@ def test_the_lock_and_listen_connections_come_from_the_engine_and_its_hooks(data
     finally:
         kit.close()
         engine.dispose()
+
+
+def test_an_answer_dripped_past_the_deadline_is_retried_and_never_sent_twice_at_once(engine, receiver):
+    # Two kits drain the outbox at once (two processes would do the same): the first attempt's
+    # answer drips for ~20 s, far past the 1 s deadline.  The send must end at its deadline and be
+    # recorded as a timeout, so the row's lease never runs out under a live send and the other
+    # drainer never sends it while the first is still being answered; the retry then gets its 200.
+    overrides = {"timeout": 1.0, "backoff": [1]}
+    kits = [make_kit(engine, listen_enabled=False, outboxes={"sample_events": overrides}) for _ in range(2)]
+    answers = iter([Reply(status=200, body=b"x" * 200, drip=1, drip_pause=0.1)])
+    receiver.respond = lambda request: next(answers, Reply())
+    try:
+        enqueue(engine, receiver.url + "/events", [{"n": 1}])
+        for kit in kits:
+            kit.worker.start()
+        receiver.wait_for(lambda r: len(r.requests) == 2, timeout=30)
+        wait_until(lambda: receiver.in_flight == 0, timeout=30, message="the retry answered")
+        with Session(engine) as session:
+            wait_until(lambda: session.scalar(select(SampleEvent.status)) == "done", timeout=30, message="the row done")
+    finally:
+        for kit in kits:
+            kit.close()
+    first, second = receiver.requests
+    assert first.key == second.key
+    assert 1.0 <= second.received_at - first.received_at < 1.0 + 1.0 + 5.0, "deadline, then the 1 s backoff"
+    assert receiver.max_in_flight_by_key[first.key] == 1, "never sent again while an attempt was still out"
+    with Session(engine) as session:
+        row = session.scalars(select(SampleEvent)).one()
+    assert (row.status, row.attempts, row.last_status_code, row.last_error) == ("done", 2, 200, None)

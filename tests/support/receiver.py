@@ -87,6 +87,9 @@ class Receiver:
         self._arrived = threading.Condition()
         self._in_flight = 0
         self.max_in_flight = 0
+        # Per Idempotency-Key: requests being handled at once, and the most ever seen (a row sent twice at once)
+        self._in_flight_by_key: collections.Counter[str | None] = collections.Counter()
+        self.max_in_flight_by_key: collections.Counter[str | None] = collections.Counter()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,7 +113,7 @@ class Receiver:
                     body=body,
                     received_at=time.time(),
                 )
-                receiver._record(request, +1)
+                receiver._record(request, +1, request.key)
                 try:
                     reply = receiver.respond(request)
                     if reply.delay:
@@ -134,7 +137,7 @@ class Receiver:
                     self.end_headers()
                     self.wfile.write(reply.body)
                 finally:
-                    receiver._record(None, -1)
+                    receiver._record(None, -1, request.key)
 
             def _read_body(self, length: int) -> bytes:
                 if receiver.read_pace is None or not length:
@@ -176,12 +179,14 @@ class Receiver:
         self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)
 
-    def _record(self, request: Request | None, delta: int) -> None:
+    def _record(self, request: Request | None, delta: int, key: str | None) -> None:
         with self._arrived:
             if request is not None:
                 self.requests.append(request)
             self._in_flight += delta
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            self._in_flight_by_key[key] += delta
+            self.max_in_flight_by_key[key] = max(self.max_in_flight_by_key[key], self._in_flight_by_key[key])
             self._arrived.notify_all()
 
     def start(self) -> Receiver:
