@@ -119,6 +119,10 @@ RETRY_CLAIM_MAX_SECONDS = 5.0
 FIRST_ERROR_BACKOFF_SECONDS = 0.5
 # A send that outlives its deadline by more than this is reported: the lease assumes it cannot.
 DEADLINE_SLACK_SECONDS = 1.0
+# A send's deadline ends at least this long before its row's lease, to leave time to record the outcome;
+# with less than MINIMUM_SEND_SECONDS of deadline left the row is not sent but retried.
+RECORD_MARGIN_SECONDS = 5.0
+MINIMUM_SEND_SECONDS = 0.5
 
 
 @dataclass
@@ -563,10 +567,25 @@ class Drainer:
         key: str,
         timeout: float,
     ) -> None:
-        """Runs in the send pool: one delivery, its result handed back to the recording thread."""
+        """Runs in the send pool: one delivery, its result handed back to the recording thread.
+
+        The send's deadline is also cut to what is left of the row's lease
+        (less the time to record the outcome), so even a drainer that was
+        paused or starved after its claim never sends past its lease; a row
+        whose lease is nearly over is not sent at all and is retried.
+        """
         attempt = None
         started = time.monotonic()
         try:
+            lease_left = (row.claimed_until - self.clock.now()).total_seconds() - RECORD_MARGIN_SECONDS
+            if lease_left < min(timeout, MINIMUM_SEND_SECONDS):
+                attempt = AttemptResult(
+                    failure=FailureKind.TIMEOUT,
+                    error=f"not sent: {max(lease_left, 0):.1f}s of the claim's lease were left when the send could "
+                    "start (the process was paused or overloaded); retried",
+                )
+                return
+            timeout = min(timeout, lease_left)
             attempt = self.transport.send(delivery, idempotency_key=key, timeout=timeout)
         except Exception as exc:  # a transport that broke its contract
             attempt = AttemptResult(failure=FailureKind.TRANSPORT, error=f"{type(exc).__name__}: {exc}")

@@ -391,3 +391,31 @@ def test_a_scheduled_row_is_not_sent_before_its_time(insert_events, read_events,
     clock.set(send_at)
     assert drainer.drain_once().delivered == 1
     assert read_events()[row_id].status == "done" and len(receiver.requests) == 1
+
+
+def test_a_send_never_starts_with_its_rows_lease_nearly_over(engine, clock, insert_events, read_events):
+    """Lease outlasts every send: a row whose lease ran down while it waited (a paused process) is not sent."""
+    import dataclasses
+
+    from outboxkit import CallableTransport, Drainer
+    from tests.support.models import SampleEvent
+
+    options = dataclasses.replace(SampleEvent.__outbox__, batch_size=2, concurrency=1)
+    sent = []
+
+    def handler(delivery, key):
+        sent.append(delivery.json["n"])
+        clock.advance(seconds=options.lease_seconds)  # the process stalls for a whole lease mid-batch
+        return 200
+
+    first, second = insert_events([{"n": 1}, {"n": 2}])
+    drainer = Drainer(engine, SampleEvent, transport=CallableTransport(handler), clock=clock, options=options)
+    try:
+        result = drainer.drain_once()
+    finally:
+        drainer.close()
+    assert sent == [1], "the second row's lease was over before its send could start: it was not sent"
+    rows = read_events()
+    assert rows[first].status == "done"
+    assert rows[second].status == "pending" and rows[second].last_error.startswith("not sent:")
+    assert result.retried >= 1
