@@ -81,8 +81,8 @@ def kit_engine(engine: object) -> Engine:
     owns it and disposes it.
     """
     derive = isinstance(engine, AsyncEngine)
-    if derive:
-        engine = engine.sync_engine  # type: ignore[union-attr]
+    if isinstance(engine, AsyncEngine):
+        engine = engine.sync_engine
     if not isinstance(engine, Engine):
         raise ConfigurationError(
             f"OutboxKit needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}: "
@@ -120,7 +120,7 @@ def _sync_twin(engine: Engine) -> Engine:
         options["poolclass"] = NullPool
     elif isinstance(pool, QueuePool):  # AsyncAdaptedQueuePool is one
         options.update(pool_size=pool.size(), max_overflow=getattr(pool, "_max_overflow", 10), pool_timeout=pool.timeout())
-    return create_engine(database_url(engine.url), **options)  # type: ignore[arg-type]
+    return create_engine(database_url(engine.url), **options)
 
 
 def _masked_text(url: object) -> str:

@@ -88,6 +88,7 @@ import queue
 import threading
 import time
 import traceback
+import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -494,7 +495,7 @@ class Drainer:
                     continue
                 if event is _STOP:
                     continue
-                row, token, attempt = event  # type: ignore[misc]
+                row, token, attempt = typing.cast("tuple[Outbox, uuid.UUID, AttemptResult]", event)
                 state.in_flight -= 1
                 self._in_flight.give(1)
                 decision = self._record(outcomes.get(), row, token, attempt, result)
@@ -577,6 +578,7 @@ class Drainer:
         attempt = None
         started = time.monotonic()
         try:
+            assert row.claimed_until is not None  # the claim stamped it
             lease_left = (row.claimed_until - self.clock.now()).total_seconds() - RECORD_MARGIN_SECONDS
             if lease_left < min(timeout, MINIMUM_SEND_SECONDS):
                 attempt = AttemptResult(
@@ -607,7 +609,7 @@ class Drainer:
             )
 
     def _park_exhausted(
-        self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now, result: DrainResult
+        self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainResult
     ) -> list[Outbox]:
         exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
         if not exhausted:

@@ -48,7 +48,7 @@ class EmbeddedPostgres:
                     "pip install 'outboxkit[demo]', or set DATABASE_URL=postgresql://user@host/db"
                 ) from None
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-            self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         return self.url
 
     @property

@@ -243,16 +243,24 @@ class HttpTransport:
         return pool
 
     def _new_pool(self, route: str | None) -> httpcore.ConnectionPool | httpcore.HTTPProxy:
-        limits = {
-            "max_connections": self._max_connections,
-            "max_keepalive_connections": self._max_connections,
-            "keepalive_expiry": KEEPALIVE_EXPIRY_SECONDS,
-            "network_backend": self._backend,
-        }
         if route is None:
-            return httpcore.ConnectionPool(ssl_context=self._tls, **limits)
+            return httpcore.ConnectionPool(
+                ssl_context=self._tls,
+                max_connections=self._max_connections,
+                max_keepalive_connections=self._max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+                network_backend=self._backend,
+            )
         proxy_url, proxy_auth = self._proxies[route]
-        return httpcore.HTTPProxy(proxy_url=proxy_url, proxy_auth=proxy_auth, ssl_context=self._tls, **limits)
+        return httpcore.HTTPProxy(
+            proxy_url=proxy_url,
+            proxy_auth=proxy_auth,
+            ssl_context=self._tls,
+            max_connections=self._max_connections,
+            max_keepalive_connections=self._max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+            network_backend=self._backend,
+        )
 
     def close(self) -> None:
         """Close every pooled connection; a later send is a ``transport`` failure."""

@@ -108,7 +108,7 @@ class OutboxKit:
         override = self.settings.outboxes.get(options.settings_key)
         if override is not None:
             try:
-                options = dataclasses.replace(options, **override.values())
+                options = dataclasses.replace(options, **override.values())  # type: ignore[arg-type]
             except (ConfigurationError, ValueError) as exc:
                 raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None
         self._outboxes[options.job_name] = outbox

@@ -234,6 +234,7 @@ class Outbox:
     claim_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
 
     @declared_attr.directive
+    @classmethod
     def __table_args__(cls) -> tuple[Any, ...]:
         return outbox_table_args(cls)
 

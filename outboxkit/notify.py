@@ -180,13 +180,18 @@ class NotifyListener:
                 self.backend_pid = None
                 connection.close()
 
+    def _sleep(self, seconds: float) -> None:
+        self._stopping.wait(seconds)  # a stop cuts the backoff short
+
     def _connect(self) -> psycopg.Connection | None:
         retrying = Retrying(
             retry=retry_if_exception_type(psycopg.OperationalError),
             wait=wait_exponential_jitter(multiplier=0.05, max=self.max_backoff_seconds, jitter=0.05),
             stop=lambda retry_state: self._stopping.is_set(),
-            sleep=self._stopping.wait,
-            before_sleep=lambda state: logger.warning("listener cannot connect: %s", state.outcome.exception()),
+            sleep=self._sleep,
+            before_sleep=lambda state: logger.warning(
+                "listener cannot connect: %s", state.outcome.exception() if state.outcome else "?"
+            ),
             reraise=True,
         )
         try:
@@ -218,6 +223,6 @@ class NotifyListener:
             callback()
         while not self._stopping.is_set():
             for notification in connection.notifies(timeout=self.poll_seconds):
-                callback = self.channels.get(notification.channel)
-                if callback is not None:
-                    callback()
+                woken = self.channels.get(notification.channel)
+                if woken is not None:
+                    woken()

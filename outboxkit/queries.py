@@ -206,20 +206,26 @@ class OutboxQueries:
             "now": now,
         }
         cursor = driver.execute(self._record, params, prepare=True)
-        return cursor.rowcount == 1
+        return bool(cursor.rowcount == 1)
 
 
 def _quote(table: Any) -> str:
     from sqlalchemy.dialects import postgresql
 
-    preparer = postgresql.dialect().identifier_preparer
-    return preparer.format_table(table)
+    preparer = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+    return str(preparer.format_table(table))
 
 
-@cache
+_COMPILED: dict[tuple[type[Outbox], bool], OutboxQueries] = {}
+
+
 def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = False) -> OutboxQueries:
-    """The (cached) statements for ``outbox``."""
-    return OutboxQueries(outbox, synchronous_commit=synchronous_commit)
+    """The statements for ``outbox``, compiled once per class and commit mode."""
+    key = (outbox, synchronous_commit)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED.setdefault(key, OutboxQueries(outbox, synchronous_commit=synchronous_commit))
+    return compiled
 
 
 # ===========================================================================

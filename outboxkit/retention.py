@@ -110,7 +110,8 @@ def delete_delivered_rows(
             deleted += batch.deleted
             if not batch.more_may_follow:
                 break
-            after_id = batch.last_id  # type: ignore[assignment]  (more_may_follow: not None)
+            assert batch.last_id is not None  # more_may_follow implies a last id
+            after_id = batch.last_id
         else:
             logger.info(
                 "%s: retention stopped at its limit (%d rows, %g s) after deleting %d; the rest goes in the next run",

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError
@@ -190,7 +191,7 @@ class OutboxKitSettings(BaseSettings):
             ) from None
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     message = f"{error['msg']} (got {error['input']!r})"
     if error["type"] == "extra_forbidden":
         message += f"; per-outbox settings are {', '.join(OutboxOverride.model_fields)}"

@@ -170,9 +170,10 @@ def _plain(value: object, path: str, seen: set[int]) -> object:
             return [_plain(item, f"{path}[{index}]", seen) for index, item in enumerate(value)]
         finally:
             seen.discard(id(value))
-    hint = {set: "make it a list (sorted(...))", frozenset: "make it a list (sorted(...))", bytes: "decode or base64 it"}.get(
-        type(value), "convert it to a JSON type in build_delivery"
-    )
+    hints: dict[type, str] = {
+        set: "make it a list (sorted(...))", frozenset: "make it a list (sorted(...))", bytes: "decode or base64 it"
+    }
+    hint = hints.get(type(value), "convert it to a JSON type in build_delivery")
     raise InvalidDeliveryError(f"{path} is a {type(value).__name__}, which outboxkit does not encode as JSON; {hint}")
 
 

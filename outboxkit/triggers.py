@@ -18,6 +18,8 @@ pinned by tests/test_jobs_triggers.py.
 
 from __future__ import annotations
 
+import typing
+
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -90,16 +92,17 @@ class WallClockCronTrigger(CronTrigger):
     """
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        candidate: datetime | None
         if previous_fire_time is None:
             candidate = super().get_next_fire_time(None, now.astimezone(timezone.utc))
         else:
             after = previous_fire_time.astimezone(timezone.utc).replace(microsecond=0) + timedelta(seconds=1)
-            candidate = super().get_next_fire_time(None, after)
+            candidate = typing.cast("datetime | None", super().get_next_fire_time(None, after))
         if str(self.fields[self.FIELD_NAMES.index("hour")]) == "*":
             return candidate
         # Each pass of the loop moves past one whole repeated period, so it ends.
         while candidate is not None and _second_pass(candidate):
-            candidate = super().get_next_fire_time(None, _end_of_second_pass(candidate))
+            candidate = typing.cast("datetime | None", super().get_next_fire_time(None, _end_of_second_pass(candidate)))
         return candidate
 
 

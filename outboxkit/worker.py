@@ -140,5 +140,5 @@ class DrainWorker:
                 stop_requested.wait(0.5)
         finally:
             self.stop()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+            for number, handler in previous.items():
+                signal.signal(number, handler)  # type: ignore[arg-type]
