@@ -120,8 +120,9 @@ RETRY_CLAIM_MAX_SECONDS = 5.0
 FIRST_ERROR_BACKOFF_SECONDS = 0.5
 # A send that outlives its deadline by more than this is reported: the lease assumes it cannot.
 DEADLINE_SLACK_SECONDS = 1.0
-# A send's deadline ends at least this long before its row's lease, to leave time to record the outcome;
-# with less than MINIMUM_SEND_SECONDS of deadline left the row is not sent but retried.
+# A send's deadline ends this long before its row's lease (a third of the lease margin, at most 5 s),
+# to leave time to record the outcome; with less than MINIMUM_SEND_SECONDS of deadline left (or less
+# than the timeout, if that is shorter) the row is not sent but retried.
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
 
@@ -278,6 +279,7 @@ class Drainer:
         self._background: _Background | None = None
         self._closed = False
         self._overrun_reported = False
+        self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
         self._schema_problems = SchemaProblemLog(logger)
 
     @property
@@ -579,7 +581,7 @@ class Drainer:
         started = time.monotonic()
         try:
             assert row.claimed_until is not None  # the claim stamped it
-            lease_left = (row.claimed_until - self.clock.now()).total_seconds() - RECORD_MARGIN_SECONDS
+            lease_left = (row.claimed_until - self.clock.now()).total_seconds() - self._record_margin
             if lease_left < min(timeout, MINIMUM_SEND_SECONDS):
                 attempt = AttemptResult(
                     failure=FailureKind.TIMEOUT,

@@ -86,9 +86,10 @@ class OutboxOptions:
     claim holds its rows (default 30 s).  A shorter margin brings a crashed
     worker's rows back sooner but leaves less room for a slow database or a
     paused process.  Whatever the margin, a send never runs past its row's
-    lease: its deadline is cut to end 5 s before the lease does, and a row
-    with less than that left when its send could start is not sent but
-    retried, so a live delivery is never claimed twice.
+    lease: its deadline is cut to end a third of the margin (at most 5 s)
+    before the lease does, and a row with too little of its lease left when
+    its send could start is not sent but retried, so a live delivery is
+    never claimed twice.
 
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows

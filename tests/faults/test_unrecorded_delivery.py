@@ -70,13 +70,23 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
     ledger.assert_invariants(scenario.context)
     assert ledger.statuses() == {"done": size.rows}, f"{ledger.statuses()} ({scenario.context})"
     first_replies = {arrival.key: arrival.reply for arrival in ledger.arrivals if arrival.nth == 1}
+    redelivered = 0
     for key in victims:
         row = ledger.by_key[key]
         assert terminated.get(key, 0) >= 1, f"no session was terminated for {key} ({scenario.context})"
         assert first_replies[key] is not None and first_replies[key].status == 200
-        assert 1 not in ledger.outcomes(row.id), f"the first attempt of {key} was recorded after all ({scenario.context})"
+        assert row.status == "done", f"{key} ended {row.status} ({scenario.context})"
+        if 1 in ledger.outcomes(row.id):
+            # The drainer's next outcome write happened to open a fresh session (the pool had none
+            # left to hand out) and recorded the first attempt after all: correct, and no redelivery.
+            assert ledger.received[key] == 1, f"{key} was recorded done and still sent again ({scenario.context})"
+            continue
         assert ledger.received[key] >= 2, f"{key} was not delivered again ({scenario.context})"
-        assert row.attempts >= 2 and row.status == "done"
+        assert row.attempts >= 2
+        redelivered += 1
+    # The scenario's point: a delivery whose record was cut is delivered again.  Each victim can only
+    # dodge that by the race above, so most of them, and at least one, must take the redelivery path.
+    assert redelivered >= max(1, size.victims // 2), f"{redelivered} of {size.victims} victims redelivered ({scenario.context})"
     scenario.publish(
         scenario="unrecorded-delivery",
         title="2. delivered, not recorded",
