@@ -152,6 +152,8 @@ def cell_style(column: str, value: Any) -> str:
         return "bold red"
     if column == "result":
         return "green" if text == "changed" else "yellow"
+    if text.endswith(" abandoned"):  # a run whose scheduler died mid-run
+        return "yellow"
     if column == "delivered" and text != "0" or text.endswith(" ok"):
         return "green"
     return ""
