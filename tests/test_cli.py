@@ -166,6 +166,7 @@ def test_status_and_stuck_need_no_web_framework(database_url, engine):
         "code = main(['--app', 'tests.support.worker_app:kit_from_environment', 'status'])\n"
         "code = code or main(['--app', 'tests.support.worker_app:kit_from_environment', 'stuck', 'sample-events'])\n"
         "assert 'fastapi' not in sys.modules or sys.modules['fastapi'] is None\n"
+        "assert 'outboxkit.admin' not in sys.modules, 'the CLI imported the admin'\n"
         "raise SystemExit(code)\n"
     )
     environment = {**os.environ, "DATABASE_URL": database_url,
