@@ -8,49 +8,74 @@
     outboxkit --app myapp.outbox:kit reset credit-grants 41 42
     outboxkit --app myapp.outbox:kit reset credit-grants --all --status-code 422 --dry-run
     outboxkit --app myapp.outbox:kit drain --once             # one batch of every outbox
-    outboxkit --app myapp.outbox:kit jobs                     # scheduled jobs, last runs, leader
+    outboxkit --app myapp.outbox:kit jobs --json              # scheduled jobs, last runs, leader
     outboxkit --app myapp.outbox:kit worker                   # a dedicated drainer process (until SIGTERM)
+    outboxkit --install-completion                            # tab completion for your shell
 
+Built on typer (commands, options, help, shell completion) and rich (tables).
 Commands that act on an application's outboxes find its kit by an import
 path (``--app module:attribute`` or ``$OUTBOXKIT_APP``); the attribute is an
-``OutboxKit`` or a function returning one.  Output is a table for people,
-``--json`` for scripts; the exit code is non-zero on failure.  ``status``,
-``stuck``, ``reset`` and ``jobs`` act through the same service as the admin
-(``outboxkit.operations``: a reset is audited and wakes the drain, and a row
-a drain holds is refused); none of them needs the ``admin`` extra.
+``OutboxKit`` or a function returning one.  Output is a table for people
+(coloured on a terminal unless ``NO_COLOR`` is set; plain, unwrapped text when
+piped) and ``--json`` for scripts, before or after the command.  Exit codes:
+0 done, 1 failed (one ``outboxkit: ...`` line on stderr), 2 usage error.
+``status``, ``stuck``, ``reset`` and ``jobs`` act through the same service as
+the admin (``outboxkit.operations``: a reset is audited and wakes the drain,
+and a row a drain holds is refused); none of them needs the ``admin`` extra.
 """
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import importlib
 import json
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
 from outboxkit.diagnostics import MIGRATION_HINT
-from outboxkit.errors import ConfigurationError, OutboxKitError
+from outboxkit.errors import OutboxKitError
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
     from outboxkit.operations.service import AdminService
+    from outboxkit.queries import RowFilter
 
-__all__ = ["main"]
+__all__ = ["app", "main"]
+
+MAX_ROW_ID = 2**63 - 1
+
+app = typer.Typer(
+    name="outboxkit",
+    help="Operate outboxkit outboxes from a shell.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # an unexpected traceback must not print a database password
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
 class CommandError(Exception):
-    """A failure to report in one line, with exit code 1 (2 for usage)."""
+    """A failure to report in one line, with exit code 1."""
+
+
+# --- finding the application's kit -------------------------------------------------------------------------------
 
 
 def load_kit(path: str | None) -> OutboxKit:
+    """The kit that ``--app module:attribute`` names (an ``OutboxKit`` or a function returning one)."""
     if not path:
         raise CommandError("say which application: --app module:attribute (or set OUTBOXKIT_APP)")
     module_name, _, attribute = path.partition(":")
@@ -76,18 +101,10 @@ def load_kit(path: str | None) -> OutboxKit:
     return kit
 
 
-def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    widths = {column: max([len(column)] + [len(str(row.get(column, ""))) for row in rows]) for column in columns}
-    print("  ".join(column.upper().ljust(widths[column]) for column in columns))
-    for row in rows:
-        print("  ".join(str(row.get(column, "")).ljust(widths[column]) for column in columns))
-
-
 def admin_service(kit: OutboxKit) -> AdminService:
     from outboxkit.operations.service import AdminService
 
-    source = kit.scheduler  # the registry is the same in every process
-    return AdminService(kit, job_source=source)
+    return AdminService(kit, job_source=kit.scheduler)  # the registry is the same in every process
 
 
 def actor() -> str:
@@ -97,6 +114,23 @@ def actor() -> str:
     except Exception:  # no user name in this environment (some containers)
         user = str(os.getuid())
     return f"cli:{user}@{socket.gethostname()}"
+
+
+# --- output --------------------------------------------------------------------------------------------------------
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console that colours only a terminal (rich itself honours ``NO_COLOR``) and never wraps piped text."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty()
+    # markup and emoji off: an error text such as "[Errno 111]" or ":smile:" is data, printed as it is.
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=1_000_000 if piped else None)
+
+
+def fail(message: str) -> NoReturn:
+    """Say one line on stderr and exit 1."""
+    make_console(stderr=True).print(Text("outboxkit: ", style="bold red") + Text(message), soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def age(moment: datetime | None) -> str:
@@ -109,231 +143,315 @@ def age(moment: datetime | None) -> str:
     return f"{seconds}s ago"
 
 
-def emit(args: argparse.Namespace, payload: Any, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    if args.json:
-        print(json.dumps(payload, default=str))
-    else:
-        print_table(rows, columns)
+def cell_style(column: str, value: Any) -> str:
+    """The colour of a cell on a terminal: trouble in red, doubt in yellow, nothing to see dimmed."""
+    text = str(value)
+    if text in ("-", "never", ""):
+        return "dim"
+    if column == "stuck" and text != "0" or column == "error" or text.endswith(" error"):
+        return "bold red"
+    if column == "result":
+        return "green" if text == "changed" else "yellow"
+    if text.endswith(" abandoned"):  # a run whose scheduler died mid-run
+        return "yellow"
+    if column == "delivered" and text != "0" or text.endswith(" ok"):
+        return "green"
+    return ""
 
 
-def command_status(kit: OutboxKit, args: argparse.Namespace) -> int:
-    overview = admin_service(kit).overview()
-    rows = []
-    for outbox in overview.outboxes:
-        counts = outbox.counts
-        last = outbox.last_drain
-        rows.append({
-            "outbox": outbox.name,
-            "pending": f"~{counts.pending}" if counts.pending_estimated else counts.pending,
-            "in_flight": counts.in_flight,
-            "stuck": f"~{counts.stuck}" if counts.stuck_estimated else counts.stuck,
-            "done": f"~{counts.done}" if counts.done_estimated else counts.done,
-            "oldest_due": age(outbox.oldest_due_at),
-            "last_drain": f"{age(last.started_at)} {last.outcome}" if last else "never",
-        })
-    emit(args, overview.model_dump(mode="json"), rows,
-         ["outbox", "pending", "in_flight", "stuck", "done", "oldest_due", "last_drain"])
-    if not args.json:
-        leader = overview.leader
-        print(f"leader: {leader.host} pid {leader.pid} (since {age(leader.since)})" if leader else "leader: none")
-        if len(overview.leaders) > 1:
-            print(f"WARNING: {len(overview.leaders)} sessions hold the leader lock", file=sys.stderr)
-    return 0
+@dataclass
+class Output:
+    """Where a command's answer goes: a table for people, or one JSON document for scripts."""
+
+    json: bool
+
+    def __post_init__(self) -> None:
+        self.console = make_console()
+
+    def emit(self, payload: Any, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+        if self.json:
+            print(json.dumps(payload, default=str))
+        else:
+            self.table(rows, columns)
+
+    def table(self, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+        terminal = self.console.is_terminal
+        table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False,
+                      header_style="bold" if terminal else "")
+        for column in columns:
+            table.add_column(column.upper(), overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(str(row.get(column, "")), style=cell_style(column, row.get(column, "")))
+                            for column in columns))
+        self.console.print(table)
+
+    def say(self, message: str, style: str = "") -> None:
+        """A line for people, after the table (never in ``--json`` output)."""
+        if not self.json:
+            self.console.print(Text(message, style=style), soft_wrap=True)
+
+    def warn(self, message: str) -> None:
+        make_console(stderr=True).print(Text(message, style="bold yellow"), soft_wrap=True)
 
 
-def row_filter(args: argparse.Namespace) -> Any:
+# --- options every command shares ----------------------------------------------------------------------------------
+
+
+@dataclass
+class GlobalOptions:
+    app_path: str | None
+    json: bool
+
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output (also accepted before the command).")]
+OutboxName = Annotated[str, typer.Argument(help="The outbox's job name.", show_default=False)]
+ErrorContains = Annotated[str | None, typer.Option(help="Only rows whose last error contains this text.")]
+StatusCode = Annotated[int | None, typer.Option(min=100, max=599, help="Only rows whose last HTTP status is this.")]
+
+
+def row_id(value: str) -> int:
+    """A row id from the command line: ASCII digits, 1 to 2^63-1 (the ``bigint`` primary key)."""
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_ROW_ID:
+        raise typer.BadParameter(f"{value!r} is not a row id (1 to 2^63-1)")
+    return int(value)
+
+
+@app.callback()
+def global_options(
+    context: typer.Context,
+    app_path: Annotated[str | None, typer.Option(
+        "--app", envvar="OUTBOXKIT_APP", metavar="MODULE:ATTRIBUTE", show_envvar=True,
+        help="Import path of the application's kit (an OutboxKit or a function returning one), e.g. myapp.outbox:kit.",
+    )] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Operate outboxkit outboxes from a shell: status, stuck rows, resets, drains, jobs, workers."""
+    context.obj = GlobalOptions(app_path=app_path, json=json_output)
+
+
+@contextmanager
+def operating(context: typer.Context, json_flag: bool, outboxes: Sequence[str] = ()) -> Iterator[tuple[OutboxKit, Output]]:
+    """The application's kit (closed afterwards) and the output; every expected failure becomes one line, exit 1."""
+    options = context.find_object(GlobalOptions) or GlobalOptions(app_path=None, json=False)
+    output = Output(json=options.json or json_flag)
+    try:
+        kit = load_kit(options.app_path)
+        try:
+            for name in outboxes:
+                kit.outbox(name)  # an unknown name fails here, with the known ones listed
+            yield kit, output
+        finally:
+            kit.close()
+    except (CommandError, OutboxKitError) as exc:
+        fail(str(exc))
+    except ProgrammingError as exc:
+        if "UndefinedTable" not in type(exc.orig).__name__:
+            raise
+        fail(f"a table is missing ({first_line(exc.orig)}): {MIGRATION_HINT}")
+    except OperationalError as exc:
+        fail(f"cannot reach the database: {first_line(exc.orig)}")
+    except DBAPIError as exc:
+        fail(f"database error: {first_line(exc.orig)}")
+
+
+def first_line(error: BaseException | None) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def row_filter(error_contains: str | None, status_code: int | None) -> RowFilter:
     from outboxkit.queries import RowFilter
 
-    return RowFilter(error_contains=args.error_contains, status_code=args.status_code)
+    return RowFilter(error_contains=error_contains, status_code=status_code)
 
 
-def command_stuck(kit: OutboxKit, args: argparse.Namespace) -> int:
-    service = admin_service(kit)
-    page = service.rows(args.outbox, status="stuck", row_filter=row_filter(args), cursor=args.cursor, limit=args.limit)
-    rows = [
-        {"id": row.id, "attempts": row.attempts, "status_code": row.last_status_code or "-",
-         "updated": age(row.updated_at), "last_error": (row.last_error or "").replace("\n", " ")[:100]}
-        for row in page.rows
-    ]
-    emit(args, page.model_dump(mode="json"), rows, ["id", "attempts", "status_code", "updated", "last_error"])
-    if not args.json and page.next_cursor:
-        print(f"more: --cursor {page.next_cursor}")
-    return 0
+# --- the commands --------------------------------------------------------------------------------------------------
 
 
-def command_reset(kit: OutboxKit, args: argparse.Namespace) -> int:
+@app.command()
+def status(context: typer.Context, json_output: JsonFlag = False) -> None:
+    """Per outbox: counts, oldest due row, last drain; and the leader."""
+    with operating(context, json_output) as (kit, output):
+        overview = admin_service(kit).overview()
+        rows = []
+        for outbox in overview.outboxes:
+            counts, last = outbox.counts, outbox.last_drain
+            rows.append({
+                "outbox": outbox.name,
+                "pending": f"~{counts.pending}" if counts.pending_estimated else counts.pending,
+                "in_flight": counts.in_flight,
+                "stuck": f"~{counts.stuck}" if counts.stuck_estimated else counts.stuck,
+                "done": f"~{counts.done}" if counts.done_estimated else counts.done,
+                "oldest_due": age(outbox.oldest_due_at),
+                "last_drain": f"{age(last.started_at)} {last.outcome}" if last else "never",
+            })
+        output.emit(overview.model_dump(mode="json"), rows,
+                    ["outbox", "pending", "in_flight", "stuck", "done", "oldest_due", "last_drain"])
+        leader = overview.leader
+        output.say(f"leader: {leader.host} pid {leader.pid} (since {age(leader.since)})" if leader else "leader: none",
+                   style="" if leader else "yellow")
+        if len(overview.leaders) > 1:
+            output.warn(f"WARNING: {len(overview.leaders)} sessions hold the leader lock")
+
+
+@app.command()
+def stuck(
+    context: typer.Context,
+    outbox: OutboxName,
+    error_contains: ErrorContains = None,
+    status_code: StatusCode = None,
+    limit: Annotated[int, typer.Option(min=1, max=200, help="Rows per page.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="Continue after a previous page.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """List the stuck rows of one outbox, with their last status code and error."""
+    with operating(context, json_output, [outbox]) as (kit, output):
+        page = admin_service(kit).rows(outbox, status="stuck", row_filter=row_filter(error_contains, status_code),
+                                       cursor=cursor, limit=limit)
+        rows = [
+            {"id": row.id, "attempts": row.attempts, "status_code": row.last_status_code or "-",
+             "updated": age(row.updated_at), "last_error": (row.last_error or "").replace("\n", " ")[:100]}
+            for row in page.rows
+        ]
+        output.emit(page.model_dump(mode="json"), rows, ["id", "attempts", "status_code", "updated", "last_error"])
+        if page.next_cursor:
+            output.say(f"more: --cursor {page.next_cursor}")
+
+
+@app.command()
+def reset(
+    context: typer.Context,
+    outbox: OutboxName,
+    ids: Annotated[list[int] | None, typer.Argument(
+        parser=row_id, show_default=False, help="Row ids (or --all).")] = None,
+    all_matching: Annotated[bool, typer.Option("--all", help="Every stuck row matching the filters.")] = False,
+    error_contains: ErrorContains = None,
+    status_code: StatusCode = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --all: count and sample, change nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="With --all: do not ask for confirmation.")] = False,
+    retry_now: Annotated[bool, typer.Option("--retry-now", help="With ids: make pending rows in backoff due now.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Reset stuck rows to pending (audited; wakes the drain), or retry pending rows in backoff now."""
     from outboxkit.operations.service import RowsHeld, RowsNotFound
 
-    service = admin_service(kit)
-    if args.all == bool(args.ids):
-        raise CommandError("name row ids, or pass --all (with optional filters) to reset every matching stuck row")
-    if args.ids:
-        try:
-            result = service.retry_now(args.outbox, args.ids, actor=actor()) if args.retry_now else \
-                service.reset(args.outbox, args.ids, actor=actor())
-        except (RowsHeld, RowsNotFound) as exc:
-            raise CommandError(str(exc)) from None
-        rows = [{"id": row_id, "result": "changed"} for row_id in result.changed_ids]
-        rows += [{"id": skipped.id, "result": f"skipped: {skipped.reason}"} for skipped in result.skipped]
-        emit(args, result.model_dump(mode="json"), rows, ["id", "result"])
-        return 0
-    filters = row_filter(args)
-    preview = service.reset_matching(args.outbox, filters, dry_run=True, actor=actor())
-    if args.dry_run:
-        emit(args, preview.model_dump(mode="json"), [{"matched": preview.matched,
-             "sample_ids": " ".join(map(str, preview.sample_ids))}], ["matched", "sample_ids"])
-        return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CommandError(f"{preview.matched} stuck row(s) match; pass --yes to reset them without a prompt")
-        answer = input(f"reset {preview.matched} stuck row(s) of {args.outbox}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing changed")
-            return 1
-    outcome = service.reset_matching(args.outbox, filters, dry_run=False, actor=actor())
-    emit(args, outcome.model_dump(mode="json"), [{"matched": outcome.matched, "reset": outcome.changed,
-         "audit_id": outcome.audit_id}], ["matched", "reset", "audit_id"])
-    return 0
+    if all_matching == bool(ids):
+        raise typer.BadParameter("name row ids, or pass --all (with optional filters) to reset every matching "
+                                 "stuck row", param_hint="'IDS' / '--all'")
+    if ids and (dry_run or yes or error_contains is not None or status_code is not None):
+        raise typer.BadParameter("--dry-run, --yes and the filters go with --all, not with row ids",
+                                 param_hint="'IDS'")
+    if all_matching and retry_now:
+        raise typer.BadParameter("--retry-now takes row ids, not --all", param_hint="'--retry-now'")
+    with operating(context, json_output, [outbox]) as (kit, output):
+        service = admin_service(kit)
+        if ids:
+            try:
+                result = (service.retry_now if retry_now else service.reset)(outbox, ids, actor=actor())
+            except (RowsHeld, RowsNotFound) as exc:
+                raise CommandError(str(exc)) from None
+            rows = [{"id": changed, "result": "changed"} for changed in result.changed_ids]
+            rows += [{"id": skipped.id, "result": f"skipped: {skipped.reason}"} for skipped in result.skipped]
+            output.emit(result.model_dump(mode="json"), rows, ["id", "result"])
+            return
+        filters = row_filter(error_contains, status_code)
+        preview = service.reset_matching(outbox, filters, dry_run=True, actor=actor())
+        if dry_run:
+            output.emit(preview.model_dump(mode="json"), [{"matched": preview.matched,
+                        "sample_ids": " ".join(map(str, preview.sample_ids))}], ["matched", "sample_ids"])
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise CommandError(f"{preview.matched} stuck row(s) match; pass --yes to reset them without a prompt")
+            if not typer.confirm(f"reset {preview.matched} stuck row(s) of {outbox}?", default=False):
+                output.say("nothing changed")
+                raise typer.Exit(1)
+        outcome = service.reset_matching(outbox, filters, dry_run=False, actor=actor())
+        output.emit(outcome.model_dump(mode="json"), [{"matched": outcome.matched, "reset": outcome.changed,
+                    "audit_id": outcome.audit_id}], ["matched", "reset", "audit_id"])
 
 
-def command_jobs(kit: OutboxKit, args: argparse.Namespace) -> int:
-    view = admin_service(kit).jobs()
-    rows = [
-        {"id": job.id, "name": job.name, "trigger": job.trigger or "-",
-         "next_run": job.next_run_at.isoformat(timespec="seconds") if job.next_run_at else "-",
-         "last_run": f"{age(job.last_run.started_at)} {job.last_run.outcome}" if job.last_run else "never"}
-        for job in view.jobs
-    ]
-    emit(args, view.model_dump(mode="json"), rows, ["id", "name", "trigger", "next_run", "last_run"])
-    if not args.json:
-        print(f"leader: {view.leader.host} pid {view.leader.pid}" if view.leader else "leader: none")
-    return 0
+@app.command()
+def jobs(context: typer.Context, json_output: JsonFlag = False) -> None:
+    """Scheduled jobs with their next and last run, and the leader."""
+    with operating(context, json_output) as (kit, output):
+        view = admin_service(kit).jobs()
+        rows = [
+            {"id": job.id, "name": job.name, "trigger": job.trigger or "-",
+             "next_run": job.next_run_at.isoformat(timespec="seconds") if job.next_run_at else "-",
+             "last_run": f"{age(job.last_run.started_at)} {job.last_run.outcome}" if job.last_run else "never"}
+            for job in view.jobs
+        ]
+        output.emit(view.model_dump(mode="json"), rows, ["id", "name", "trigger", "next_run", "last_run"])
+        output.say(f"leader: {view.leader.host} pid {view.leader.pid}" if view.leader else "leader: none",
+                   style="" if view.leader else "yellow")
 
 
-def command_drain(kit: OutboxKit, args: argparse.Namespace) -> int:
-    names = [args.outbox] if args.outbox else [outbox.__outbox__.job_name for outbox in kit.outboxes]
-    results = []
-    for name in names:
-        drainer = kit.drainer(name)
-        result = drainer.drain_once() if args.once else drainer.drain()
-        results.append({"outbox": name, **result.as_counts(), "error": result.error or ""})
-    if args.json:
-        print(json.dumps(results))
-    else:
-        print_table(results, ["outbox", "claimed", "delivered", "retried", "stuck", "error"])
-    return 1 if any(result["error"] for result in results) else 0
+@app.command()
+def drain(
+    context: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="One batch per outbox instead of until none is due.")] = False,
+    outbox: Annotated[str | None, typer.Option(metavar="NAME", help="Only this outbox (its job name).")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Deliver due rows now, from this shell (exit 1 if a drain failed)."""
+    with operating(context, json_output, [outbox] if outbox else []) as (kit, output):
+        names = [outbox] if outbox else [registered.__outbox__.job_name for registered in kit.outboxes]
+        results = []
+        for name in names:
+            drainer = kit.drainer(name)
+            result = drainer.drain_once() if once else drainer.drain()
+            results.append({"outbox": name, **result.as_counts(), "error": result.error or ""})
+        output.emit(results, results, ["outbox", "claimed", "delivered", "retried", "stuck", "error"])
+        if any(result["error"] for result in results):
+            raise typer.Exit(1)
 
 
-def command_worker(kit: OutboxKit, args: argparse.Namespace) -> int:
-    """Drain in the foreground until SIGTERM or SIGINT: LISTEN, claim on wake-up and at due times."""
+@app.command()
+def worker(
+    context: typer.Context,
+    outboxes: Annotated[list[str] | None, typer.Option(
+        "--outbox", metavar="NAME", show_default=False,
+        help="Only this outbox (repeat for several; default: every outbox of the kit).")] = None,
+    scheduler: Annotated[bool, typer.Option(
+        "--scheduler", help="Also campaign for leadership and run the schedule when elected.")] = False,
+) -> None:
+    """Drain in the foreground until SIGTERM or SIGINT: a dedicated drainer process (exit 0 on a clean stop)."""
     import logging
 
     from outboxkit.worker import DrainWorker
 
-    if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    worker = DrainWorker(kit, outboxes=args.outboxes or None)
-    if args.scheduler:
-        kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
-    worker.run_until_stopped()
-    return 0
+    with operating(context, False, outboxes or []) as (kit, _):
+        if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        drain_worker = DrainWorker(kit, outboxes=outboxes or None)
+        if scheduler:
+            kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
+        drain_worker.run_until_stopped()
 
 
-def command_demo(argv: list[str]) -> int:
-    """Run the example service from a clone of the repository."""
+# The demo's own options (argparse, in admin/exampleapp/demo.py) pass through untouched, --help included.
+@app.command(add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def demo(context: typer.Context) -> None:
+    """Run the example service end to end, from a clone of the repository (its options: demo --help)."""
     for folder in (Path.cwd(), *Path.cwd().parents):
         if (folder / "admin" / "exampleapp" / "demo.py").is_file():
             sys.path.insert(0, str(folder / "admin"))
             sys.path.insert(1, str(folder))
             from exampleapp.demo import main as demo_main  # the example service, not part of the library
 
-            return int(demo_main(argv))
-    raise CommandError(
-        "the demo runs the example service from a clone of the outboxkit repository; "
-        "run `outboxkit demo` inside the clone (admin/exampleapp must exist)"
-    )
-
-
-def row_id(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a row id") from None
-    if not 1 <= number < 2**63:
-        raise argparse.ArgumentTypeError(f"{value} is not a row id (1 to 2^63-1)")
-    return number
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outboxkit", description="Operate outboxkit outboxes from a shell.")
-    parser.add_argument("--app", default=os.environ.get("OUTBOXKIT_APP"),
-                        help="import path of the application's kit, e.g. myapp.outbox:kit (default: $OUTBOXKIT_APP)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
-    commands.add_parser("demo", help="run the example service end to end (from a clone)", add_help=False)
-    commands.add_parser("status", help="per outbox: counts, oldest due, last drain; and the leader")
-    stuck = commands.add_parser("stuck", help="list the stuck rows of one outbox")
-    stuck.add_argument("outbox", help="the outbox's job name")
-    reset = commands.add_parser("reset", help="reset stuck rows (or retry pending rows in backoff now)")
-    reset.add_argument("outbox", help="the outbox's job name")
-    reset.add_argument("ids", nargs="*", type=row_id, help="row ids")
-    reset.add_argument("--all", action="store_true", help="every stuck row matching the filters")
-    reset.add_argument("--dry-run", action="store_true", help="with --all: count and sample, change nothing")
-    reset.add_argument("--yes", action="store_true", help="with --all: do not ask for confirmation")
-    reset.add_argument("--retry-now", action="store_true", help="with ids: make pending rows in backoff due now")
-    for command in (stuck, reset):
-        command.add_argument("--error-contains", help="only rows whose last error contains this text")
-        command.add_argument("--status-code", type=int, help="only rows whose last HTTP status is this")
-    stuck.add_argument("--limit", type=int, default=50, choices=range(1, 201), metavar="1..200")
-    stuck.add_argument("--cursor", help="continue after a previous page")
-    commands.add_parser("jobs", help="scheduled jobs with their last run, and the leader")
-    drain = commands.add_parser("drain", help="deliver due rows now")
-    drain.add_argument("--once", action="store_true", help="one batch per outbox instead of until empty")
-    drain.add_argument("--outbox", help="only this outbox (its job name)")
-    worker = commands.add_parser(
-        "worker", help="drain in the foreground until SIGTERM/SIGINT (a dedicated drainer process)"
-    )
-    worker.add_argument("--outbox", dest="outboxes", action="append", metavar="NAME",
-                        help="only this outbox (repeat for several; default: every outbox of the kit)")
-    worker.add_argument("--scheduler", action="store_true",
-                        help="also campaign for leadership and run the schedule when elected")
-    return parser
+            raise typer.Exit(int(demo_main(list(context.args))))
+    fail("the demo runs the example service from a clone of the outboxkit repository; "
+         "run `outboxkit demo` inside the clone (admin/exampleapp must exist)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["demo"]:
-        try:
-            return command_demo(argv[1:])
-        except CommandError as exc:
-            print(f"outboxkit: {exc}", file=sys.stderr)
-            return 1
-    args = build_parser().parse_args(argv)
-    commands = {"status": command_status, "stuck": command_stuck, "reset": command_reset,
-                "jobs": command_jobs, "drain": command_drain, "worker": command_worker}
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code: 0 ok, 1 failure, 2 usage."""
     try:
-        kit = load_kit(args.app)
-        try:
-            for name in [getattr(args, "outbox", None), *(getattr(args, "outboxes", None) or [])]:
-                if name:
-                    kit.outbox(name)  # an unknown name fails here, with the known ones listed
-            return commands[args.command](kit, args)
-        finally:
-            kit.close()
-    except (CommandError, ConfigurationError, OutboxKitError) as exc:
-        print(f"outboxkit: {exc}", file=sys.stderr)
-        return 1
-    except ProgrammingError as exc:
-        if "UndefinedTable" in type(exc.orig).__name__:
-            print(f"outboxkit: a table is missing ({str(exc.orig).splitlines()[0]}): {MIGRATION_HINT}", file=sys.stderr)
-            return 1
-        raise
-    except OperationalError as exc:
-        print(f"outboxkit: cannot reach the database: {str(exc.orig).strip().splitlines()[0]}", file=sys.stderr)
-        return 1
-    except DBAPIError as exc:
-        print(f"outboxkit: database error: {str(exc.orig).strip().splitlines()[0]}", file=sys.stderr)
-        return 1
+        app(args=list(sys.argv[1:] if argv is None else argv), prog_name="outboxkit")
+    except SystemExit as exit_request:  # typer ends every run with one; hand its code back to the caller
+        code = exit_request.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -96,10 +98,13 @@ def test_unknown_outbox_names_the_registered_ones(cli):
     assert code == 1 and "no outbox named 'nope'" in err and "webhooks" in err
 
 
-def test_bad_row_ids_are_a_usage_error(cli):
-    with pytest.raises(SystemExit) as exit_info:
-        cli("reset", "webhooks", "abc")
-    assert exit_info.value.code == 2
+@pytest.mark.parametrize("word", ["abc", "0", "-1", "9223372036854775808", "١٢", "1_000", "+5", " 7"])
+def test_bad_row_ids_are_a_usage_error_and_change_nothing(cli, engine, word):
+    (row_id,) = add_webhooks(engine, 1)
+    code, out, err = cli("reset", "webhooks", str(row_id), word)
+    assert code == 2 and out == ""
+    assert ("No such option" if word.startswith("-") else "is not a row id") in err
+    assert statuses(engine)[row_id] == "stuck"
 
 
 def test_a_wrong_database_url_says_it_cannot_reach_the_database(monkeypatch, capsys):
@@ -161,6 +166,7 @@ def test_status_and_stuck_need_no_web_framework(database_url, engine):
         "code = main(['--app', 'tests.support.worker_app:kit_from_environment', 'status'])\n"
         "code = code or main(['--app', 'tests.support.worker_app:kit_from_environment', 'stuck', 'sample-events'])\n"
         "assert 'fastapi' not in sys.modules or sys.modules['fastapi'] is None\n"
+        "assert 'outboxkit.admin' not in sys.modules, 'the CLI imported the admin'\n"
         "raise SystemExit(code)\n"
     )
     environment = {**os.environ, "DATABASE_URL": database_url,
@@ -169,3 +175,137 @@ def test_status_and_stuck_need_no_web_framework(database_url, engine):
                               capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert "sample-events" in finished.stdout
+
+
+def test_json_after_the_command_is_the_same_as_before_it(cli, engine):
+    add_webhooks(engine, 2, status="stuck")
+    for command in (["status"], ["jobs"], ["stuck", "webhooks"], ["reset", "webhooks", "--all", "--dry-run"]):
+        before = cli("--json", *command)
+        after = cli(*command, "--json")
+        assert before[0] == after[0] == 0, (command, before, after)
+        before_document, after_document = json.loads(before[1]), json.loads(after[1])
+        if isinstance(before_document, dict):
+            before_document.pop("generated_at", None), after_document.pop("generated_at", None)
+        assert after_document == before_document, command
+
+
+BOX_DRAWING = re.compile("[\u2500-\u257f]")
+
+
+def test_piped_output_is_plain_text_one_line_per_row(cli, engine):
+    long_error = "HTTP 400: " + "the receiver said no, " * 8  # longer than an 80-column terminal
+    (row_id,) = add_webhooks(engine, 1, error=long_error)
+    code, out, _ = cli("stuck", "webhooks")
+    assert code == 0
+    assert "\x1b" not in out and not BOX_DRAWING.search(out)  # no escape codes, no box drawing
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "ATTEMPTS", "STATUS_CODE", "UPDATED", "LAST_ERROR"]
+    assert row.split()[0] == str(row_id) and long_error[:100].strip() in row  # not wrapped, not truncated
+
+
+def run_on_a_terminal(words: list[str], environment: dict[str, str], answer: bytes | None = None) -> tuple[int, str]:
+    """The CLI in a subprocess whose stdin and stdout are a pseudo-terminal: its exit code and what it wrote there."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    controller, terminal = pty.openpty()
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, "-m", "outboxkit.cli", *APP, *words], stdin=terminal, stdout=terminal,
+                               stderr=subprocess.PIPE, cwd=root, env=environment)
+    os.close(terminal)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if answer is not None and b"[y/N]" in b"".join(chunks):
+            os.write(controller, answer)
+            answer = None
+    os.close(controller)
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode in (0, 1), errors
+    return process.returncode, b"".join(chunks).decode()
+
+
+def terminal_environment(database_url: str) -> dict[str, str]:
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    environment = {key: value for key, value in os.environ.items() if key not in ("NO_COLOR", "FORCE_COLOR")}
+    environment.update(DATABASE_URL=sqlalchemy_url(database_url), COLUMNS="160", TERM="xterm-256color",
+                       PYTHONPATH=os.pathsep.join([str(root), str(root / "admin")]))
+    return environment
+
+
+def select_graphic_parameters(text: str) -> set[str]:
+    return {parameter for group in re.findall(r"\x1b\[([0-9;]*)m", text) for parameter in group.split(";")}
+
+
+def test_a_terminal_gets_colour_unless_no_color_is_set(database_url, engine):
+    add_webhooks(engine, 3, status="stuck")
+    environment = terminal_environment(database_url)
+    code, coloured = run_on_a_terminal(["status"], environment)
+    assert code == 0 and "webhooks" in coloured
+    assert "31" in select_graphic_parameters(coloured)  # red: the outbox with stuck rows
+    code, plain = run_on_a_terminal(["status"], {**environment, "NO_COLOR": "1"})
+    assert code == 0 and "webhooks" in plain
+    colours = {parameter for parameter in select_graphic_parameters(plain)
+               if parameter[:1] in ("3", "4", "9") and parameter not in ("3", "4")}  # 3x/4x/9x: colours
+    assert colours == set(), plain
+
+
+def test_reset_all_on_a_terminal_asks_first_and_a_no_changes_nothing(database_url, engine):
+    add_webhooks(engine, 2)
+    environment = terminal_environment(database_url)
+    code, out = run_on_a_terminal(["reset", "webhooks", "--all"], environment, answer=b"n\n")
+    assert code == 1 and "reset 2 stuck row(s) of webhooks? [y/N]" in out and "nothing changed" in out
+    assert set(statuses(engine).values()) == {"stuck"}
+    code, out = run_on_a_terminal(["reset", "webhooks", "--all"], environment, answer=b"y\n")
+    assert code == 0
+    assert set(statuses(engine).values()) == {"pending"}
+
+
+def test_the_app_can_come_from_the_environment(database_url, monkeypatch, capsys):
+    monkeypatch.setenv("DATABASE_URL", sqlalchemy_url(database_url))
+    monkeypatch.setenv("OUTBOXKIT_APP", APP[1])
+    assert main(["--json", "status"]) == 0
+    assert {outbox["name"] for outbox in json.loads(capsys.readouterr().out)["outboxes"]} == {"credit-grants", "webhooks"}
+
+
+@pytest.mark.parametrize("words", [
+    ["stauts"],                                # an unknown command
+    ["status", "--verbose"],                   # an unknown option
+    ["stuck"],                                 # a missing argument
+    ["stuck", "webhooks", "--limit", "500"],   # out of range
+    ["reset", "webhooks"],                     # neither ids nor --all
+    ["reset", "webhooks", "1", "--all"],       # both
+    ["reset", "webhooks", "--all", "--retry-now", "--yes"],
+])
+def test_a_usage_error_exits_2_and_changes_nothing(cli, engine, words):
+    ids = add_webhooks(engine, 2)
+    code, out, err = cli(*words)
+    assert code == 2 and out == "" and "Usage: outboxkit" in err
+    assert set(statuses(engine).values()) == {"stuck"} and len(ids) == 2
+
+
+def test_shell_completion_is_installed_through_the_standard_options():
+    import os
+    import subprocess
+    import sys
+
+    assert main(["--help"]) == 0  # the options exist (typer adds them to the top-level command)
+    root = Path(__file__).resolve().parent.parent
+    shown = subprocess.run([sys.executable, "-m", "outboxkit.cli", "--show-completion", "bash"], cwd=root,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "_OUTBOXKIT_COMPLETE=complete_bash" in shown.stdout
+    # What that script asks the CLI for while one types `outboxkit st<TAB>`:
+    completed = subprocess.run([sys.executable, "-m", "outboxkit.cli"], cwd=root, capture_output=True, text=True,
+                               env={**os.environ, "_OUTBOXKIT_COMPLETE": "complete_bash",
+                                    "COMP_WORDS": "outboxkit st", "COMP_CWORD": "1"}, timeout=60)
+    assert completed.stdout.split() == ["status", "stuck"]

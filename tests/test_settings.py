@@ -286,7 +286,9 @@ def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
         for path in (root / folder).rglob("*"):
             if path == Path(__file__).resolve() or not path.is_file() or path.suffix not in (".py", ".md", ".ini", ".toml", ""):
                 continue
-            for name in re.findall(r"OUTBOXKIT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+            # A whole name only: typer's completion variable _OUTBOXKIT_COMPLETE is not an OUTBOXKIT_ one.
+            names = re.findall(r"(?<![A-Za-z0-9_])OUTBOXKIT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace"))
+            for name in names:
                 if name not in typo_examples and _unknown_variable(name):
                     unknown[name] = path.relative_to(root)
     assert unknown == {}
