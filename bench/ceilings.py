@@ -23,10 +23,10 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import psycopg
 
-from outboxkit.queries import CLAIM_DUE_ROWS
+from outboxkit.queries import claim_sql
 
 # The drain's claim statement, with SQLAlchemy's :name parameters in psycopg's style.
-PRIMITIVE_CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", CLAIM_DUE_ROWS).replace("RETURNING outbox.*", "RETURNING outbox.id")
+PRIMITIVE_CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql("{table}")).replace("RETURNING outbox.*", "RETURNING outbox.id")
 PRIMITIVE_MARK_DONE = """
 UPDATE {table}
 SET status = 'done', delivered_at = %(now)s, claim_token = NULL, claimed_until = NULL, updated_at = %(now)s

@@ -68,7 +68,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
 from exampleapp.models import Base, WebhookOutbox  # noqa: E402
-from outboxkit.queries import CLAIM_DUE_ROWS, RECORD_OUTCOME, RowFilter, admin_queries_for  # noqa: E402
+from outboxkit.queries import RowFilter, admin_queries_for, claim_sql, record_outcome_sql  # noqa: E402
 from outboxkit.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
 from tests.support.database import server_url  # noqa: E402
@@ -77,8 +77,8 @@ TABLE = WebhookOutbox.__tablename__
 OUTBOX_TABLES = ("credit_grant_outbox", "webhook_outbox")
 PASSWORD = "bench"
 # The drain's claim with psycopg's parameter style; RETURNING outbox.* kept, as the drain reads it.
-CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", CLAIM_DUE_ROWS).format(table=TABLE)
-RECORD = RECORD_OUTCOME.format(table=TABLE)
+CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql(TABLE))
+RECORD = record_outcome_sql(TABLE)
 # The overview's counts before this change (outboxkit/queries.py at 0670ce2): exact counts.
 LEGACY_STATUS_COUNTS = f"""
 SELECT (SELECT count(*) FROM {TABLE} WHERE status = 'pending') AS pending,

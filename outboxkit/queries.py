@@ -134,6 +134,16 @@ class Outcome:
     error: str | None
 
 
+def claim_sql(table: str, *, synchronous_commit: bool = False) -> str:
+    """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters)."""
+    return CLAIM_DUE_ROWS.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_CLAIM)
+
+
+def record_outcome_sql(table: str, *, synchronous_commit: bool = False) -> str:
+    """RECORD_OUTCOME for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
+    return RECORD_OUTCOME.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_OUTCOME)
+
+
 class OutboxQueries:
     """The compiled statements for one outbox class.
 
@@ -147,11 +157,9 @@ class OutboxQueries:
         table = outbox.__table__  # type: ignore[attr-defined]
         quoted = _quote(table)
         self.table_name = quoted
-        claim_join = "" if synchronous_commit else _ASYNCHRONOUS_CLAIM
-        outcome_join = "" if synchronous_commit else _ASYNCHRONOUS_OUTCOME
-        self._claim: TextClause = text(CLAIM_DUE_ROWS.format(table=quoted, asynchronous_commit=claim_join))
+        self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
-        self._record = RECORD_OUTCOME.format(table=quoted, asynchronous_commit=outcome_join)
+        self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
         self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
 
     def claim_due_rows(

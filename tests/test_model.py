@@ -366,7 +366,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
     # One INSERT ... SELECT gives every row the same now(): the shape of a
     # bulk enqueue or a bulk reset.  With the due index on next_attempt_at
     # alone, the claim read and sorted all 20,000 of them.
-    from outboxkit.queries import CLAIM_DUE_ROWS
+    from outboxkit.queries import claim_sql
 
     with outbox_engine.begin() as connection:
         connection.execute(
@@ -376,7 +376,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
             )
         )
         connection.execute(text("ANALYZE sample_event_outbox"))
-    claim = CLAIM_DUE_ROWS.format(table="sample_event_outbox", asynchronous_commit="")
+    claim = claim_sql("sample_event_outbox", synchronous_commit=True)
     parameters = {"now": datetime(2100, 1, 1, tzinfo=timezone.utc), "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc)}
     parameters.update(limit=50, token=uuid.uuid4())
     connection = outbox_engine.connect()
