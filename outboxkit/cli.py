@@ -234,6 +234,7 @@ def command_worker(kit: OutboxKit, args: argparse.Namespace) -> int:
     """Drain in the foreground until SIGTERM or SIGINT: LISTEN, claim on wake-up and at due times."""
     import logging
 
+    from outboxkit.metrics import serve_worker_metrics
     from outboxkit.worker import DrainWorker
 
     if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
@@ -241,7 +242,8 @@ def command_worker(kit: OutboxKit, args: argparse.Namespace) -> int:
     worker = DrainWorker(kit, outboxes=args.outboxes or None)
     if args.scheduler:
         kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
-    worker.run_until_stopped()
+    with serve_worker_metrics(kit, port=args.metrics_port, host=args.metrics_host):  # no-op without --metrics-port
+        worker.run_until_stopped()
     return 0
 
 
@@ -303,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only this outbox (repeat for several; default: every outbox of the kit)")
     worker.add_argument("--scheduler", action="store_true",
                         help="also campaign for leadership and run the schedule when elected")
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port (needs the metrics extra)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
     return parser
 
 
