@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import psycopg
 
-from outboxkit.queries import CLAIM_DUE_ROWS
+from outboxkit.queries import _ASYNCHRONOUS_CLAIM, CLAIM_DUE_ROWS
 
 # The drain's claim statement, with SQLAlchemy's :name parameters in psycopg's style.
 PRIMITIVE_CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", CLAIM_DUE_ROWS).replace("RETURNING outbox.*", "RETURNING outbox.id")
@@ -87,7 +87,7 @@ def primitive_rows_per_second(database_url: str, table: str, *, count: int, batc
     with psycopg.connect(database_url) as connection:
         insert_pending_rows(connection, table, count=count, target_url=target_url)
         vacuum_analyze(connection, table)
-        claim = PRIMITIVE_CLAIM.format(table=table)
+        claim = PRIMITIVE_CLAIM.format(table=table, asynchronous_commit=_ASYNCHRONOUS_CLAIM)  # as the drain claims
         mark = PRIMITIVE_MARK_DONE.format(table=table)
         lease = timedelta(seconds=60)
         done = 0

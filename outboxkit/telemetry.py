@@ -186,8 +186,14 @@ class Telemetry:
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, status: str, now: datetime) -> None:
         """``status`` is the written ``Decision.status`` (``done``, ``pending``, ``stuck``) or ``lost_claim``."""
-        if self._observers:
-            self._each("recorded", job_name, row, attempt, outcome_name(status), now)
+        if not self._observers:
+            return
+        outcome = outcome_name(status)
+        for observer in self._observers:  # once per row: a plain loop, not _each
+            try:
+                observer.recorded(job_name, row, attempt, outcome, now)
+            except Exception:
+                self._failed(observer, "recorded")
 
     def parked(self, job_name: str, rows: Sequence[Outbox]) -> None:
         if self._observers:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 from outboxkit.telemetry import Observer, Telemetry, outcome_name, status_class
 from tests.support.receiver import Reply
@@ -54,3 +56,13 @@ def test_outcome_names_and_status_classes():
         "delivered", "retried", "stuck", "lost_claim"
     ]
     assert [status_class(code) for code in (200, 204, 302, 422, 503, None)] == ["2xx", "2xx", "3xx", "4xx", "5xx", "none"]
+
+
+def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
+    package = Path(__file__).resolve().parent.parent / "outboxkit"
+    source = "\n".join(path.read_text() for path in package.rglob("*.py"))
+    logged = set(re.findall(r'"((?:drain|election|job|worker|metrics)\.[a-z_]+)"', source))
+    operations = (package.parent / "docs" / "operations.md").read_text()
+    section = operations.split("### Structured logs", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z_.]+)` \|", section, re.M))
+    assert logged and logged == documented

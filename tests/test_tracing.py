@@ -13,10 +13,14 @@ import sys
 from typing import Any
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from sqlalchemy import Text, insert, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -127,7 +131,40 @@ def test_a_row_without_a_stored_context_gets_a_trace_of_its_own_and_failures_are
     assert refused.attributes["error.type"] == "connection"
     assert "http.response.status_code" not in refused.attributes
     [request] = receiver.requests
-    assert header(request, "traceparent").split("-")[1] == f"{answered.get_span_context().trace_id:032x}"
+    written: dict[str, str] = {}  # what the W3C propagator itself writes for that span
+    TraceContextTextMapPropagator().inject(written, context=trace.set_span_in_context(NonRecordingSpan(answered.get_span_context())))
+    assert header(request, "traceparent") == written["traceparent"]
+
+
+def test_a_propagator_the_application_set_writes_the_headers(kit, engine, receiver, spans):
+    provider, exporter = spans
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent), [{"target_url": receiver.url + "/events", "payload": {"n": 1}}])
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), _SpanIdHeader()]))
+    try:
+        OutboxTracing(kit, tracer_provider=provider)
+        kit.drain(SampleEvent)
+    finally:
+        propagate.set_global_textmap(previous)
+    [request] = receiver.requests
+    [delivery] = named(exporter, "deliver sample-events")
+    assert header(request, "traceparent").split("-")[2] == f"{delivery.get_span_context().span_id:016x}"
+    assert header(request, "x-span-id") == f"{delivery.get_span_context().span_id:016x}"
+
+
+class _SpanIdHeader(TextMapPropagator):
+    """A propagator of the application's own: the span id in ``X-Span-Id``."""
+
+    def extract(self, carrier, context=None, getter=None):
+        return context
+
+    def inject(self, carrier, context=None, setter=None):
+        carrier["X-Span-Id"] = f"{trace.get_current_span(context).get_span_context().span_id:016x}"
+
+    @property
+    def fields(self):
+        return {"X-Span-Id"}
 
 
 def test_a_traceparent_set_by_build_delivery_is_sent_as_it_is(kit, engine, receiver, spans):
