@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from outboxkit.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from outboxkit.drain import DrainResult
     from outboxkit.jobs import RunRecord
@@ -157,7 +159,7 @@ class Telemetry:
     def attach(self, observer: Observer) -> None:
         """Start calling ``observer`` (idempotent)."""
         if not isinstance(observer, Observer):
-            raise TypeError(f"{observer!r} is not an outboxkit.telemetry.Observer")
+            raise ConfigurationError(f"{observer!r} is not an outboxkit.telemetry.Observer; subclass it")
         with self._lock:
             if observer not in self._observers:
                 self._observers = (*self._observers, observer)

@@ -6,6 +6,9 @@ import logging
 import re
 from pathlib import Path
 
+import pytest
+
+from outboxkit.errors import ConfigurationError
 from outboxkit.telemetry import Observer, Telemetry, outcome_name, status_class
 from tests.support.receiver import Reply
 
@@ -66,3 +69,10 @@ def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
     section = operations.split("### Structured logs", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([a-z_.]+)` \|", section, re.M))
     assert logged and logged == documented
+
+
+def test_attaching_something_that_is_not_an_observer_is_refused():
+    telemetry = Telemetry()
+    with pytest.raises(ConfigurationError, match="is not an outboxkit.telemetry.Observer"):
+        telemetry.attach(object())  # type: ignore[arg-type]
+    assert not telemetry.enabled
