@@ -14,7 +14,13 @@ and drops, with the example ``WebhookOutbox``:
    (``bench/receiver.py``), timing first claim to last ``done`` and measuring
    the drainer's CPU, the PostgreSQL backends' CPU and the drainer's peak RSS;
 4. check that every row is ``done`` and the receiver saw every key;
-5. do it again with ``--slow-rows`` rows against a receiver that answers each
+5. telemetry: drain ``--rows`` bulk-inserted rows again, alternating runs
+   without telemetry, with ``OutboxMetrics`` and ``OutboxTracing`` attached
+   and every trace sampled, and with 10% of the traces sampled
+   (``--telemetry-rounds`` rounds, default 2), and compare the best run of
+   each (``drain_rows_per_s_with_telemetry`` against
+   ``drain_rows_per_s_telemetry_baseline``; the target is a ratio >= 0.9);
+6. do it again with ``--slow-rows`` rows against a receiver that answers each
    request after 50 ms.
 
 Run from the repository root::
@@ -132,10 +138,13 @@ def run_drainer(
     expected: int,
     concurrency: int | None,
     profile: str | None = None,
+    telemetry: bool = False,
+    trace_ratio: float = 1.0,
 ) -> DrainRun:
     """Start a drainer process, let it drain ``expected`` rows, measure it (and profile it if asked)."""
     command = [sys.executable, str(ROOT / "bench" / "drain_worker.py"), "--database-url", sqlalchemy_url]
     command += ["--expected", str(expected)] + (["--concurrency", str(concurrency)] if concurrency else [])
+    command += ["--telemetry", "--trace-ratio", str(trace_ratio)] if telemetry else []
     worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
     try:
         assert worker.stdin is not None and worker.stdout is not None
@@ -220,6 +229,40 @@ def verify(database_url: str, receiver: ReceiverProcess, expected: int) -> list[
     return problems
 
 
+TELEMETRY_MODES = {"without telemetry": None, "with telemetry": 1.0, "with telemetry, 10% of traces sampled": 0.1}
+
+
+def telemetry_runs(
+    sqlalchemy_url: str, server: str, database: str, database_url: str, receiver: ReceiverProcess, *,
+    rows: int, rounds: int, concurrency: int | None,
+) -> tuple[dict[str, list[DrainRun]], list[str]]:
+    """Alternate drains in each of ``TELEMETRY_MODES`` on freshly inserted rows; returns ({mode: runs}, problems).
+
+    Alternating, rather than all of one then all of the next, spreads a
+    shared host's load swings over every mode.
+    """
+    runs: dict[str, list[DrainRun]] = {mode: [] for mode in TELEMETRY_MODES}
+    problems: list[str] = []
+    for _ in range(rounds):
+        for label, trace_ratio in TELEMETRY_MODES.items():
+            telemetry = trace_ratio is not None
+            with psycopg.connect(database_url) as connection:
+                connection.execute(f"TRUNCATE {TABLE}")
+                connection.commit()
+                insert_pending_rows(connection, TABLE, count=rows, target_url=f"{receiver.url}/events")
+                vacuum_analyze(connection, TABLE)
+            receiver.reset()
+            run = run_drainer(sqlalchemy_url, server, database, expected=rows, concurrency=concurrency,
+                              telemetry=telemetry, trace_ratio=trace_ratio or 1.0)
+            spans = f", {run.report['spans']} spans exported" if telemetry else ""
+            print(f"  {label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
+            if trace_ratio == 1.0 and run.report.get("spans", 0) < rows:
+                problems.append(f"telemetry run exported {run.report.get('spans')} spans for {rows} rows")
+            problems += verify(database_url, receiver, rows)
+            runs[label].append(run)
+    return runs, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="drain throughput benchmark (see the module docstring)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows to enqueue and drain (default 20000)")
@@ -227,9 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=None, help="drain send concurrency (default: the outbox's)")
     parser.add_argument("--profile", metavar="FILE", help="py-spy the fast run's drainer into FILE (collapsed stacks)")
     parser.add_argument("--ceiling-posts", type=int, default=5_000, help="POSTs per httpx ceiling measurement")
+    parser.add_argument("--telemetry-rounds", type=int, default=2, help="pairs of drains without and with telemetry")
     arguments = parser.parse_args(argv)
     if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
         parser.error("--rows must be >= 1, --slow-rows >= 0, --concurrency >= 1")
+    if arguments.telemetry_rounds < 1:
+        parser.error("--telemetry-rounds must be >= 1")
 
     server = make_url(os.environ.get("DATABASE_URL") or DEFAULT_SERVER).set(drivername="postgresql")
     server_url = server.render_as_string(hide_password=False)
@@ -299,6 +345,24 @@ def main(argv: list[str] | None = None) -> int:
         ratio = fast.rows_per_s / lower_ceiling
         print(f"ratio to the lower ceiling ({lower_ceiling:.0f}/s, the higher httpx reading or the primitive): {ratio:.2f}")
 
+        print(f"telemetry: {arguments.telemetry_rounds} round(s) of drains of {arguments.rows} bulk-inserted rows: "
+              + "; ".join(TELEMETRY_MODES) + " (OutboxMetrics + OutboxTracing, SDK provider, batch processor)")
+        by_mode, telemetry_problems = telemetry_runs(
+            sqlalchemy_url, server_url, database, database_url, receiver,
+            rows=arguments.rows, rounds=arguments.telemetry_rounds, concurrency=arguments.concurrency,
+        )
+        problems += telemetry_problems
+        plain_best, telemetry_best, sampled_best = (max(runs, key=lambda run: run.rows_per_s) for runs in by_mode.values())
+        telemetry_ratio = telemetry_best.rows_per_s / plain_best.rows_per_s
+        sampled_ratio = sampled_best.rows_per_s / plain_best.rows_per_s
+        plain_cpu_ms, telemetry_cpu_ms, sampled_cpu_ms = (
+            min(run.drainer_cpu_s for run in runs) * 1000 / arguments.rows for runs in by_mode.values()
+        )
+        print(f"telemetry: best {plain_best.rows_per_s:.0f} rows/s without, {telemetry_best.rows_per_s:.0f} with every "
+              f"trace sampled (ratio {telemetry_ratio:.2f}, target >= 0.9), {sampled_best.rows_per_s:.0f} with 10% "
+              f"sampled (ratio {sampled_ratio:.2f}); drainer CPU {plain_cpu_ms:.3f}, {telemetry_cpu_ms:.3f}, "
+              f"{sampled_cpu_ms:.3f} ms/row")
+
         slow_rate = 0.0
         if arguments.slow_rows:
             with psycopg.connect(database_url) as connection:
@@ -330,6 +394,14 @@ def main(argv: list[str] | None = None) -> int:
             "primitive_ceiling_per_s": round(primitive, 1),
             "ratio_to_ceiling": round(ratio, 3),
             "slow_receiver_rows_per_s": round(slow_rate, 1),
+            "drain_rows_per_s_telemetry_baseline": round(plain_best.rows_per_s, 1),
+            "drain_rows_per_s_with_telemetry": round(telemetry_best.rows_per_s, 1),
+            "telemetry_ratio": round(telemetry_ratio, 3),
+            "drain_cpu_ms_per_row_telemetry_baseline": round(plain_cpu_ms, 3),
+            "drain_cpu_ms_per_row_with_telemetry": round(telemetry_cpu_ms, 3),
+            "drain_rows_per_s_with_telemetry_sampled_10pct": round(sampled_best.rows_per_s, 1),
+            "telemetry_sampled_10pct_ratio": round(sampled_ratio, 3),
+            "drain_cpu_ms_per_row_with_telemetry_sampled_10pct": round(sampled_cpu_ms, 3),
             "rss_mb": round(fast.peak_rss_mb, 1),
         }
         print(json.dumps(summary))

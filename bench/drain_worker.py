@@ -6,7 +6,11 @@ benchmark can snapshot this process's CPU time (and the PostgreSQL backends
 serving it) with start-up already paid.  Then it runs ``OutboxKit.drain`` in a
 loop until ``--expected`` rows are delivered (or ``--deadline`` seconds pass)
 and prints one JSON line: elapsed seconds from the first claim to the last
-recorded ``done``, the drain counts and its peak RSS.  It then waits for a
+recorded ``done``, the drain counts and its peak RSS.  ``--telemetry``
+attaches ``OutboxMetrics`` and ``OutboxTracing`` (an SDK tracer provider with
+a batch processor, its spans counted and dropped; ``--trace-ratio`` samples
+that share of the traces, as ``ParentBased(TraceIdRatioBased)``) to measure
+what they cost.  It then waits for a
 ``exit`` line, so its CPU times can be read before it ends.
 """
 
@@ -24,12 +28,42 @@ from exampleapp.models import WebhookOutbox
 from outboxkit import DrainResult, OutboxKit, OutboxKitSettings
 
 
+def telemetry_on(kit: OutboxKit, *, trace_ratio: float):
+    """Attach metrics and tracing as an application would; returns the exporter that counts the spans."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    from outboxkit.metrics import OutboxMetrics
+    from outboxkit.tracing import OutboxTracing
+
+    class CountingExporter(SpanExporter):
+        """Counts the spans and drops them: the process's own cost, without a collector's network."""
+
+        def __init__(self) -> None:
+            self.exported = 0
+
+        def export(self, spans) -> SpanExportResult:
+            self.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    exporter = CountingExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON if trace_ratio >= 1 else ParentBased(TraceIdRatioBased(trace_ratio)))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    exporter.provider = provider
+    OutboxMetrics(kit)  # its default refresh interval: the row gauges are read every 15 s
+    OutboxTracing(kit, tracer_provider=provider)
+    return exporter
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="drain the benchmark outbox until every row is delivered")
     parser.add_argument("--database-url", required=True, help="SQLAlchemy URL (postgresql+psycopg://...)")
     parser.add_argument("--expected", type=int, required=True, help="stop once this many rows are delivered")
     parser.add_argument("--concurrency", type=int, default=None, help="override the outbox's send concurrency")
     parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
+    parser.add_argument("--telemetry", action="store_true", help="with Prometheus metrics and OpenTelemetry spans on")
+    parser.add_argument("--trace-ratio", type=float, default=1.0, help="with --telemetry: the share of traces sampled")
     arguments = parser.parse_args(argv)
 
     engine = create_engine(arguments.database_url, pool_size=5, max_overflow=5)
@@ -39,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     with engine.connect() as connection:  # open the first pooled connection before the clock starts
         connection.execute(text("SELECT 1"))
     kit.drainer(WebhookOutbox)
+    spans = telemetry_on(kit, trace_ratio=arguments.trace_ratio) if arguments.telemetry else None
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 1
@@ -59,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         "error": total.error,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
+    if spans is not None:
+        spans.provider.force_flush()
+        report["spans"] = spans.exported
     print(json.dumps(report), flush=True)
     sys.stdin.readline()  # "exit": the benchmark has read our CPU times and our backends' (still connected)
     kit.close()

@@ -414,10 +414,16 @@ def worker(
         help="Only this outbox (repeat for several; default: every outbox of the kit).")] = None,
     scheduler: Annotated[bool, typer.Option(
         "--scheduler", help="Also campaign for leadership and run the schedule when elected.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", metavar="PORT", min=0, max=65535, show_default=False,
+        help="Serve Prometheus metrics on this port (0: any free port, logged; needs the metrics extra).")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Drain in the foreground until SIGTERM or SIGINT: a dedicated drainer process (exit 0 on a clean stop)."""
     import logging
 
+    from outboxkit.metrics import serve_worker_metrics
     from outboxkit.worker import DrainWorker
 
     with operating(context, False, outboxes or []) as (kit, _):
@@ -426,7 +432,8 @@ def worker(
         drain_worker = DrainWorker(kit, outboxes=outboxes or None)
         if scheduler:
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
-        drain_worker.run_until_stopped()
+        with serve_worker_metrics(kit, port=metrics_port, host=metrics_host):  # no-op without --metrics-port
+            drain_worker.run_until_stopped()
 
 
 # The demo's own options (argparse, in admin/exampleapp/demo.py) pass through untouched, --help included.

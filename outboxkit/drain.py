@@ -104,6 +104,7 @@ from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
 from outboxkit.queries import Outcome, OutboxQueries, queries_for
 from outboxkit.send_pool import InFlightLimit, SendPool
+from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.transport import Delivery, Transport
 
 __all__ = ["DrainResult", "Drainer", "drain_once"]
@@ -141,6 +142,7 @@ class DrainResult:
     schema_problem: bool = False  # that error is a missing table or column, already logged once with the fix
     batches: int = 0
     errors: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic, repr=False, compare=False)  # monotonic; for telemetry
 
     @property
     def ok(self) -> bool:
@@ -264,6 +266,7 @@ class Drainer:
         clock: Clock | None = None,
         options: OutboxOptions | None = None,
         synchronous_commit: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -281,6 +284,7 @@ class Drainer:
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
         self._schema_problems = SchemaProblemLog(logger)
+        self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
 
     @property
     def job_name(self) -> str:
@@ -339,9 +343,11 @@ class Drainer:
             result.error = described or f"{type(exc).__name__}: {exc}"
             result.schema_problem = described is not None
             if described is None:
-                logger.error("%s: drain failed: %s", self.job_name, result.error)
+                logger.error("%s: drain failed: %s", self.job_name, result.error,
+                             extra=log_fields("drain.failed", self.job_name))
             self._settle(state, events)
         self._report(result)
+        self.telemetry.drain_finished(self.job_name, result, loop=False)
         return result
 
     def _settle(self, state: _PumpState, events: queue.SimpleQueue[object]) -> None:
@@ -431,11 +437,13 @@ class Drainer:
                     pass  # a missing table: said once, with the migration to run
                 elif message != background.failing:
                     background.failing = message
-                    logger.error("%s: drain failed: %s; retrying", self.job_name, message)
+                    logger.error("%s: drain failed: %s; retrying", self.job_name, message,
+                                 extra=log_fields("drain.failed", self.job_name))
                 else:
                     logger.debug("%s: drain still failing: %s", self.job_name, message)
                 background.result.errors.append(message)
                 self._report(background.result)
+                self.telemetry.drain_finished(self.job_name, background.result, loop=True)
                 background.result = DrainResult(job_name=self.job_name)
                 state.more_due = True
                 if background.stopping.wait(backoff) and not state.in_flight:
@@ -483,6 +491,7 @@ class Drainer:
                         return
                     if not state.in_flight and not state.more_due and result.eventful:
                         self._report(result)  # the end of a busy spell: one summary line
+                        self.telemetry.drain_finished(self.job_name, result, loop=True)
                         background.result = result = DrainResult(job_name=self.job_name)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
                 try:
@@ -549,6 +558,8 @@ class Drainer:
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
         token = uuid.uuid4()
+        if not result.claimed:
+            result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
             now = self.clock.now()
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
@@ -579,6 +590,7 @@ class Drainer:
         """
         attempt = None
         started = time.monotonic()
+        probe = self.telemetry.sending(self.job_name, row, delivery, key)  # may add a traceparent header
         try:
             assert row.claimed_until is not None  # the claim stamped it
             lease_left = (row.claimed_until - self.clock.now()).total_seconds() - self._record_margin
@@ -590,13 +602,14 @@ class Drainer:
                 )
                 return
             timeout = min(timeout, lease_left)
-            attempt = self.transport.send(delivery, idempotency_key=key, timeout=timeout)
+            attempt = self.transport.send(probe.delivery, idempotency_key=key, timeout=timeout)
         except Exception as exc:  # a transport that broke its contract
             attempt = AttemptResult(failure=FailureKind.TRANSPORT, error=f"{type(exc).__name__}: {exc}")
         finally:
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
+            probe.sent(attempt)
             finished.put((row, token, attempt))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
@@ -608,6 +621,7 @@ class Drainer:
                 type(self.transport).__name__,
                 elapsed,
                 timeout,
+                extra=log_fields("drain.deadline_overrun", self.job_name, row),
             )
 
     def _park_exhausted(
@@ -622,7 +636,9 @@ class Drainer:
         )
         self.queries.park_exhausted(session, ids=[row.id for row in exhausted], token=token, now=now, error=message)
         result.stuck += len(exhausted)
-        logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message)
+        self.telemetry.parked(self.job_name, exhausted)
+        logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message,
+                       extra=log_fields("drain.parked", self.job_name, rows=len(exhausted)))
         parked = {row.id for row in exhausted}
         return [row for row in rows if row.id not in parked]
 
@@ -638,7 +654,8 @@ class Drainer:
                     )
             except Exception as exc:
                 logger.error(
-                    "%s: build_delivery failed for row %s\n%s", self.job_name, row.id, traceback.format_exc().rstrip()
+                    "%s: build_delivery failed for row %s\n%s", self.job_name, row.id, traceback.format_exc().rstrip(),
+                    extra=log_fields("drain.build_failed", self.job_name, row),
                 )
                 error = f"build_delivery raised {type(exc).__name__}: {exc}"
                 failures.append((row, AttemptResult(failure=FailureKind.BUILD, error=error)))
@@ -669,7 +686,8 @@ class Drainer:
             # The row keeps its lease and comes due again when it ends: a
             # redelivery with the same key, never a loss.
             result.errors.append(f"row {row.id}: {type(exc).__name__}: {exc}")
-            logger.error("%s: could not record the outcome of row %s: %s", self.job_name, row.id, exc)
+            logger.error("%s: could not record the outcome of row %s: %s", self.job_name, row.id, exc,
+                         extra=log_fields("drain.record_failed", self.job_name, row))
             driver = connection.connection.driver_connection
             if driver is None or driver.broken or driver.closed:
                 connection.invalidate()  # the pool must not hand this connection out again
@@ -677,15 +695,19 @@ class Drainer:
             return None
         if not written:
             result.lost_claims += 1
-            logger.warning("%s: row %s was reset or claimed again during its delivery; outcome dropped", self.job_name, row.id)
+            self.telemetry.recorded(self.job_name, row, attempt, "lost_claim", now)
+            logger.warning("%s: row %s was reset or claimed again during its delivery; outcome dropped", self.job_name, row.id,
+                           extra=log_fields("drain.lost_claim", self.job_name, row))
             return None
         if decision.status == "done":
             result.delivered += 1
         elif decision.status == "stuck":
             result.stuck += 1
-            logger.warning("%s: row %s is stuck: %s", self.job_name, row.id, error)
+            fields = log_fields("drain.row_stuck", self.job_name, row, status="stuck", status_code=attempt.status_code)
+            logger.warning("%s: row %s is stuck: %s", self.job_name, row.id, error, extra=fields)
         else:
             result.retried += 1
+        self.telemetry.recorded(self.job_name, row, attempt, decision.status, now)
         return decision
 
     def _report(self, result: DrainResult) -> None:
@@ -698,6 +720,7 @@ class Drainer:
                 result.retried,
                 result.stuck,
                 f", lost claims {result.lost_claims}" if result.lost_claims else "",
+                extra=log_fields("drain.summary", self.job_name, **result.as_counts()),
             )
 
 

@@ -70,6 +70,7 @@ from sqlalchemy import Connection, Engine, text
 from outboxkit.errors import InvalidValueError, LifecycleError
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
+from outboxkit.telemetry import Telemetry, log_fields
 
 __all__ = [
     "DEFAULT_ADVISORY_LOCK_KEY",
@@ -194,6 +195,7 @@ class LeaderElection:
         fail_open: bool = False,
         connect_timeout: float = 5.0,
         sleep: Sleep = wait_on_event,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if leader_tick_seconds <= 0 or standby_probe_seconds <= 0:
             raise InvalidValueError("leader_tick_seconds and standby_probe_seconds must be positive")
@@ -229,6 +231,7 @@ class LeaderElection:
         self._announced: str | None = None  # the last standby/error message logged, to log changes only
         self._thread: threading.Thread | None = None
         self.campaigns = 0  # campaigns finished so far (won, lost or failed); for monitoring and tests
+        self.telemetry = telemetry if telemetry is not None else Telemetry()  # the leader gauge; no-op unless attached
 
     # -- public --------------------------------------------------------------
 
@@ -319,7 +322,8 @@ class LeaderElection:
         self._connection, self._backend_pid = connection, backend_pid
         self._announced = None
         if self.state is ElectionState.UNELECTED:
-            logger.info("acquired leadership as %s (backend %s); the scheduler already runs", self.identity, backend_pid)
+            logger.info("acquired leadership as %s (backend %s); the scheduler already runs", self.identity, backend_pid,
+                        extra=log_fields("election.acquired", leader=self.identity))
             self._set_state(ElectionState.LEADER)
         else:
             logger.info(
@@ -327,6 +331,7 @@ class LeaderElection:
                 self.identity,
                 backend_pid,
                 self.leader_tick_seconds,
+                extra=log_fields("election.acquired", leader=self.identity),
             )
             self._set_state(ElectionState.PROMOTING)
 
@@ -335,7 +340,7 @@ class LeaderElection:
             logger.warning("another process holds the leader lock; stopping the unelected scheduler")
             self._call_demoted(wait=False)
             self._set_state(ElectionState.STANDBY)
-        self._announce(logging.INFO, "standby: another process holds the leader lock")
+        self._announce(logging.INFO, "standby: another process holds the leader lock", "election.standby")
 
     def _campaign_failed(self, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {str(exc).strip()}"
@@ -343,7 +348,8 @@ class LeaderElection:
             return
         if self.fail_open:
             logger.warning(
-                "leader election failed (%s); not in production, so the scheduler starts without the lock", reason
+                "leader election failed (%s); not in production, so the scheduler starts without the lock", reason,
+                extra=log_fields("election.failed_open", leader=self.identity),
             )
             if self._call_elected():
                 self._set_state(ElectionState.UNELECTED)
@@ -352,6 +358,7 @@ class LeaderElection:
             logging.ERROR,
             f"leader election failed ({reason}); production fails closed: no scheduler in this process, "
             f"retrying every {self.standby_probe_seconds:g}s",
+            "election.failed",
         )
 
     def _promote(self) -> None:
@@ -363,7 +370,8 @@ class LeaderElection:
         self._set_state(ElectionState.STANDBY)
 
     def _demote(self, reason: str) -> None:
-        logger.warning("lost leadership: %s; stopping the scheduler", reason)
+        logger.warning("lost leadership: %s; stopping the scheduler", reason,
+                       extra=log_fields("election.lost", leader=self.identity))
         if self.state is ElectionState.LEADER:
             self._call_demoted(wait=False)
         self._close_connection()
@@ -375,7 +383,7 @@ class LeaderElection:
         was_leading = self._connection is not None
         self._release()
         if was_leading:
-            logger.info("released leadership (%s)", self.identity)
+            logger.info("released leadership (%s)", self.identity, extra=log_fields("election.released", leader=self.identity))
         self._set_state(ElectionState.STOPPED)
 
     # -- helpers -------------------------------------------------------------
@@ -420,15 +428,16 @@ class LeaderElection:
         except Exception:
             logger.exception("stopping the scheduler failed")
 
-    def _announce(self, level: int, message: str) -> None:
+    def _announce(self, level: int, message: str, event: str) -> None:
         if message != self._announced:  # log changes, not every probe
             self._announced = message
-            logger.log(level, message)
+            logger.log(level, message, extra=log_fields(event, leader=self.identity))
 
     def _set_state(self, state: ElectionState) -> None:
         with self._changed:
             self._state = state
             self._changed.notify_all()
+        self.telemetry.leadership(self.identity, state.value)
 
     def __repr__(self) -> str:
         return f"LeaderElection({self.identity}, key={self.key}, state={self.state.value})"

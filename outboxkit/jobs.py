@@ -40,6 +40,7 @@ import inspect
 import json
 import logging
 import re
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
 from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
+from outboxkit.telemetry import Telemetry, log_fields
 
 __all__ = [
     "JobContext",
@@ -217,12 +219,21 @@ class RunRecord:
 class JobRunner:
     """Runs one occurrence of a job under the fence and records it.  ``run`` never raises."""
 
-    def __init__(self, engine: Engine, *, leader: Callable[[], str], history_limit: int = 200) -> None:
+    def __init__(
+        self, engine: Engine, *, leader: Callable[[], str], history_limit: int = 200, telemetry: Telemetry | None = None
+    ) -> None:
         self.engine = engine
         self._leader = leader
         self.history_limit = history_limit
+        self.telemetry = telemetry if telemetry is not None else Telemetry()  # job-run metrics; no-op unless attached
 
     def run(self, job: ScheduledJob, *, scheduled_for: datetime) -> RunRecord:
+        started = time.monotonic()
+        record = self._run(job, scheduled_for=scheduled_for)
+        self.telemetry.job_finished(job.id, job.name, record, time.monotonic() - started)
+        return record
+
+    def _run(self, job: ScheduledJob, *, scheduled_for: datetime) -> RunRecord:
         leader = self._leader()
         try:
             run_id = None
@@ -237,6 +248,7 @@ class JobRunner:
                         "%s: the run scheduled for %s was already taken by another scheduler; skipped",
                         job.name,
                         scheduled_for.isoformat(),
+                        extra=log_fields("job.skipped", job=job.id),
                     )
                     return RunRecord(outcome="skipped", counts={})
             started_at = datetime.now(timezone.utc)
@@ -264,7 +276,8 @@ class JobRunner:
                 connection.execute(_TRIM, {"job_id": job.id, "keep": self.history_limit})
             return record
         except Exception as exc:  # the history table is unreachable: the job itself has run or will run again
-            logger.error("%s: could not record the run scheduled for %s: %s", job.name, scheduled_for.isoformat(), exc)
+            logger.error("%s: could not record the run scheduled for %s: %s", job.name, scheduled_for.isoformat(), exc,
+                         extra=log_fields("job.record_failed", job=job.id))
             return RunRecord(outcome="error", counts={}, error=f"{type(exc).__name__}: {exc}")
 
     def abandon_unfinished(self, job_ids: list[str]) -> int:
@@ -305,15 +318,18 @@ class JobRunner:
                 outcome = asyncio.run(_await(outcome))
             counts = _counts(outcome)
         except JobFailed as exc:
-            logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job.name, exc)
+            logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job.name, exc,
+                       extra=log_fields("job.failed", job=job.id))
             return RunRecord(outcome="error", counts={}, error=str(exc)[:ERROR_TEXT_LIMIT])
         except Exception as exc:
-            logger.error("%s: the job raised\n%s", job.name, traceback.format_exc().rstrip())
+            logger.error("%s: the job raised\n%s", job.name, traceback.format_exc().rstrip(),
+                         extra=log_fields("job.failed", job=job.id))
             return RunRecord(outcome="error", counts={}, error=f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             session.close()
         if any(counts.values()):
-            logger.info("%s: %s", job.name, ", ".join(f"{key} {value}" for key, value in counts.items() if value))
+            logger.info("%s: %s", job.name, ", ".join(f"{key} {value}" for key, value in counts.items() if value),
+                        extra=log_fields("job.counts", job=job.id, counts=counts))
         return RunRecord(outcome="ok", counts=counts)
 
 

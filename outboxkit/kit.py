@@ -25,6 +25,7 @@ from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.settings import OutboxKitSettings
+from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class OutboxKit:
         self._drainers: dict[str, Drainer] = {}
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
+        self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.tracing)
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
@@ -168,6 +170,7 @@ class OutboxKit:
                     clock=self.clock,
                     options=options,
                     synchronous_commit=self.settings.synchronous_commit,
+                    telemetry=self.telemetry,
                 )
                 self._drainers[job_name] = drainer
         return drainer

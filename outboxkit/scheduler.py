@@ -139,7 +139,9 @@ class OutboxScheduler:
         self.kit = kit
         self.settings = kit.settings
         self.max_workers = max_workers
-        self.runner = JobRunner(kit.engine, leader=self._leader_identity, history_limit=self.settings.job_history_limit)
+        self.runner = JobRunner(
+            kit.engine, leader=self._leader_identity, history_limit=self.settings.job_history_limit, telemetry=kit.telemetry
+        )
         self._lock = threading.RLock()
         self._jobs: dict[str, ScheduledJob] = {}
         self._scheduler: _OccurrenceScheduler | None = None
@@ -291,6 +293,7 @@ class OutboxScheduler:
                     "leader_tick_seconds": self.settings.leader_tick_seconds,
                     "standby_probe_seconds": self.settings.standby_probe_seconds,
                     "fail_open": not self.settings.is_production,
+                    "telemetry": self.kit.telemetry,
                     **overrides,
                 }
                 self._election = LeaderElection(on_elected=self.start, on_demoted=self.shutdown, **options)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, channel_for, listener_application_name
+from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
     from outboxkit.drain import Drainer
@@ -96,6 +97,7 @@ class DrainWorker:
             "draining %s in this process%s",
             ", ".join(drainer.job_name for drainer in drainers),
             " (woken by NOTIFY)" if settings.listen_enabled else " (NOTIFY disabled: due times and polling only)",
+            extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
 
     def wake(self) -> None:
@@ -115,7 +117,8 @@ class DrainWorker:
         for drainer in drainers:
             drainer.stop(timeout)
         if drainers:
-            logger.info("stopped draining %s", ", ".join(drainer.job_name for drainer in drainers))
+            logger.info("stopped draining %s", ", ".join(drainer.job_name for drainer in drainers),
+                        extra=log_fields("worker.stopped", outboxes=[drainer.job_name for drainer in drainers]))
         self._stopped.set()
 
     def run_until_stopped(self, *, handle_signals: bool = True) -> None:
@@ -129,7 +132,8 @@ class DrainWorker:
         if handle_signals:
 
             def request_stop(signum: int, frame: FrameType | None) -> None:
-                logger.info("received %s; finishing the rows in flight", signal.Signals(signum).name)
+                logger.info("received %s; finishing the rows in flight", signal.Signals(signum).name,
+                            extra=log_fields("worker.signal", signal=signal.Signals(signum).name))
                 stop_requested.set()
 
             for signum in (signal.SIGTERM, signal.SIGINT):
