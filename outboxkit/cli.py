@@ -444,7 +444,7 @@ def demo(context: typer.Context) -> None:
         if (folder / "admin" / "exampleapp" / "demo.py").is_file():
             sys.path.insert(0, str(folder / "admin"))
             sys.path.insert(1, str(folder))
-            from exampleapp.demo import main as demo_main  # the example service, not part of the library
+            from exampleapp.demo import main as demo_main  # type: ignore[import-not-found]  # the example service, not the library
 
             raise typer.Exit(int(demo_main(list(context.args))))
     fail("the demo runs the example service from a clone of the outboxkit repository; "

@@ -720,7 +720,7 @@ class Drainer:
                 result.retried,
                 result.stuck,
                 f", lost claims {result.lost_claims}" if result.lost_claims else "",
-                extra=log_fields("drain.summary", self.job_name, **result.as_counts()),
+                extra=log_fields("drain.summary", self.job_name, None, **result.as_counts()),
             )
 
 

@@ -308,9 +308,11 @@ class LeaderElection:
             self._campaign_failed(exc)
             return
         try:
-            acquired, backend_pid = connection.execute(
+            answer = connection.execute(
                 "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()", [self.key]
             ).fetchone()
+            assert answer is not None  # a SELECT without FROM returns exactly one row
+            acquired, backend_pid = answer
         except Exception as exc:
             connection.close()
             self._campaign_failed(exc)

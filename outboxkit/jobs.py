@@ -313,10 +313,10 @@ class JobRunner:
             context = JobContext(
                 job_id=job.id, job_name=job.name, scheduled_for=scheduled_for, session=session, leader=leader
             )
-            outcome = job.function(context)
-            if inspect.isawaitable(outcome):  # an async job gets its own event loop, in this worker thread
-                outcome = asyncio.run(_await(outcome))
-            counts = _counts(outcome)
+            returned: object = job.function(context)
+            if inspect.isawaitable(returned):  # an async job gets its own event loop, in this worker thread
+                returned = asyncio.run(_await(returned))
+            counts = _counts(returned)
         except JobFailed as exc:
             logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job.name, exc,
                        extra=log_fields("job.failed", job=job.id))

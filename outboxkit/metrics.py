@@ -258,7 +258,7 @@ class OutboxMetrics(Observer):
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format, as a scrape would see it."""
-        return self._prometheus.generate_latest(self.registry)
+        return bytes(self._prometheus.generate_latest(self.registry))
 
     def asgi_app(self) -> Any:
         """An ASGI app that serves the registry: ``app.mount("/metrics", metrics.asgi_app())``.

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 from typing import Any
 
 from sqlalchemy import Boolean, Connection, Engine, TextClause, column, select, text
@@ -455,12 +454,12 @@ class AdminQueries:
 
         table = outbox.__table__  # type: ignore[attr-defined]
         self.table_name = _quote(table)
-        preparer = postgresql.dialect().identifier_preparer
+        preparer = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
         schema = f"{preparer.quote_schema(table.schema)}." if table.schema else ""
         self.due_index = schema + preparer.quote(f"ix_{table.name}_due_id")
         self.stuck_index = schema + preparer.quote(f"ix_{table.name}_stuck")
         self.payload_columns = [
-            (column.name, preparer.quote(column.name), column.type.compile(dialect=postgresql.dialect()))
+            (column.name, preparer.quote(column.name), column.type.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
             for column in table.columns
             if column.name not in KIT_COLUMNS
         ]
@@ -632,7 +631,12 @@ def _capped(count: int, estimate: float | None) -> tuple[int, bool]:
     return max(COUNT_EXACT_LIMIT + 1, round(estimate or 0)), True
 
 
-@cache
+_ADMIN_COMPILED: dict[type[Outbox], AdminQueries] = {}
+
+
 def admin_queries_for(outbox: type[Outbox]) -> AdminQueries:
-    """The (cached) admin statements for ``outbox``."""
-    return AdminQueries(outbox)
+    """The admin statements for ``outbox``, compiled once per class."""
+    compiled = _ADMIN_COMPILED.get(outbox)
+    if compiled is None:
+        compiled = _ADMIN_COMPILED.setdefault(outbox, AdminQueries(outbox))
+    return compiled

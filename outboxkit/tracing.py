@@ -180,7 +180,7 @@ class OutboxTracing(Observer):
         if not (result.eventful or failed):
             return  # an empty safety-net drain every minute is not worth a span
         end = time.time_ns()
-        attributes = {"outboxkit.outbox": job_name, "outboxkit.drain.kind": kind}
+        attributes: dict[str, str | int] = {"outboxkit.outbox": job_name, "outboxkit.drain.kind": kind}
         attributes.update({f"outboxkit.drain.{name}": value for name, value in result.as_counts().items()})
         span = self.tracer.start_span(f"drain {job_name}", attributes=attributes, start_time=end - int(seconds * 1e9))
         if failed:

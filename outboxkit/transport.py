@@ -189,7 +189,7 @@ def _is_http_url(url: object) -> bool:
         return False
     try:
         parts = urlsplit(url)
-        parts.port  # raises ValueError for a port that is not a number in range
+        _ = parts.port  # raises ValueError for a port that is not a number in range
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)

@@ -103,7 +103,7 @@ def test_database_restart_mid_drain_recovers_with_one_leader_and_loses_nothing(
                 scenario.insert(["ok"] * size.rows_per_restart)
                 # Mid-drain: the leader has delivered some of the new rows and has more to go.
                 target = done_before + scenario.random.randint(size.rows_per_restart // 10, size.rows_per_restart // 2)
-                scenario.wait_until(lambda: scenario.count("done") >= target, timeout=30, what="the drain under way", every=0.02)
+                scenario.wait_until(lambda target=target: scenario.count("done") >= target, timeout=30, what="the drain under way", every=0.02)
                 moment = time.time()
                 terminated.append(terminate_every_backend(scenario.database_url))
                 failovers.append(wait_for_recovery(scenario, fleet, sampler, moment))
