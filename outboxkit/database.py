@@ -25,10 +25,11 @@ see docs/async.md.
 
 from __future__ import annotations
 
+import sys
+
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool, QueuePool
 
 from outboxkit.errors import ConfigurationError
@@ -73,6 +74,13 @@ def database_url(url: str | URL) -> str:
     return parsed.set(drivername=DRIVER_NAME, query=query).render_as_string(hide_password=False)
 
 
+def _is_async_engine(engine: object) -> bool:
+    # An AsyncEngine exists only once sqlalchemy.ext.asyncio is imported, and importing it needs greenlet,
+    # which a sync application may not have: look, never import.
+    asyncio_extension = sys.modules.get("sqlalchemy.ext.asyncio")
+    return asyncio_extension is not None and isinstance(engine, asyncio_extension.AsyncEngine)
+
+
 def kit_engine(engine: object) -> Engine:
     """The sync psycopg engine the kit runs on: ``engine`` itself, or one derived from an ``AsyncEngine``.
 
@@ -80,9 +88,9 @@ def kit_engine(engine: object) -> Engine:
     psycopg 3.  A derived engine is new (it is not ``engine``); the caller
     owns it and disposes it.
     """
-    derive = isinstance(engine, AsyncEngine)
-    if isinstance(engine, AsyncEngine):
-        engine = engine.sync_engine
+    derive = _is_async_engine(engine)
+    if derive:
+        engine = engine.sync_engine  # type: ignore[attr-defined]
     if not isinstance(engine, Engine):
         raise ConfigurationError(
             f"OutboxKit needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}: "

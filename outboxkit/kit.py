@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.connections import SessionConnector, session_connector
@@ -29,6 +28,8 @@ from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from outboxkit.scheduler import OutboxScheduler
     from outboxkit.worker import DrainWorker
 

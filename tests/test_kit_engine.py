@@ -240,3 +240,26 @@ def test_rows_enqueued_with_core_insert_sync_and_async_get_the_delivery_defaults
     with OutboxKit(async_engine, [SampleEvent], clock=clock) as kit:
         assert kit.drain_once(SampleEvent).delivered == 2
     assert sorted(request.body["via"] for request in receiver.requests) == ["async", "sync"]
+
+
+def test_outboxkit_imports_and_runs_without_greenlet(database_url):
+    """A sync application need not install SQLAlchemy's asyncio extra (greenlet)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (
+        "import sys\n"
+        "sys.modules['greenlet'] = None  # an import of it now fails, as where it is not installed\n"
+        "from sqlalchemy import create_engine\n"
+        "import outboxkit\n"
+        "from tests.support.models import SampleEvent\n"
+        f"kit = outboxkit.OutboxKit(create_engine(outboxkit.database_url({database_url!r})), [SampleEvent])\n"
+        "assert kit.drain_once(SampleEvent).ok\n"
+        "kit.close()\n"
+    )
+    finished = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "admin")])})
+    assert finished.returncode == 0, finished.stderr
