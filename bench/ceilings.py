@@ -87,7 +87,7 @@ def primitive_rows_per_second(database_url: str, table: str, *, count: int, batc
     with psycopg.connect(database_url) as connection:
         insert_pending_rows(connection, table, count=count, target_url=target_url)
         vacuum_analyze(connection, table)
-        claim = PRIMITIVE_CLAIM.format(table=table)
+        claim = PRIMITIVE_CLAIM.format(table=table, asynchronous_commit="")
         mark = PRIMITIVE_MARK_DONE.format(table=table)
         lease = timedelta(seconds=60)
         done = 0

@@ -96,10 +96,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
+from outboxkit.attempts import AttemptLog, AttemptRecord
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.pauses import PauseCheck
 from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
 from outboxkit.queries import Outcome, OutboxQueries, queries_for
 from outboxkit.send_pool import InFlightLimit, SendPool
@@ -258,6 +260,7 @@ class Drainer:
         clock: Clock | None = None,
         options: OutboxOptions | None = None,
         synchronous_commit: bool = False,
+        attempt_history_days: float = 7.0,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -274,6 +277,9 @@ class Drainer:
         self._closed = False
         self._overrun_reported = False
         self._schema_problems = SchemaProblemLog(logger)
+        # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
+        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days)
+        self.pause_check = PauseCheck(engine, self.job_name)
 
     @property
     def job_name(self) -> str:
@@ -383,6 +389,7 @@ class Drainer:
         """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""
         background = self._background
         if background is not None:
+            self.pause_check.forget()  # the wake-up may be a resume
             background.wake()
 
     def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:
@@ -467,6 +474,8 @@ class Drainer:
                         self._claim_and_send(granted, state, events, outcomes, result, background)
                         continue
                     blocked = True  # this drainer's other drains hold every in-flight slot
+                if self.attempt_log.due(idle=not state.in_flight):
+                    self.attempt_log.flush(outcomes.get(), now=self.clock.now())
                 if background is None:
                     if not state.in_flight:
                         return
@@ -490,10 +499,10 @@ class Drainer:
                     continue
                 if event is _STOP:
                     continue
-                row, token, attempt = event  # type: ignore[misc]
+                row, token, attempt, started_at = event  # type: ignore[misc]
                 state.in_flight -= 1
                 self._in_flight.give(1)
-                decision = self._record(outcomes.get(), row, token, attempt, result)
+                decision = self._record(outcomes.get(), row, token, attempt, result, started_at=started_at)
                 if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
                     if state.next_due is None or decision.next_attempt_at < state.next_due:
                         state.next_due = decision.next_attempt_at
@@ -542,6 +551,8 @@ class Drainer:
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
         token = uuid.uuid4()
+        if self.pause_check.paused():
+            return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
             now = self.clock.now()
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
@@ -565,6 +576,7 @@ class Drainer:
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread."""
         attempt = None
+        started_at = self.clock.now()
         started = time.monotonic()
         try:
             attempt = self.transport.send(delivery, idempotency_key=key, timeout=timeout)
@@ -574,7 +586,7 @@ class Drainer:
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
-            finished.put((row, token, attempt))
+            finished.put((row, token, attempt, started_at))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -624,7 +636,14 @@ class Drainer:
         return deliveries, failures
 
     def _record(
-        self, connection: Connection, row: Outbox, token: uuid.UUID, attempt: AttemptResult, result: DrainResult
+        self,
+        connection: Connection,
+        row: Outbox,
+        token: uuid.UUID,
+        attempt: AttemptResult,
+        result: DrainResult,
+        *,
+        started_at: datetime | None = None,
     ) -> Decision | None:
         """Write one outcome; returns the decision, or None if nothing was written."""
         now = self.clock.now()
@@ -652,6 +671,17 @@ class Drainer:
                 connection.invalidate()  # the pool must not hand this connection out again
                 raise
             return None
+        self.attempt_log.add(
+            AttemptRecord(
+                row_id=row.id,
+                attempt=row.attempts,
+                started_at=started_at or now,
+                finished_at=now,
+                outcome=("retry" if decision.status == "pending" else decision.status) if written else "lost",
+                status_code=attempt.status_code,
+                error=error,
+            )
+        )
         if not written:
             result.lost_claims += 1
             logger.warning("%s: row %s was reset or claimed again during its delivery; outcome dropped", self.job_name, row.id)

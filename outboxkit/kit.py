@@ -168,6 +168,7 @@ class OutboxKit:
                     clock=self.clock,
                     options=options,
                     synchronous_commit=self.settings.synchronous_commit,
+                    attempt_history_days=self.settings.attempt_history_days,
                 )
                 self._drainers[job_name] = drainer
         return drainer

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 __all__ = [
     "ActionResult",
+    "AttemptModel",
     "AuditEntry",
     "AuditPage",
     "FilterText",
@@ -162,11 +163,29 @@ class PayloadFieldModel(_Model):
     truncated: bool
 
 
+class AttemptModel(_Model):
+    """One delivery attempt of a row (``outboxkit_attempts``)."""
+
+    attempt: int = Field(description="The row's attempt number (a reset starts again at 1).")
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    outcome: Literal["done", "retry", "stuck", "lost"] = Field(
+        description="What the attempt decided; lost: the row was reset or claimed again while it was sent."
+    )
+    status_code: int | None
+    error: str | None = Field(description="The first 500 characters of the attempt's error.")
+    sender: str = Field(description="host:pid of the process that sent it.")
+
+
 class RowDetailModel(RowSummaryModel):
     outbox: str
     idempotency_key: uuid.UUID
     claim_token: uuid.UUID | None
     payload: list[PayloadFieldModel] = Field(description="The application's own columns.")
+    attempt_history: list[AttemptModel] = Field(
+        description="The row's recorded attempts, newest first (at most 100; kept attempt_history_days), resets included."
+    )
 
 
 class IdsRequest(BaseModel):

@@ -29,9 +29,11 @@ from typing import Any
 from sqlalchemy import Connection, insert, select
 
 from outboxkit.operations.cursor import decode_cursor, encode_cursor
+from outboxkit.operations.history import row_attempts
 from outboxkit.operations.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.schemas import (
     ActionResult,
+    AttemptModel,
     AuditEntry,
     AuditPage,
     JobEntry,
@@ -157,8 +159,9 @@ class AdminService:
         queries = self._queries(outbox_name)
         with self.kit.engine.connect() as connection:
             detail = queries.detail(connection, row_id, preview_chars=self.preview_chars)
-        if detail is None:
-            raise RowsNotFound(outbox_name, [row_id])
+            if detail is None:
+                raise RowsNotFound(outbox_name, [row_id])
+            history = row_attempts(connection, outbox_name, row_id)
         summary = _summary(detail.summary, self.kit.clock.now())
         return RowDetailModel(
             **summary.model_dump(),
@@ -169,6 +172,7 @@ class AdminService:
                 PayloadFieldModel(name=field.name, type=field.type, text=field.text, length=field.length, truncated=field.truncated)
                 for field in detail.payload
             ],
+            attempt_history=[AttemptModel.model_validate(entry) for entry in history],
         )
 
     def audit(self, *, outbox_name: str | None, cursor: str | None, limit: int) -> AuditPage:
