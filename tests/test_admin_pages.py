@@ -204,4 +204,4 @@ def test_audit_and_jobs_pages_render(admin):
     audit = admin.client.get("/admin/audit")
     assert audit.status_code == 200 and f"<td class=\"small\">{row_id}</td>" in audit.text
     jobs = admin.client.get("/admin/jobs")
-    assert jobs.status_code == 200 and "No jobs." in jobs.text
+    assert jobs.status_code == 200 and "outboxkit.drain.webhooks" in jobs.text and "every minute (UTC)" in jobs.text

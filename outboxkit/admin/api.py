@@ -9,7 +9,8 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/retry-now           {"ids": [...]}: pending in backoff -> due now
     POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
     GET  /api/audit                                 the reset audit, newest first
-    GET  /api/jobs                                  jobs, their last runs, and the leader
+    GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
+    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
 changed), 400 a cursor or body that does not decode, 413 a body over the cap,
@@ -40,6 +41,7 @@ from outboxkit.operations.schemas import (
     AuditPage,
     FilterText,
     IdsRequest,
+    JobRunsView,
     JobsView,
     MatchOutcome,
     MatchRequest,
@@ -49,7 +51,7 @@ from outboxkit.operations.schemas import (
     Status,
 )
 from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
-from outboxkit.errors import UnknownOutboxError
+from outboxkit.errors import UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
@@ -78,7 +80,7 @@ def http_errors() -> Iterator[None]:
     """Turn the service's refusals into HTTP answers."""
     try:
         yield
-    except (UnknownOutboxError, RowsNotFound) as exc:
+    except (UnknownOutboxError, RowsNotFound, UnknownJobError) as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
     except RowsHeld as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
@@ -107,6 +109,7 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 OutboxName = Annotated[str, Path(description="The outbox's job_name.", max_length=100)]
 RowIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="The row id.")]
+JobIdPath = Annotated[str, Path(description="The job's id, e.g. outboxkit.drain.webhooks.", max_length=200)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 to {MAX_PAGE_SIZE} (refused, not clamped).")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
 
@@ -186,8 +189,15 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         with http_errors():
             return service.audit(outbox_name=outbox, cursor=cursor, limit=limit)
 
-    @router.get("/jobs", response_model=JobsView, summary="Scheduled jobs with their last run, and the leader")
+    @router.get("/jobs", response_model=JobsView, summary="Jobs: schedule in words, last run, failures, pause; the leader")
     def jobs() -> JobsView:
         return service.jobs()
+
+    @router.get(
+        "/jobs/{job_id}/runs", response_model=JobRunsView, responses={404: _NOT_FOUND}, summary="One job's runs, newest first"
+    )
+    def job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
+        with http_errors():
+            return service.job_runs(job_id, limit=limit)
 
     return router

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
-from outboxkit.admin.api import OutboxName, RowIdPath
+from outboxkit.admin.api import JobIdPath, OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
@@ -33,7 +33,7 @@ from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_fil
 from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
 from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
-from outboxkit.errors import UnknownOutboxError
+from outboxkit.errors import UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
@@ -139,6 +139,7 @@ def pages_router(
         """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
         refusals: tuple[tuple[type[Exception], int], ...] = (
             (UnknownOutboxError, 404),
+            (UnknownJobError, 404),
             (RowsNotFound, 404),
             (RowsHeld, 409),
             (InvalidCursor, 400),
@@ -263,6 +264,15 @@ def pages_router(
     @router.get("/jobs", name="outboxkit_admin_jobs")
     def jobs(request: Request, who: Actor) -> Response:
         return guarded(request, who, lambda: render(request, who, "jobs.html", view=service.jobs()))
+
+    @router.get("/jobs/{job_id}", name="outboxkit_admin_job")
+    def job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
+        def build() -> Response:
+            history = service.job_runs(job_id, limit=page_size)
+            entry = next((job for job in service.jobs().jobs if job.id == job_id), None)
+            return render(request, who, "job.html", history=history, job=entry, page_size=page_size)
+
+        return guarded(request, who, build)
 
     @router.get("/static/{name}", name="outboxkit_admin_static")
     def static(name: Annotated[str, Path(max_length=50)]) -> Response:

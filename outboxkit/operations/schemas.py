@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
 __all__ = [
     "ActionResult",
@@ -21,6 +21,7 @@ __all__ = [
     "FilterText",
     "IdsRequest",
     "JobEntry",
+    "JobRunsView",
     "JobsView",
     "LeaderModel",
     "MatchOutcome",
@@ -86,6 +87,12 @@ class RunModel(_Model):
     counts: dict[str, Any]
     error: str | None
     leader: str
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def duration_seconds(self) -> float | None:
+        """How long the run took; null while it runs (or when it was abandoned)."""
+        return (self.finished_at - self.started_at).total_seconds() if self.finished_at else None
 
 
 class LeaderModel(_Model):
@@ -247,9 +254,26 @@ class AuditPage(_Model):
 class JobEntry(_Model):
     id: str
     name: str
-    trigger: str | None = Field(description="From the job source; null when listed from run history.")
+    trigger: str | None = Field(description="As the job source gives it; null when listed from run history.")
+    schedule: str | None = Field(
+        description="The trigger in words with its timezone, e.g. 'every day at 02:00 (Europe/Berlin)'."
+    )
     next_run_at: datetime | None
     last_run: RunModel | None
+    failures: int = Field(description="Runs that failed (error or abandoned) among the kept history.")
+    runs_kept: int = Field(description="Runs kept in the history (job_history_limit per job).")
+    outbox: str | None = Field(description="For an outbox's drain job: the outbox's job_name.")
+    paused: bool = Field(description="The outbox's drains are paused (drain jobs only).")
+    paused_by: str | None = None
+    paused_at: datetime | None = None
+
+
+class JobRunsView(_Model):
+    """One job's run history, newest first."""
+
+    job_id: str
+    name: str | None
+    runs: list[RunModel]
 
 
 class JobsView(_Model):

@@ -29,14 +29,16 @@ from typing import Any
 from sqlalchemy import Connection, insert, select
 
 from outboxkit.operations.cursor import decode_cursor, encode_cursor
-from outboxkit.operations.history import row_attempts
-from outboxkit.operations.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
+from outboxkit.operations.schedules import describe_trigger
+from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.schemas import (
     ActionResult,
     AttemptModel,
     AuditEntry,
     AuditPage,
     JobEntry,
+    JobRunsView,
     JobsView,
     LeaderModel,
     MatchOutcome,
@@ -51,9 +53,11 @@ from outboxkit.operations.schemas import (
     RunModel,
     SkippedRow,
 )
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import OutboxKitError, UnknownJobError
+from outboxkit.jobs import every
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
+from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
 from outboxkit.tables import reset_audit
 
@@ -191,6 +195,7 @@ class AdminService:
         return AuditPage(entries=entries, next_cursor=next_cursor)
 
     def jobs(self) -> JobsView:
+        """Every job with its schedule in words, last run, failure count and (drain jobs) pause."""
         scheduled: list[JobInfo] | None = None
         source_error = None
         if self.job_source is not None:
@@ -201,20 +206,67 @@ class AdminService:
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
-        if scheduled is not None:
-            jobs = [
-                JobEntry(id=job.id, name=job.name, trigger=job.trigger, next_run_at=job.next_run_at, last_run=_run(runs.get(job.id)))
-                for job in scheduled
-            ]
-        else:
-            jobs = [JobEntry(id=run.job_id, name=run.job_name, trigger=None, next_run_at=None, last_run=_run(run)) for run in runs.values()]
+            pauses = paused_outboxes(connection)
+            if scheduled is None:
+                # Every outbox's drain job is known without a job source; other jobs only once they ran.
+                seen = [JobInfo(id=run.job_id, name=run.job_name, trigger="") for run in runs.values()]
+                drains = [JobInfo(id=drain_job_id(name), name=name, trigger="") for name in self.outbox_names]
+                infos = list({job.id: job for job in drains + seen}.values())
+            else:
+                infos = scheduled
+            failures = job_failure_counts(connection, [job.id for job in infos])
+        jobs = [self._job_entry(job, runs.get(job.id), failures.get(job.id, (0, 0)), pauses, listed=scheduled is not None) for job in infos]
         return JobsView(
             source="job_source" if scheduled is not None else "run_history",
             source_error=source_error,
             leader=holders[0] if holders else None,
             leaders=holders,
-            jobs=jobs,
+            jobs=sorted(jobs, key=lambda job: (job.outbox is None, job.id)),
         )
+
+    def _job_entry(self, job: JobInfo, run: Any, failures: tuple[int, int], pauses: dict[str, Pause], *, listed: bool) -> JobEntry:
+        outbox = job.id[len(DRAIN_JOB_PREFIX) :] if job.id.startswith(DRAIN_JOB_PREFIX) else None
+        if outbox not in self.outbox_names:
+            outbox = None
+        trigger: Any = self._trigger_object(job.id) if listed else None
+        if trigger is None and listed:
+            trigger = job.trigger
+        if trigger is None and outbox is not None:
+            trigger = every(seconds=self.kit.settings.drain_interval_seconds)  # the kit's own safety-net schedule
+        pause = pauses.get(outbox) if outbox is not None else None
+        return JobEntry(
+            id=job.id,
+            name=job.name,
+            trigger=job.trigger if listed else None,
+            schedule=describe_trigger(trigger) if trigger is not None else None,
+            next_run_at=job.next_run_at,
+            last_run=_run(run),
+            failures=failures[0],
+            runs_kept=failures[1],
+            outbox=outbox,
+            paused=pause is not None,
+            paused_by=pause.paused_by if pause else None,
+            paused_at=pause.paused_at if pause else None,
+        )
+
+    def _trigger_object(self, job_id: str) -> Any:
+        """The trigger object, from a job source that can look a job up (``OutboxScheduler.job``); else None."""
+        lookup = getattr(self.job_source, "job", None)
+        if not callable(lookup):
+            return None
+        try:
+            return getattr(lookup(job_id), "trigger", None)
+        except Exception:  # a source without that job, or one that fails: the text is shown instead
+            return None
+
+    def job_runs(self, job_id: str, *, limit: int) -> JobRunsView:
+        """One job's last ``limit`` runs, newest first."""
+        with self.kit.engine.connect() as connection:
+            runs = [RunModel.model_validate(JobRun(**run)) for run in job_run_history(connection, job_id, limit=limit)]
+        name = runs[0].job_name if runs else None
+        if not runs and not any(job_id == drain_job_id(outbox) for outbox in self.outbox_names):
+            raise UnknownJobError(f"no run of job {job_id!r} is recorded")
+        return JobRunsView(job_id=job_id, name=name, runs=runs)
 
     # -- actions -------------------------------------------------------------
 
