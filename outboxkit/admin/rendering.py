@@ -16,7 +16,11 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 __all__ = ["STATIC_FILES", "age", "make_environment", "static_file", "visible"]
 
-STATIC_FILES = {"admin.css": "text/css; charset=utf-8"}
+STATIC_FILES = {
+    "admin.css": "text/css; charset=utf-8",
+    "admin.js": "text/javascript; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
 
 _BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
@@ -42,6 +46,13 @@ def utc(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def form_time(moment: datetime | None) -> str:
+    """A time as a ``datetime-local`` input's value, in UTC (the pages read such values as UTC)."""
+    if moment is None:
+        return ""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def visible(value: object) -> str:
     """The text with bidi controls made visible (escaping itself is Jinja's autoescape)."""
     if value is None:
@@ -57,7 +68,7 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(age=age, utc=utc, visible=visible)
+    environment.filters.update(age=age, utc=utc, visible=visible, form_time=form_time)
     return environment
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "AuditEntry",
     "AuditPage",
     "FilterText",
+    "FoundRow",
     "IdsRequest",
     "JobEntry",
     "JobRunsView",
@@ -37,6 +38,7 @@ __all__ = [
     "RowSummaryModel",
     "RunModel",
     "SkippedRow",
+    "StatusCount",
 ]
 
 MAX_ROW_ID = 2**63 - 1
@@ -135,6 +137,21 @@ class Overview(_Model):
 class RowFilterModel(_Model):
     error_contains: str | None = None
     status_code: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    attempts_min: int | None = None
+    attempts_max: int | None = None
+    payload_column: str | None = None
+    payload_contains: str | None = None
+
+
+class StatusCount(_Model):
+    status: Status
+    count: int
+    at_least: bool = Field(description="The count stopped at its cap (10,000 under a filter): there are at least this many.")
+    estimated: bool = Field(description="From the planner's estimate (done rows of a big table, without a filter).")
 
 
 class RowSummaryModel(_Model):
@@ -160,6 +177,17 @@ class RowPage(_Model):
     limit: int
     rows: list[RowSummaryModel]
     next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
+    previous_cursor: str | None = Field(default=None, description="Pass as cursor for the previous page; null on the first.")
+    counts: list[StatusCount] | None = Field(
+        default=None, description="Each status's count under the same filter (with counts=true)."
+    )
+
+
+class FoundRow(_Model):
+    """A search hit: the outbox and the row."""
+
+    outbox: str
+    row: RowSummaryModel
 
 
 class PayloadFieldModel(_Model):

@@ -23,12 +23,13 @@ Action rules (the same for one id, a list, or a filter):
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
-from outboxkit.operations.cursor import decode_cursor, encode_cursor
+from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
 from outboxkit.operations.schedules import describe_trigger
 from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
@@ -52,6 +53,10 @@ from outboxkit.operations.schemas import (
     RowSummaryModel,
     RunModel,
     SkippedRow,
+    StatusCount,
+    FoundRow,
+    MAX_ROW_ID,
+    STATUS_VALUES,
 )
 from outboxkit.errors import OutboxKitError, UnknownJobError
 from outboxkit.jobs import every
@@ -61,12 +66,18 @@ from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
 from outboxkit.tables import reset_audit
 
-__all__ = ["AdminService", "RowsHeld", "RowsNotFound"]
+__all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
 SAMPLE_SIZE = 20
 # A filter reset may touch many rows; the audit keeps this many of their ids
 # (and the exact count, and the filter that selected them).
 AUDIT_IDS_LIMIT = 10_000
+# Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
+FILTERED_COUNT_CAP = 10_000
+
+
+class InvalidSearch(OutboxKitError, ValueError):
+    """A search that is neither a row id nor an idempotency key."""
 
 
 class RowsNotFound(OutboxKitError, LookupError):
@@ -99,6 +110,10 @@ class AdminService:
     @property
     def outbox_names(self) -> list[str]:
         return [outbox.__outbox__.job_name for outbox in self.kit.outboxes]
+
+    def payload_columns(self, outbox_name: str) -> list[str]:
+        """The outbox's own columns, which a payload filter may name."""
+        return self._queries(outbox_name).payload_column_names
 
     def _queries(self, outbox_name: str) -> AdminQueries:
         return admin_queries_for(self.kit.outbox(outbox_name))  # UnknownOutboxError for a bad name
@@ -137,27 +152,94 @@ class AdminService:
         )
 
     def rows(
-        self, outbox_name: str, *, status: str, row_filter: RowFilter, cursor: str | None, limit: int
+        self,
+        outbox_name: str,
+        *,
+        status: str,
+        row_filter: RowFilter,
+        cursor: str | None,
+        limit: int,
+        with_counts: bool = False,
     ) -> RowPage:
+        """One keyset page of one status; ``cursor`` is a page's ``next_cursor`` or ``previous_cursor``.
+
+        ``with_counts`` adds each status's count under the same filter (exact
+        up to ``FILTERED_COUNT_CAP``, then "at least"; without a filter, the
+        overview's counts).
+        """
         queries = self._queries(outbox_name)
-        scope = f"rows:{status}"
-        after = decode_cursor(cursor, scope=scope, with_time=status == "pending") if cursor else None
+        scope, with_time = f"rows:{status}", status == "pending"
+        after = before = None
+        if cursor:
+            try:
+                after = decode_cursor(cursor, scope=scope, with_time=with_time)
+            except InvalidCursor:
+                before = decode_cursor(cursor, scope=scope + ":before", with_time=with_time)
         now = self.kit.clock.now()
         with self.kit.engine.connect() as connection:
-            found = queries.page(connection, status=status, row_filter=row_filter, after=after, limit=limit + 1)
-        rows = found[:limit]
-        next_cursor = None
-        if len(found) > limit:
-            last = rows[-1]
-            next_cursor = encode_cursor(scope, (last.next_attempt_at, last.id) if status == "pending" else (last.id,))
+            found = queries.page(connection, status=status, row_filter=row_filter, after=after, before=before, limit=limit + 1)
+            counts = self._tab_counts(connection, queries, row_filter, now) if with_counts else None
+        more = len(found) > limit
+        rows = (found[1:] if before is not None else found[:limit]) if more else found
+
+        def key(row: RowSummary) -> tuple[Any, ...]:
+            return (row.next_attempt_at, row.id) if with_time else (row.id,)
+
+        # Forwards: earlier rows exist once a cursor was followed.  Backwards: later rows always do.
+        has_next = more if before is None else bool(rows)
+        has_previous = (after is not None) if before is None else more
         return RowPage(
             outbox=outbox_name,
             status=status,
             filter=RowFilterModel(**row_filter.as_dict()),
             limit=limit,
             rows=[_summary(row, now) for row in rows],
-            next_cursor=next_cursor,
+            next_cursor=encode_cursor(scope, key(rows[-1])) if has_next and rows else None,
+            previous_cursor=encode_cursor(scope + ":before", key(rows[0])) if has_previous and rows else None,
+            counts=counts,
         )
+
+    def _tab_counts(self, connection: Connection, queries: AdminQueries, row_filter: RowFilter, now: datetime) -> list[StatusCount]:
+        if not row_filter.active:
+            totals = queries.status_counts(connection, now=now)
+            return [
+                StatusCount(status=status, count=getattr(totals, status), at_least=False, estimated=status == "done" and totals.done_estimated)
+                for status in STATUS_VALUES
+            ]
+        counts = []
+        for status in STATUS_VALUES:
+            count = queries.count_matching(connection, status=status, row_filter=row_filter, cap=FILTERED_COUNT_CAP)
+            counts.append(StatusCount(status=status, count=min(count, FILTERED_COUNT_CAP), at_least=count > FILTERED_COUNT_CAP, estimated=False))
+        return counts
+
+    def find(self, query: str, *, outbox_name: str | None = None) -> list[FoundRow]:
+        """Rows whose id or idempotency key is ``query``, in every outbox (or the one named).
+
+        ``query`` is an id (ASCII digits) or a UUID; anything else raises
+        ``InvalidSearch``.  Each outbox costs one unique-index probe.
+        """
+        text_query = query.strip()
+        row_id = key = None
+        if text_query.isascii() and text_query.isdigit() and len(text_query) <= 19:
+            row_id = int(text_query)
+            if not 1 <= row_id <= MAX_ROW_ID:
+                return []  # a number no row id can have: nothing to find
+        else:
+            try:
+                key = uuid.UUID(text_query) if text_query.isascii() else None
+            except ValueError:
+                key = None
+            if key is None:
+                raise InvalidSearch("search for a row id (a whole number) or an idempotency key (a UUID)")
+        names = [outbox_name] if outbox_name is not None else self.outbox_names
+        now = self.kit.clock.now()
+        found = []
+        with self.kit.engine.connect() as connection:
+            for name in names:
+                row = self._queries(name).find(connection, row_id=row_id, idempotency_key=key)
+                if row is not None:
+                    found.append(FoundRow(outbox=name, row=_summary(row, now)))
+        return found
 
     def row(self, outbox_name: str, row_id: int) -> RowDetailModel:
         queries = self._queries(outbox_name)
