@@ -64,13 +64,15 @@ def pause(connection: Connection, job_name: str, *, actor: str, now: datetime) -
         insert(outbox_pauses)
         .values(outbox=job_name, paused_at=now, paused_by=actor[:300])
         .on_conflict_do_nothing(index_elements=[outbox_pauses.c.outbox])
+        .returning(outbox_pauses.c.outbox)
     )
-    return connection.execute(statement).rowcount == 1
+    return connection.execute(statement).first() is not None
 
 
 def resume(connection: Connection, job_name: str) -> bool:
     """Resume ``job_name``'s drains; False if it was not paused."""
-    return connection.execute(delete(outbox_pauses).where(outbox_pauses.c.outbox == job_name)).rowcount == 1
+    statement = delete(outbox_pauses).where(outbox_pauses.c.outbox == job_name).returning(outbox_pauses.c.outbox)
+    return connection.execute(statement).first() is not None
 
 
 class PauseCheck:

@@ -9,6 +9,9 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/reset               {"ids": [...]}: stuck -> pending
     POST /api/outboxes/{outbox}/retry-now           {"ids": [...]}: pending in backoff -> due now
     POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
+    POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
+    POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
+    POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
     GET  /api/audit                                 the reset audit, newest first
     GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
     GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
@@ -42,6 +45,8 @@ from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
     AuditPage,
+    ControlResult,
+    EmptyRequest,
     FilterText,
     FoundRow,
     IdsRequest,
@@ -54,6 +59,7 @@ from outboxkit.operations.schemas import (
     RowPage,
     Status,
 )
+from outboxkit.operations.controls import OutboxPaused
 from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
@@ -86,7 +92,7 @@ def http_errors() -> Iterator[None]:
         yield
     except (UnknownOutboxError, RowsNotFound, UnknownJobError) as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
-    except RowsHeld as exc:
+    except (RowsHeld, OutboxPaused) as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     except InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
@@ -217,6 +223,30 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
         with http_errors():
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
+
+    def control(action: str, summary: str) -> None:
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> ControlResult:
+            await read_json_body(request, EmptyRequest)
+            with http_errors():
+                return await run_in_threadpool(perform, outbox, actor=who)
+
+        router.add_api_route(
+            f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
+            act,
+            methods=["POST"],
+            response_model=ControlResult,
+            responses=WRITE_ERRORS,
+            dependencies=[Depends(require_json)],
+            summary=summary,
+            name=f"outboxkit_admin_api_{action}",
+            openapi_extra=json_body(EmptyRequest),
+        )
+
+    control("pause", "Pause the outbox's drains in every process (rows stay pending; in-flight rows finish)")
+    control("resume", "Resume the outbox's drains (woken at once)")
+    control("drain_now", "Wake every drain of the outbox now (409 while paused)")
 
     @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
     def audit(

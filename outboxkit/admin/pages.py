@@ -33,6 +33,7 @@ from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
+from outboxkit.operations.controls import OutboxPaused
 from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
@@ -182,6 +183,7 @@ def pages_router(
             (UnknownJobError, 404),
             (RowsNotFound, 404),
             (RowsHeld, 409),
+            (OutboxPaused, 409),
             (InvalidCursor, 400),
             (PageInputError, 422),
             (InvalidValueError, 422),
@@ -295,6 +297,27 @@ def pages_router(
     router.add_api_route(
         "/outboxes/{outbox}/retry-selected", selected_action("retry_now"), methods=["POST"], name="outboxkit_admin_retry_selected"
     )
+
+    def control_action(action: str) -> Callable[..., Any]:
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+        kinds = {"pause": "paused", "resume": "resumed", "drain_now": "drain_now"}
+
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
+            def build(form: FormData) -> Response:
+                result = perform(outbox, actor=who)
+                back = _form_text(form, "back")
+                target = url(request, "jobs") if back == "jobs" else url(request, "rows", outbox=outbox)
+                flash = Flash(kind=kinds[action] if result.changed else "already", count=result.due_rows or 0)  # type: ignore[arg-type]
+                return redirect(request, who, target, flash)
+
+            return await post_action(request, who, build)
+
+        return act
+
+    for control in ("pause", "resume", "drain_now"):
+        router.add_api_route(
+            f"/outboxes/{{outbox}}/{control.replace('_', '-')}", control_action(control), methods=["POST"], name=f"outboxkit_admin_{control}"
+        )
 
     @router.get("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset")
     def bulk_reset_confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:

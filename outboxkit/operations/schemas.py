@@ -18,6 +18,8 @@ __all__ = [
     "AttemptModel",
     "AuditEntry",
     "AuditPage",
+    "ControlResult",
+    "EmptyRequest",
     "FilterText",
     "FoundRow",
     "IdsRequest",
@@ -125,6 +127,9 @@ class OutboxOverview(_Model):
     oldest_due_age_seconds: float | None
     drain_job_id: str
     last_drain: RunModel | None = Field(description="The last recorded run of this outbox's drain job (the heartbeat).")
+    paused: bool = Field(default=False, description="An operator paused this outbox's drains (every process).")
+    paused_by: str | None = None
+    paused_at: datetime | None = None
 
 
 class Overview(_Model):
@@ -251,6 +256,23 @@ class ActionResult(_Model):
     changed_ids: list[int]
     skipped: list[SkippedRow] = Field(description="Listed rows left as they were, and why (idempotent repeats).")
     audit_id: int | None = Field(description="The audit record; null when nothing changed.")
+
+
+class ControlResult(_Model):
+    """What pause, resume or drain now did."""
+
+    action: Literal["pause", "resume", "drain_now"]
+    outbox: str
+    changed: bool = Field(description="False when the outbox already was in the asked state (nothing recorded).")
+    paused: bool = Field(description="Whether the outbox's drains are paused now.")
+    due_rows: int | None = Field(description="drain_now: the rows due when the drains were woken.")
+    audit_id: int | None
+
+
+class EmptyRequest(BaseModel):
+    """An action without parameters still takes a JSON body (``{}``): the API's CSRF guard."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class MatchOutcome(_Model):

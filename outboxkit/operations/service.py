@@ -27,8 +27,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, select
 
+from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
 from outboxkit.operations.schedules import describe_trigger
@@ -69,9 +70,6 @@ from outboxkit.tables import reset_audit
 __all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
 SAMPLE_SIZE = 20
-# A filter reset may touch many rows; the audit keeps this many of their ids
-# (and the exact count, and the filter that selected them).
-AUDIT_IDS_LIMIT = 10_000
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
 FILTERED_COUNT_CAP = 10_000
 
@@ -106,6 +104,7 @@ class AdminService:
         self.kit = kit
         self.job_source = job_source
         self.preview_chars = preview_chars
+        self.controls = OutboxControls(kit)  # pause, resume, drain now
 
     @property
     def outbox_names(self) -> list[str]:
@@ -126,7 +125,8 @@ class AdminService:
         names = self.outbox_names
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
-            entries = [self._outbox_overview(connection, name, runs, now) for name in names]
+            pauses = paused_outboxes(connection)
+            entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
         return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
 
@@ -135,9 +135,12 @@ class AdminService:
         self._queries(outbox_name)
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
-            return self._outbox_overview(connection, outbox_name, runs, self.kit.clock.now())
+            pauses = paused_outboxes(connection)
+            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
 
-    def _outbox_overview(self, connection: Connection, name: str, runs: dict[str, Any], now: datetime) -> OutboxOverview:
+    def _outbox_overview(
+        self, connection: Connection, name: str, runs: dict[str, Any], pauses: dict[str, Pause], now: datetime
+    ) -> OutboxOverview:
         queries = self._queries(name)
         counts = queries.status_counts(connection, now=now)
         oldest = counts.oldest_due_at
@@ -149,6 +152,9 @@ class AdminService:
             oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
             drain_job_id=drain_job_id(name),
             last_drain=_run(runs.get(drain_job_id(name))),
+            paused=name in pauses,
+            paused_by=pauses[name].paused_by if name in pauses else None,
+            paused_at=pauses[name].paused_at if name in pauses else None,
         )
 
     def rows(
@@ -417,12 +423,7 @@ class AdminService:
     ) -> int | None:
         if not ids:
             return None
-        statement = (
-            insert(reset_audit)
-            .values(actor=actor[:300], outbox=outbox_name, action=action, row_count=len(ids), row_ids=ids[:AUDIT_IDS_LIMIT], filter=row_filter)
-            .returning(reset_audit.c.id)
-        )
-        return connection.execute(statement).scalar_one()
+        return record_audit(connection, actor=actor, outbox_name=outbox_name, action=action, ids=ids, row_filter=row_filter)
 
 
 def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:

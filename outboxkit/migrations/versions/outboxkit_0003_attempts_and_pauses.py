@@ -2,7 +2,8 @@
 
 ``outboxkit_attempts`` keeps every delivery attempt of every row (the
 admin's row page, the overview's charts); ``outboxkit_outbox_pauses`` lists
-the outboxes whose drains an operator paused.
+the outboxes whose drains an operator paused.  The audit also records
+pause, resume and "drain now".
 
 Revision ID: outboxkit_0003
 Revises: outboxkit_0002
@@ -20,7 +21,13 @@ branch_labels = None
 depends_on = None
 
 
+_AUDIT = "outboxkit_reset_audit"
+_AUDIT_CHECK = "ck_outboxkit_reset_audit_action"
+
+
 def upgrade() -> None:
+    op.drop_constraint(_AUDIT_CHECK, _AUDIT, type_="check")
+    op.create_check_constraint(_AUDIT_CHECK, _AUDIT, "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now')")
     op.create_table(
         "outboxkit_attempts",
         sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
@@ -46,6 +53,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The old constraint has room for row actions only: the outbox-level entries go.
+    op.execute(f"DELETE FROM {_AUDIT} WHERE action IN ('pause', 'resume', 'drain_now')")
+    op.drop_constraint(_AUDIT_CHECK, _AUDIT, type_="check")
+    op.create_check_constraint(_AUDIT_CHECK, _AUDIT, "action IN ('reset', 'retry_now')")
     op.drop_table("outboxkit_outbox_pauses")
     op.drop_index("ix_outboxkit_attempts_finished", table_name="outboxkit_attempts")
     op.drop_index("ix_outboxkit_attempts_row", table_name="outboxkit_attempts")
