@@ -278,7 +278,7 @@ class Drainer:
         self._overrun_reported = False
         self._schema_problems = SchemaProblemLog(logger)
         # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
-        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days)
+        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days, table=self.queries.table_name)
         self.pause_check = PauseCheck(engine, self.job_name)
 
     @property

@@ -16,6 +16,12 @@ by the drain in batches, see ``outboxkit.attempts``), kept for
 stays readable after it was sent again.  Its index on (``outbox``,
 ``finished_at``) serves the retention trim and the overview's charts.
 
+``outboxkit_outbox_minutes`` holds one row per outbox and minute for the
+overview's charts: attempts that delivered, failed and got stuck (added by
+every drainer as it writes its attempt history) and a sample of the backlog
+(pending and due rows, the oldest due row's age) taken by the drainers once
+a minute.  Kept as long as the attempt history.
+
 ``outboxkit_outbox_pauses`` lists the outboxes whose drains are paused (one
 row each); every drainer reads it before claiming (``outboxkit.pauses``).
 """
@@ -27,6 +33,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
@@ -41,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-__all__ = ["attempts", "job_runs", "kit_metadata", "outbox_pauses", "reset_audit"]
+__all__ = ["attempts", "job_runs", "kit_metadata", "outbox_minutes", "outbox_pauses", "reset_audit"]
 
 kit_metadata = MetaData()
 
@@ -98,6 +105,19 @@ attempts = Table(
     CheckConstraint("outcome IN ('done', 'retry', 'stuck', 'lost')", name="ck_outboxkit_attempts_outcome"),
     Index("ix_outboxkit_attempts_row", "outbox", "row_id", "attempt"),
     Index("ix_outboxkit_attempts_finished", "outbox", "finished_at"),
+)
+
+outbox_minutes = Table(
+    "outboxkit_outbox_minutes",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("delivered", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("stuck", Integer, nullable=False, server_default=text("0")),
+    Column("pending", BigInteger),
+    Column("due", BigInteger),
+    Column("oldest_due_seconds", Float),
 )
 
 outbox_pauses = Table(

@@ -141,8 +141,10 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
     Actor = Annotated[str, Depends(actor)]
 
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
-    def overview() -> Overview:
-        return service.overview()
+    def overview(
+        charts: Annotated[bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")] = False,
+    ) -> Overview:
+        return service.overview(charts=charts)
 
     @router.get(
         "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"

@@ -220,8 +220,12 @@ def pages_router(
         return await run_in_threadpool(guarded, request, who, lambda: act(form))
 
     @router.get("/", name="outboxkit_admin_overview")
-    def overview(request: Request, who: Actor) -> Response:
-        return guarded(request, who, lambda: render(request, who, "overview.html", overview=service.overview()))
+    def overview(request: Request, who: Actor, refresh: str | None = None) -> Response:
+        def build() -> Response:
+            seconds = _ascii_number(refresh, low=5, high=3600, what="refresh") if refresh else None
+            return render(request, who, "overview.html", overview=service.overview(charts=True), refresh=seconds)
+
+        return guarded(request, who, build)
 
     @router.get("/outboxes/{outbox}", name="outboxkit_admin_rows")
     def rows(request: Request, outbox: OutboxName, who: Actor, status: str = "stuck", cursor: str | None = None, limit: str | None = None) -> Response:

@@ -14,6 +14,8 @@ from importlib import resources
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from outboxkit.admin.charts import chart_svg
+
 __all__ = ["STATIC_FILES", "age", "make_environment", "static_file", "visible"]
 
 STATIC_FILES = {
@@ -46,6 +48,17 @@ def utc(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def duration(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``3.5 h``: an age for a chart's legend."""
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def form_time(moment: datetime | None) -> str:
     """A time as a ``datetime-local`` input's value, in UTC (the pages read such values as UTC)."""
     if moment is None:
@@ -69,6 +82,7 @@ def make_environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters.update(age=age, utc=utc, visible=visible, form_time=form_time)
+    environment.globals.update(chart_svg=chart_svg, duration=duration)
     return environment
 
 

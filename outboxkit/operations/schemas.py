@@ -29,6 +29,7 @@ __all__ = [
     "LeaderModel",
     "MatchOutcome",
     "MatchRequest",
+    "MinuteModel",
     "Overview",
     "OutboxCounts",
     "OutboxOverview",
@@ -119,6 +120,18 @@ class OutboxCounts(_Model):
     )
 
 
+class MinuteModel(_Model):
+    """One minute of an outbox (``outboxkit_outbox_minutes``), summed over every drainer."""
+
+    minute: datetime = Field(description="The minute's start (UTC).")
+    delivered: int = Field(description="Attempts that delivered.")
+    failed: int = Field(description="Attempts that failed (retried or stuck).")
+    stuck: int = Field(description="Attempts that left the row stuck.")
+    pending: int | None = Field(description="Pending rows when the minute was sampled; null if nobody sampled it.")
+    due: int | None = Field(description="Due rows (the backlog) when sampled.")
+    oldest_due_seconds: float | None = Field(description="Age of the oldest due row when sampled.")
+
+
 class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
@@ -130,6 +143,9 @@ class OutboxOverview(_Model):
     paused: bool = Field(default=False, description="An operator paused this outbox's drains (every process).")
     paused_by: str | None = None
     paused_at: datetime | None = None
+    last_hour: list[MinuteModel] | None = Field(
+        default=None, description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age)."
+    )
 
 
 class Overview(_Model):

@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
@@ -119,14 +120,17 @@ class AdminService:
 
     # -- reads ---------------------------------------------------------------
 
-    def overview(self) -> Overview:
-        """Every outbox's counts and heartbeat, and who leads."""
+    def overview(self, *, charts: bool = False) -> Overview:
+        """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's last hour."""
         now = self.kit.clock.now()
         names = self.outbox_names
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
             pauses = paused_outboxes(connection)
             entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
+            if charts:
+                hours = last_hour(connection, names, now=now)
+                entries = [entry.model_copy(update={"last_hour": hours[entry.name]}) for entry in entries]
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
         return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
 

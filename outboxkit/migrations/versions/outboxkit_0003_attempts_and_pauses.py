@@ -1,8 +1,9 @@
-"""outboxkit: attempt history and paused outboxes
+"""outboxkit: attempt history, per-minute figures and paused outboxes
 
 ``outboxkit_attempts`` keeps every delivery attempt of every row (the
-admin's row page, the overview's charts); ``outboxkit_outbox_pauses`` lists
-the outboxes whose drains an operator paused.  The audit also records
+admin's row page); ``outboxkit_outbox_minutes`` the per-minute figures of
+the overview's charts; ``outboxkit_outbox_pauses`` lists the outboxes whose
+drains an operator paused.  The audit also records
 pause, resume and "drain now".
 
 Revision ID: outboxkit_0003
@@ -45,6 +46,17 @@ def upgrade() -> None:
     op.create_index("ix_outboxkit_attempts_row", "outboxkit_attempts", ["outbox", "row_id", "attempt"])
     op.create_index("ix_outboxkit_attempts_finished", "outboxkit_attempts", ["outbox", "finished_at"])
     op.create_table(
+        "outboxkit_outbox_minutes",
+        sa.Column("outbox", sa.String(100), primary_key=True),
+        sa.Column("minute", sa.DateTime(timezone=True), primary_key=True),
+        sa.Column("delivered", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        sa.Column("failed", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        sa.Column("stuck", sa.Integer(), nullable=False, server_default=sa.text("0")),
+        sa.Column("pending", sa.BigInteger()),
+        sa.Column("due", sa.BigInteger()),
+        sa.Column("oldest_due_seconds", sa.Float()),
+    )
+    op.create_table(
         "outboxkit_outbox_pauses",
         sa.Column("outbox", sa.String(100), primary_key=True),
         sa.Column("paused_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
@@ -58,6 +70,7 @@ def downgrade() -> None:
     op.drop_constraint(_AUDIT_CHECK, _AUDIT, type_="check")
     op.create_check_constraint(_AUDIT_CHECK, _AUDIT, "action IN ('reset', 'retry_now')")
     op.drop_table("outboxkit_outbox_pauses")
+    op.drop_table("outboxkit_outbox_minutes")
     op.drop_index("ix_outboxkit_attempts_finished", table_name="outboxkit_attempts")
     op.drop_index("ix_outboxkit_attempts_row", table_name="outboxkit_attempts")
     op.drop_table("outboxkit_attempts")
