@@ -97,7 +97,7 @@ def test_pause_resume_and_drain_now_from_the_pages(admin, receiver):
 
 
 def test_a_control_without_a_json_body_or_for_an_unknown_outbox_is_refused(admin):
-    assert admin.client.post("/admin/api/outboxes/webhooks/pause").status_code in (415, 422)
+    assert admin.client.post("/admin/api/outboxes/webhooks/pause").status_code == 415
     assert admin.client.post("/admin/api/outboxes/webhooks/pause", json={"x": 1}).status_code == 422
     assert admin.client.post("/admin/api/outboxes/nope/pause", json={}).status_code == 404
     with admin.engine.connect() as connection:

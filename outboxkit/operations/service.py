@@ -213,7 +213,8 @@ class AdminService:
         if not row_filter.active:
             totals = queries.status_counts(connection, now=now)
             return [
-                StatusCount(status=status, count=getattr(totals, status), at_least=False, estimated=status == "done" and totals.done_estimated)
+                # Each status's own "<status>_estimated" flag where the counts carry one (done always does).
+                StatusCount(status=status, count=getattr(totals, status), at_least=False, estimated=getattr(totals, f"{status}_estimated", False))
                 for status in STATUS_VALUES
             ]
         counts = []
