@@ -475,7 +475,7 @@ class Drainer:
                         continue
                     blocked = True  # this drainer's other drains hold every in-flight slot
                 if self.attempt_log.due(idle=not state.in_flight):
-                    self.attempt_log.flush(outcomes.get(), now=self.clock.now())
+                    self._flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
                         return
@@ -694,6 +694,18 @@ class Drainer:
         else:
             result.retried += 1
         return decision
+
+    def _flush_attempts(self, outcomes: _LazyConnection) -> None:
+        """Write the attempt history (outboxkit.attempts) on the outcome connection, which holds it.
+
+        The minute's upkeep alone (nothing buffered) takes a short-lived
+        connection instead, so an idle loop holds no pool slot.
+        """
+        if self.attempt_log.pending:
+            self.attempt_log.flush(outcomes.get(), now=self.clock.now())
+            return
+        with self.queries.outcome_connection(self.engine) as connection:
+            self.attempt_log.flush(connection, now=self.clock.now())
 
     def _report(self, result: DrainResult) -> None:
         if result.claimed or result.stuck:
