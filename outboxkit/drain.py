@@ -97,10 +97,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
+from outboxkit.attempts import AttemptLog, AttemptRecord
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.pauses import PauseCheck
 from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
 from outboxkit.queries import Outcome, OutboxQueries, queries_for
 from outboxkit.send_pool import InFlightLimit, SendPool
@@ -267,6 +269,7 @@ class Drainer:
         options: OutboxOptions | None = None,
         synchronous_commit: bool = False,
         telemetry: Telemetry | None = None,
+        attempt_history_days: float = 7.0,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -285,6 +288,9 @@ class Drainer:
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
         self._schema_problems = SchemaProblemLog(logger)
         self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
+        # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
+        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days, table=self.queries.table_name)
+        self.pause_check = PauseCheck(engine, self.job_name)
 
     @property
     def job_name(self) -> str:
@@ -396,6 +402,7 @@ class Drainer:
         """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""
         background = self._background
         if background is not None:
+            self.pause_check.forget()  # the wake-up may be a resume
             background.wake()
 
     def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:
@@ -482,6 +489,8 @@ class Drainer:
                         self._claim_and_send(granted, state, events, outcomes, result, background)
                         continue
                     blocked = True  # this drainer's other drains hold every in-flight slot
+                if self.attempt_log.due(idle=not state.in_flight):
+                    self._flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
                         return
@@ -506,10 +515,10 @@ class Drainer:
                     continue
                 if event is _STOP:
                     continue
-                row, token, attempt = typing.cast("tuple[Outbox, uuid.UUID, AttemptResult]", event)
+                row, token, attempt, started_at = typing.cast("tuple[Outbox, uuid.UUID, AttemptResult, datetime]", event)
                 state.in_flight -= 1
                 self._in_flight.give(1)
-                decision = self._record(outcomes.get(), row, token, attempt, result)
+                decision = self._record(outcomes.get(), row, token, attempt, result, started_at=started_at)
                 if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
                     if state.next_due is None or decision.next_attempt_at < state.next_due:
                         state.next_due = decision.next_attempt_at
@@ -558,6 +567,8 @@ class Drainer:
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
         token = uuid.uuid4()
+        if self.pause_check.paused():
+            return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
         if not result.claimed:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
@@ -589,6 +600,7 @@ class Drainer:
         whose lease is nearly over is not sent at all and is retried.
         """
         attempt = None
+        started_at = self.clock.now()
         started = time.monotonic()
         probe = self.telemetry.sending(self.job_name, row, delivery, key)  # may add a traceparent header
         try:
@@ -610,7 +622,7 @@ class Drainer:
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
             probe.sent(attempt)
-            finished.put((row, token, attempt))
+            finished.put((row, token, attempt, started_at))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -664,7 +676,14 @@ class Drainer:
         return deliveries, failures
 
     def _record(
-        self, connection: Connection, row: Outbox, token: uuid.UUID, attempt: AttemptResult, result: DrainResult
+        self,
+        connection: Connection,
+        row: Outbox,
+        token: uuid.UUID,
+        attempt: AttemptResult,
+        result: DrainResult,
+        *,
+        started_at: datetime | None = None,
     ) -> Decision | None:
         """Write one outcome; returns the decision, or None if nothing was written."""
         now = self.clock.now()
@@ -693,6 +712,17 @@ class Drainer:
                 connection.invalidate()  # the pool must not hand this connection out again
                 raise
             return None
+        self.attempt_log.add(
+            AttemptRecord(
+                row_id=row.id,
+                attempt=row.attempts,
+                started_at=started_at or now,
+                finished_at=now,
+                outcome=("retry" if decision.status == "pending" else decision.status) if written else "lost",
+                status_code=attempt.status_code,
+                error=error,
+            )
+        )
         if not written:
             result.lost_claims += 1
             self.telemetry.recorded(self.job_name, row, attempt, "lost_claim", now)
@@ -709,6 +739,18 @@ class Drainer:
             result.retried += 1
         self.telemetry.recorded(self.job_name, row, attempt, decision.status, now)
         return decision
+
+    def _flush_attempts(self, outcomes: _LazyConnection) -> None:
+        """Write the attempt history (outboxkit.attempts) on the outcome connection, which holds it.
+
+        The minute's upkeep alone (nothing buffered) takes a short-lived
+        connection instead, so an idle loop holds no pool slot.
+        """
+        if self.attempt_log.pending:
+            self.attempt_log.flush(outcomes.get(), now=self.clock.now())
+            return
+        with self.queries.outcome_connection(self.engine) as connection:
+            self.attempt_log.flush(connection, now=self.clock.now())
 
     def _report(self, result: DrainResult) -> None:
         if result.claimed or result.stuck:

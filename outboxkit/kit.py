@@ -172,6 +172,7 @@ class OutboxKit:
                     options=options,
                     synchronous_commit=self.settings.synchronous_commit,
                     telemetry=self.telemetry,
+                    attempt_history_days=self.settings.attempt_history_days,
                 )
                 self._drainers[job_name] = drainer
         return drainer

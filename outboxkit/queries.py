@@ -337,13 +337,33 @@ _RESET = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RowFilter:
-    """Which rows an operator means: a substring of ``last_error`` and/or a status code."""
+    """Which rows an operator means; every field narrows (AND), None leaves it out.
+
+    ``error_contains`` is a substring of ``last_error``, ``status_code`` the
+    exact last code; ``created_*`` and ``updated_*`` are half-open time ranges
+    (``after`` inclusive, ``before`` exclusive); ``attempts_min``/``_max``
+    bound the attempts; ``payload_contains`` is a substring of one of the
+    application's columns, ``payload_column``, as text (the caller checks
+    the column is one of ``AdminQueries.payload_columns``).
+    """
 
     error_contains: str | None = None
     status_code: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    attempts_min: int | None = None
+    attempts_max: int | None = None
+    payload_column: str | None = None
+    payload_contains: str | None = None
 
-    def clauses(self) -> tuple[str, dict[str, Any]]:
-        """Fixed SQL fragments and their bind parameters (the strings stay data)."""
+    def clauses(self, payload_sql: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Fixed SQL fragments and their bind parameters (the strings stay data).
+
+        ``payload_sql`` is the quoted column for ``payload_column``, from
+        ``AdminQueries`` (never from a request).
+        """
         sql, params = "", {}
         if self.error_contains:
             sql += " AND last_error ILIKE :error_pattern ESCAPE '\\'"
@@ -351,10 +371,38 @@ class RowFilter:
         if self.status_code is not None:
             sql += " AND last_status_code = :status_code"
             params["status_code"] = self.status_code
+        for name, column, operator in _RANGE_CLAUSES:
+            value = getattr(self, name)
+            if value is not None:
+                sql += f" AND {column} {operator} :{name}"
+                params[name] = value
+        if self.payload_contains and payload_sql is not None:
+            sql += f" AND CAST({payload_sql} AS text) ILIKE :payload_pattern ESCAPE '\\'"
+            params["payload_pattern"] = "%" + escape_like(self.payload_contains) + "%"
         return sql, params
 
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, name) is not None for name in self.__dataclass_fields__ if name != "payload_column")
+
     def as_dict(self) -> dict[str, Any]:
-        return {"error_contains": self.error_contains, "status_code": self.status_code}
+        """The base fields always, the others when set; times as ISO 8601 (it goes into URLs and the audit)."""
+        values: dict[str, Any] = {"error_contains": self.error_contains, "status_code": self.status_code}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name not in values and value is not None and not (name == "payload_column" and not self.payload_contains):
+                values[name] = value.isoformat() if isinstance(value, datetime) else value
+        return values
+
+
+_RANGE_CLAUSES = (
+    ("created_after", "created_at", ">="),
+    ("created_before", "created_at", "<"),
+    ("updated_after", "updated_at", ">="),
+    ("updated_before", "updated_at", "<"),
+    ("attempts_min", "attempts", ">="),
+    ("attempts_max", "attempts", "<="),
+)
 
 
 def escape_like(value: str) -> str:
@@ -467,6 +515,37 @@ class AdminQueries:
     def _sql(self, template: str) -> str:
         return template.format(table=self.table_name)
 
+    @property
+    def payload_column_names(self) -> list[str]:
+        """The application's own columns (what a payload filter may name)."""
+        return [name for name, _, _ in self.payload_columns]
+
+    def filter_clauses(self, row_filter: RowFilter) -> tuple[str, dict[str, Any]]:
+        """``row_filter.clauses`` with its payload column checked and quoted here (never taken from the request)."""
+        quoted = None
+        if row_filter.payload_contains:
+            by_name = {name: quoted_name for name, quoted_name, _ in self.payload_columns}
+            if row_filter.payload_column not in by_name:
+                known = ", ".join(by_name) or "none"
+                raise InvalidValueError(f"payload_column must be one of this outbox's own columns ({known}), got {row_filter.payload_column!r}")
+            quoted = by_name[row_filter.payload_column]
+        return row_filter.clauses(quoted)
+
+    def count_matching(self, connection: Connection, *, status: str, row_filter: RowFilter, cap: int) -> int:
+        """Rows of one status matching the filter, counted up to ``cap + 1`` (more than ``cap`` means "over cap")."""
+        filter_sql, params = self.filter_clauses(row_filter)
+        statement = text(
+            self._sql(f"SELECT count(*) FROM (SELECT 1 FROM {{table}} WHERE status = :status{filter_sql} LIMIT :cap) AS capped")
+        )
+        return connection.execute(statement, {**params, "status": status, "cap": cap + 1}).scalar_one()
+
+    def find(self, connection: Connection, *, row_id: int | None = None, idempotency_key: uuid.UUID | None = None) -> RowSummary | None:
+        """The row with this id or idempotency key (each a unique index probe)."""
+        column, value = ("id", row_id) if row_id is not None else ("idempotency_key", idempotency_key)
+        statement = text(self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE {column} = :value"))
+        row = connection.execute(statement, {"value": value, "error_chars": LIST_ERROR_CHARS}).one_or_none()
+        return RowSummary(**row._mapping) if row is not None else None
+
     def status_counts(self, connection: Connection, *, now: datetime) -> StatusCounts:
         """Pending, in-flight and stuck counts through their partial indexes; ``done`` exact or estimated.
 
@@ -514,31 +593,37 @@ class AdminQueries:
         row_filter: RowFilter,
         after: tuple[Any, ...] | None,
         limit: int,
+        before: tuple[Any, ...] | None = None,
     ) -> list[RowSummary]:
-        """Up to ``limit`` rows of one status after the keyset position ``after``.
+        """Up to ``limit`` rows of one status after the keyset position ``after`` (or just before ``before``).
 
         Pending rows come in due order (``next_attempt_at, id``, the drain's
         index); stuck and done rows newest first (``id`` descending).  The
         position is ``(next_attempt_at, id)`` for pending, ``(id,)`` otherwise.
+        ``before`` reads backwards from a page's first row (a previous page)
+        and returns the rows in the listing's order, the ones nearest
+        ``before`` last.
         """
         if status not in STATUSES:
             raise InvalidValueError(f"status must be one of {STATUSES}, got {status!r}")
-        filter_sql, params = row_filter.clauses()
+        filter_sql, params = self.filter_clauses(row_filter)
         params.update(status=status, limit=limit, error_chars=LIST_ERROR_CHARS)
+        position, backwards = (before, True) if before is not None else (after, False)
         if status == "pending":
-            order = "next_attempt_at, id"
-            if after is not None:
-                filter_sql += " AND (next_attempt_at, id) > (:after_time, :after_id)"
-                params.update(after_time=after[0], after_id=after[1])
+            order = "next_attempt_at DESC, id DESC" if backwards else "next_attempt_at, id"
+            if position is not None:
+                filter_sql += f" AND (next_attempt_at, id) {'<' if backwards else '>'} (:after_time, :after_id)"
+                params.update(after_time=position[0], after_id=position[1])
         else:
-            order = "id DESC"
-            if after is not None:
-                filter_sql += " AND id < :after_id"
-                params["after_id"] = after[0]
+            order = "id" if backwards else "id DESC"
+            if position is not None:
+                filter_sql += f" AND id {'>' if backwards else '<'} :after_id"
+                params["after_id"] = position[0]
         statement = text(
             self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE status = :status{filter_sql} ORDER BY {order} LIMIT :limit")
         )
-        return [RowSummary(**row._mapping) for row in connection.execute(statement, params)]
+        rows = [RowSummary(**row._mapping) for row in connection.execute(statement, params)]
+        return rows[::-1] if backwards else rows
 
     def detail(self, connection: Connection, row_id: int, *, preview_chars: int) -> RowDetail | None:
         """One row with its application columns as text, each cut to ``preview_chars`` in SQL."""
@@ -593,7 +678,7 @@ class AdminQueries:
 
     def count_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, sample_size: int) -> tuple[int, list[int]]:
         """How many stuck rows match, and the newest ``sample_size`` of their ids."""
-        filter_sql, params = row_filter.clauses()
+        filter_sql, params = self.filter_clauses(row_filter)
         count = connection.execute(
             text(self._sql(f"SELECT count(*) FROM {{table}} WHERE status = 'stuck'{filter_sql}")), params
         ).scalar_one()
@@ -612,7 +697,7 @@ class AdminQueries:
 
     def reset_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, now: datetime) -> list[int]:
         """Reset every stuck row matching the filter.  Stuck rows carry no lease, so none is held."""
-        filter_sql, params = row_filter.clauses()
+        filter_sql, params = self.filter_clauses(row_filter)
         # Lock in id order first, so two bulk resets at once queue instead of deadlocking.
         statement = text(
             self._sql(

@@ -153,6 +153,9 @@ class OutboxKitSettings(BaseSettings):
     synchronous_commit: bool = False
     # Run history kept per job in outboxkit_job_runs (older rows are trimmed).
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
+    # Attempt history kept per outbox in outboxkit_attempts, in days (the
+    # drainers trim older attempts); 0 records no attempt history.
+    attempt_history_days: float = Field(default=7.0, ge=0, le=3650, allow_inf_nan=False)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
 

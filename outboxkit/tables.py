@@ -1,4 +1,4 @@
-"""The kit's own tables: scheduler run history and the reset audit.
+"""The kit's own tables: run history, reset audit, attempt history, paused outboxes.
 
 They live in their own ``MetaData`` (``kit_metadata``) and ship as an Alembic
 migration branch labelled ``outboxkit``; an application adds
@@ -9,6 +9,21 @@ docs/operations.md) and runs ``alembic upgrade heads``.
 (``job_id``, ``scheduled_for``) is the fence: a run whose fire time is
 already recorded is skipped, so two processes that both believe they lead
 cannot run the same occurrence twice.
+
+``outboxkit_attempts`` holds every delivery attempt of every row (written
+by the drain in batches, see ``outboxkit.attempts``), kept for
+``attempt_history_days``; it outlives a reset, so the reason a row got stuck
+stays readable after it was sent again.  Its index on (``outbox``,
+``finished_at``) serves the retention trim and the overview's charts.
+
+``outboxkit_outbox_minutes`` holds one row per outbox and minute for the
+overview's charts: attempts that delivered, failed and got stuck (added by
+every drainer as it writes its attempt history) and a sample of the backlog
+(pending and due rows, the oldest due row's age) taken by the drainers once
+a minute.  Kept as long as the attempt history.
+
+``outboxkit_outbox_pauses`` lists the outboxes whose drains are paused (one
+row each); every drainer reads it before claiming (``outboxkit.pauses``).
 """
 
 from __future__ import annotations
@@ -18,10 +33,12 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -31,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-__all__ = ["job_runs", "kit_metadata", "reset_audit"]
+__all__ = ["attempts", "job_runs", "kit_metadata", "outbox_minutes", "outbox_pauses", "reset_audit"]
 
 kit_metadata = MetaData()
 
@@ -66,6 +83,47 @@ reset_audit = Table(
     Column("row_count", Integer, nullable=False),
     Column("row_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
     Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    CheckConstraint("action IN ('reset', 'retry_now')", name="ck_outboxkit_reset_audit_action"),
+    CheckConstraint("action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now')", name="ck_outboxkit_reset_audit_action"),
     Index("ix_outboxkit_reset_audit_at", "at"),
+)
+
+ATTEMPT_OUTCOMES = ("done", "retry", "stuck", "lost")  # lost: the row was reset or re-claimed during the send
+
+attempts = Table(
+    "outboxkit_attempts",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("outbox", String(100), nullable=False),
+    Column("row_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("outcome", String(8), nullable=False),
+    Column("status_code", SmallInteger),
+    Column("error", Text),
+    Column("sender", String(300), nullable=False),
+    CheckConstraint("outcome IN ('done', 'retry', 'stuck', 'lost')", name="ck_outboxkit_attempts_outcome"),
+    Index("ix_outboxkit_attempts_row", "outbox", "row_id", "attempt"),
+    Index("ix_outboxkit_attempts_finished", "outbox", "finished_at"),
+)
+
+outbox_minutes = Table(
+    "outboxkit_outbox_minutes",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("delivered", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("stuck", Integer, nullable=False, server_default=text("0")),
+    Column("pending", BigInteger),
+    Column("due", BigInteger),
+    Column("oldest_due_seconds", Float),
+)
+
+outbox_pauses = Table(
+    "outboxkit_outbox_pauses",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("paused_by", String(300), nullable=False),
 )

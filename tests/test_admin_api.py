@@ -253,7 +253,7 @@ def test_audit_lists_newest_first_with_outbox_filter_and_cursor(admin):
     assert admin.client.get("/admin/api/audit", params={"outbox": "nope"}).status_code == 404
 
 
-def test_jobs_from_run_history_show_each_jobs_last_run(admin):
+def test_jobs_from_run_history_show_each_jobs_last_run_failures_and_every_drain(admin):
     now = admin.clock.now()
     record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=2), "error")
     record_run(admin.engine, "outboxkit.drain.webhooks", "drain webhooks", now - timedelta(minutes=1))
@@ -261,8 +261,14 @@ def test_jobs_from_run_history_show_each_jobs_last_run(admin):
     view = admin.client.get("/admin/api/jobs").json()
     assert view["source"] == "run_history"
     jobs = {job["id"]: job for job in view["jobs"]}
-    assert set(jobs) == {"outboxkit.drain.webhooks", "app.report"}
-    assert jobs["outboxkit.drain.webhooks"]["last_run"]["outcome"] == "ok"
+    assert set(jobs) == {"outboxkit.drain.webhooks", "outboxkit.drain.credit-grants", "app.report"}
+    webhooks = jobs["outboxkit.drain.webhooks"]
+    assert webhooks["last_run"]["outcome"] == "ok"
+    assert (webhooks["failures"], webhooks["runs_kept"]) == (1, 2)
+    assert webhooks["outbox"] == "webhooks" and webhooks["paused"] is False
+    assert webhooks["schedule"] == "every minute (UTC)"  # the kit's own safety-net interval, without a job source
+    assert jobs["outboxkit.drain.credit-grants"]["last_run"] is None
+    assert jobs["app.report"]["schedule"] is None and jobs["app.report"]["outbox"] is None
 
 
 def test_jobs_from_a_job_source_and_a_failing_one(admin_database_url, clock):
@@ -283,7 +289,9 @@ def test_jobs_from_a_job_source_and_a_failing_one(admin_database_url, clock):
         assert view["source"] == "job_source"
         assert view["jobs"] == [
             {"id": "outboxkit.drain.webhooks", "name": "drain webhooks", "trigger": "interval[0:01:00]",
-             "next_run_at": next_run.isoformat().replace("+00:00", "Z"), "last_run": None}
+             "schedule": "every minute (timezone not given by the job source)",
+             "next_run_at": next_run.isoformat().replace("+00:00", "Z"), "last_run": None,
+             "failures": 0, "runs_kept": 0, "outbox": "webhooks", "paused": False, "paused_by": None, "paused_at": None}
         ]
     with admin_harness(database_url, clock=clock, job_source=Broken()) as harness:
         view = harness.client.get("/admin/api/jobs").json()

@@ -223,8 +223,11 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
                 triggers_installed = list(connection.scalars(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")))
         finally:
             engine.dispose()
-        assert tables == {"alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_reset_audit"}
-        assert "outboxkit_0002" in heads and len(heads) == 2
+        assert tables == {
+            "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
+            "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes",
+        }
+        assert "outboxkit_0003" in heads and len(heads) == 2
         assert triggers_installed == ["outboxkit_notify_grant_outbox_insert"]
         assert_an_insert_notifies(libpq_url(url))
 
@@ -236,7 +239,10 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
                 functions = list(connection.scalars(text("SELECT proname FROM pg_proc WHERE proname LIKE 'outboxkit%'")))
         finally:
             engine.dispose()
-        assert tables == {"alembic_version", "outboxkit_job_runs", "outboxkit_reset_audit"} and functions == []
+        assert tables == {
+            "alembic_version", "outboxkit_job_runs", "outboxkit_reset_audit",
+            "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes",
+        } and functions == []
     finally:
         database_factory.drop(url)
 

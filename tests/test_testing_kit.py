@@ -326,7 +326,9 @@ def test_the_kit_fixture_without_a_server_names_the_variable(pytester, monkeypat
 
 
 def test_the_include_filters_leave_out_exactly_the_kits_tables():
-    assert KIT_TABLES == {"outboxkit_job_runs", "outboxkit_reset_audit"}
+    assert KIT_TABLES == {
+        "outboxkit_job_runs", "outboxkit_reset_audit", "outboxkit_attempts", "outboxkit_outbox_minutes", "outboxkit_outbox_pauses",
+    }
     assert not include_name("outboxkit_job_runs", "table", {"schema_name": None})
     assert include_name("sample_event_outbox", "table", {"schema_name": None})
     assert include_name("public", "schema", {})

@@ -3,13 +3,18 @@
 Routes, relative to where the application mounts the router::
 
     GET  /api/outboxes                              counts, heartbeat and leader per outbox
-    GET  /api/outboxes/{outbox}/rows                one status, keyset-paginated, filterable
+    GET  /api/outboxes/{outbox}/rows                one status, keyset-paginated both ways, filterable
+    GET  /api/search?q=                             a row by id or idempotency key, in every outbox
     GET  /api/outboxes/{outbox}/rows/{row_id}       one row with its payload
     POST /api/outboxes/{outbox}/reset               {"ids": [...]}: stuck -> pending
     POST /api/outboxes/{outbox}/retry-now           {"ids": [...]}: pending in backoff -> due now
     POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
+    POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
+    POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
+    POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
     GET  /api/audit                                 the reset audit, newest first
-    GET  /api/jobs                                  jobs, their last runs, and the leader
+    GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
+    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
 changed), 400 a cursor or body that does not decode, 413 a body over the cap,
@@ -26,9 +31,11 @@ dependency runs), and never beyond the cap (see ``outboxkit.admin.routing``).
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -38,8 +45,12 @@ from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
     AuditPage,
+    ControlResult,
+    EmptyRequest,
     FilterText,
+    FoundRow,
     IdsRequest,
+    JobRunsView,
     JobsView,
     MatchOutcome,
     MatchRequest,
@@ -48,8 +59,9 @@ from outboxkit.operations.schemas import (
     RowPage,
     Status,
 )
-from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
-from outboxkit.errors import UnknownOutboxError
+from outboxkit.operations.controls import OutboxPaused
+from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
+from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
@@ -78,12 +90,16 @@ def http_errors() -> Iterator[None]:
     """Turn the service's refusals into HTTP answers."""
     try:
         yield
-    except (UnknownOutboxError, RowsNotFound) as exc:
+    except (UnknownOutboxError, RowsNotFound, UnknownJobError) as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from None
-    except RowsHeld as exc:
+    except (RowsHeld, OutboxPaused) as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     except InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
+    except (InvalidSearch, InvalidValueError) as exc:
+        # Shaped as FastAPI's own 422 (the documented HTTPValidationError).
+        field = "q" if isinstance(exc, InvalidSearch) else "payload_column"
+        raise RequestValidationError([{"type": "value_error", "loc": ("query", field), "msg": str(exc), "input": None}]) from None
 
 
 def require_json(request: Request) -> None:
@@ -107,8 +123,16 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 OutboxName = Annotated[str, Path(description="The outbox's job_name.", max_length=100)]
 RowIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="The row id.")]
+_HEX = "[0-9A-Fa-f]"
+SEARCH_PATTERN = f"^([0-9]{{1,19}}|{_HEX}{{8}}-?{_HEX}{{4}}-?{_HEX}{{4}}-?{_HEX}{{4}}-?{_HEX}{{12}})$"
+JobIdPath = Annotated[str, Path(description="The job's id, e.g. outboxkit.drain.webhooks.", max_length=200)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 to {MAX_PAGE_SIZE} (refused, not clamped).")]
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """A time without an offset is UTC, as the admin shows times."""
+    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
 def api_router(service: AdminService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
@@ -117,8 +141,10 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
     Actor = Annotated[str, Depends(actor)]
 
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
-    def overview() -> Overview:
-        return service.overview()
+    def overview(
+        charts: Annotated[bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")] = False,
+    ) -> Overview:
+        return service.overview(charts=charts)
 
     @router.get(
         "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"
@@ -128,12 +154,35 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         status: Annotated[Status, Query(description="pending rows come due-first; stuck and done newest first")] = "stuck",
         error_contains: Annotated[FilterText, Query()] = None,
         status_code: Annotated[int | None, Query(ge=100, le=599, description="Exact last HTTP status code.")] = None,
+        created_after: Annotated[datetime | None, Query(description="created_at at or after (ISO 8601).")] = None,
+        created_before: Annotated[datetime | None, Query(description="created_at before (ISO 8601).")] = None,
+        updated_after: Annotated[datetime | None, Query(description="updated_at at or after (ISO 8601).")] = None,
+        updated_before: Annotated[datetime | None, Query(description="updated_at before (ISO 8601).")] = None,
+        attempts_min: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
+        attempts_max: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
+        payload_column: Annotated[str | None, Query(max_length=63, description="One of the outbox's own columns.")] = None,
+        payload_contains: Annotated[FilterText, Query(description="Case-insensitive substring of payload_column as text.")] = None,
+        counts: Annotated[bool, Query(description="Also count each status under the same filter.")] = False,
         cursor: Cursor = None,
         limit: Limit = 50,
     ) -> RowPage:
         with http_errors():
-            row_filter = RowFilter(error_contains=error_contains, status_code=status_code)
-            return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit)
+            row_filter = RowFilter(
+                error_contains=error_contains, status_code=status_code,
+                created_after=_aware(created_after), created_before=_aware(created_before),
+                updated_after=_aware(updated_after), updated_before=_aware(updated_before),
+                attempts_min=attempts_min, attempts_max=attempts_max,
+                payload_column=payload_column, payload_contains=payload_contains,
+            )
+            return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit, with_counts=counts)
+
+    @router.get("/search", response_model=list[FoundRow], responses={404: _NOT_FOUND}, summary="Find a row by id or idempotency key")
+    def search(
+        q: Annotated[str, Query(pattern=SEARCH_PATTERN, description="A row id or an idempotency key (UUID).")],
+        outbox: Annotated[str | None, Query(max_length=100, description="Only this outbox.")] = None,
+    ) -> list[FoundRow]:
+        with http_errors():
+            return service.find(q, outbox_name=outbox)
 
     @router.get("/outboxes/{outbox}/rows/{row_id}", response_model=RowDetailModel, responses={404: _NOT_FOUND}, summary="One row")
     def row(outbox: OutboxName, row_id: RowIdPath) -> RowDetailModel:
@@ -177,6 +226,30 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         with http_errors():
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
 
+    def control(action: str, summary: str) -> None:
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> ControlResult:
+            await read_json_body(request, EmptyRequest)
+            with http_errors():
+                return await run_in_threadpool(perform, outbox, actor=who)
+
+        router.add_api_route(
+            f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
+            act,
+            methods=["POST"],
+            response_model=ControlResult,
+            responses=WRITE_ERRORS,
+            dependencies=[Depends(require_json)],
+            summary=summary,
+            name=f"outboxkit_admin_api_{action}",
+            openapi_extra=json_body(EmptyRequest),
+        )
+
+    control("pause", "Pause the outbox's drains in every process (rows stay pending; in-flight rows finish)")
+    control("resume", "Resume the outbox's drains (woken at once)")
+    control("drain_now", "Wake every drain of the outbox now (409 while paused)")
+
     @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
     def audit(
         outbox: Annotated[str | None, Query(max_length=100, description="Only this outbox.")] = None,
@@ -186,8 +259,15 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         with http_errors():
             return service.audit(outbox_name=outbox, cursor=cursor, limit=limit)
 
-    @router.get("/jobs", response_model=JobsView, summary="Scheduled jobs with their last run, and the leader")
+    @router.get("/jobs", response_model=JobsView, summary="Jobs: schedule in words, last run, failures, pause; the leader")
     def jobs() -> JobsView:
         return service.jobs()
+
+    @router.get(
+        "/jobs/{job_id}/runs", response_model=JobRunsView, responses={404: _NOT_FOUND}, summary="One job's runs, newest first"
+    )
+    def job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
+        with http_errors():
+            return service.job_runs(job_id, limit=limit)
 
     return router

@@ -24,8 +24,8 @@ FLASH_COOKIE = "outboxkit_flash"
 FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
-FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many"]
-_KINDS: tuple[str, ...] = ("reset", "retry_now", "unchanged", "reset_many")
+FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already"]
+_KINDS: tuple[str, ...] = ("reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,16 @@ class Flash:
             return "The row is due now; the next drain sends it."
         if self.kind == "reset_many":
             return f"Reset {self.count:,} row(s); they are pending and due now." if self.count else "Reset 0 row(s): none matched any more."
+        if self.kind == "retry_many":
+            return f"{self.count:,} row(s) are due now; the next drain sends them." if self.count else "0 rows changed: none was in backoff."
+        if self.kind == "paused":
+            return "Paused: no process claims rows of this outbox until it is resumed (rows in flight finish)."
+        if self.kind == "resumed":
+            return "Resumed: the drains claim this outbox's due rows again, starting now."
+        if self.kind == "already":
+            return "Nothing to do: the outbox already was in that state."
+        if self.kind == "drain_now":
+            return f"Woke every drain of this outbox; {self.count:,} row(s) were due."
         return "Nothing to do: the row was not in a state this action applies to."
 
 

@@ -16,6 +16,7 @@ schema; the JSON API is the documented interface.
 
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -25,15 +26,16 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
-from outboxkit.admin.api import OutboxName, RowIdPath
+from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
-from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
-from outboxkit.errors import UnknownOutboxError
+from outboxkit.operations.controls import OutboxPaused
+from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
+from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
@@ -51,14 +53,53 @@ def _ascii_number(value: str, *, low: int, high: int, what: str) -> int:
     return int(value)
 
 
-def _row_filter(error_contains: str | None, status_code: str | None) -> RowFilter:
+FILTER_FIELDS = (
+    "error_contains", "status_code", "created_after", "created_before", "updated_after", "updated_before",
+    "attempts_min", "attempts_max", "payload_column", "payload_contains",
+)
+PAGE_SIZES = (20, 50, 100, 200)
+
+
+def _moment(value: str, what: str) -> datetime:
+    """An ISO 8601 time from a form (``datetime-local`` sends no offset: it is read as UTC, as the pages show times)."""
     try:
-        text = _filter_text.validate_python(error_contains or None)
+        moment = datetime.fromisoformat(value) if value.isascii() and len(value) <= 40 else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise PageInputError(f"bad filter: {what} must be a time like 2030-01-01T12:00 (UTC), got {value[:40]!r}")
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def _text(value: str | None, what: str) -> str | None:
+    try:
+        return _filter_text.validate_python(value or None)
     except ValidationError as exc:
-        raise PageInputError(f"bad filter: {exc.errors()[0]['msg']}") from None
-    code_text = status_code.strip() if status_code else ""
-    code = _ascii_number(code_text, low=100, high=599, what="bad filter: the status code") if code_text else None
-    return RowFilter(error_contains=text, status_code=code)
+        raise PageInputError(f"bad filter: {what}: {exc.errors()[0]['msg']}") from None
+
+
+def _row_filter(values: Callable[[str], str | None]) -> RowFilter:
+    """The filter from query or form fields (``values(name)``); each malformed field is a clear 422."""
+    fields: dict[str, Any] = {}
+    for name in FILTER_FIELDS:
+        raw = values(name)
+        value = raw.strip() if isinstance(raw, str) else ""
+        if not value:
+            continue
+        if name == "status_code":
+            fields[name] = _ascii_number(value, low=100, high=599, what="bad filter: the status code")
+        elif name.startswith("attempts_"):
+            fields[name] = _ascii_number(value, low=0, high=1_000_000, what=f"bad filter: {name.replace('_', ' ')}")
+        elif name.endswith(("_after", "_before")):
+            fields[name] = _moment(value, name.replace("_", " "))
+        else:
+            fields[name] = _text(raw, name.replace("_", " "))
+    return RowFilter(**fields)
+
+
+def _advanced(row_filter: RowFilter) -> bool:
+    """Whether a filter beyond error text and status code is set (the page then shows those fields open)."""
+    return any(value is not None for name, value in row_filter.as_dict().items() if name not in ("error_contains", "status_code"))
 
 
 def _selected_ids(values: list[Any]) -> list[int]:
@@ -139,10 +180,14 @@ def pages_router(
         """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
         refusals: tuple[tuple[type[Exception], int], ...] = (
             (UnknownOutboxError, 404),
+            (UnknownJobError, 404),
             (RowsNotFound, 404),
             (RowsHeld, 409),
+            (OutboxPaused, 409),
             (InvalidCursor, 400),
             (PageInputError, 422),
+            (InvalidValueError, 422),
+            (InvalidSearch, 422),
         )
         try:
             return build()
@@ -161,7 +206,7 @@ def pages_router(
     async def post_action(request: Request, who: str, act: Callable[[FormData], Response]) -> Response:
         """Read the form (capped), check the CSRF token; then act in a worker thread, refusals as error pages."""
         try:
-            form = await request.form(max_fields=MAX_BULK_IDS + 10)
+            form = await request.form(max_fields=2 * MAX_BULK_IDS + 10)  # ids and page_ids
         except BodyTooLarge as exc:
             return error_page(request, who, 413, str(exc))
         mount = mount_path(request)
@@ -175,26 +220,39 @@ def pages_router(
         return await run_in_threadpool(guarded, request, who, lambda: act(form))
 
     @router.get("/", name="outboxkit_admin_overview")
-    def overview(request: Request, who: Actor) -> Response:
-        return guarded(request, who, lambda: render(request, who, "overview.html", overview=service.overview()))
+    def overview(request: Request, who: Actor, refresh: str | None = None) -> Response:
+        def build() -> Response:
+            seconds = _ascii_number(refresh, low=5, high=3600, what="refresh") if refresh else None
+            return render(request, who, "overview.html", overview=service.overview(charts=True), refresh=seconds)
+
+        return guarded(request, who, build)
 
     @router.get("/outboxes/{outbox}", name="outboxkit_admin_rows")
-    def rows(
-        request: Request,
-        outbox: OutboxName,
-        who: Actor,
-        status: str = "stuck",
-        error_contains: str | None = None,
-        status_code: str | None = None,
-        cursor: str | None = None,
-    ) -> Response:
+    def rows(request: Request, outbox: OutboxName, who: Actor, status: str = "stuck", cursor: str | None = None, limit: str | None = None) -> Response:
         def build() -> Response:
             if status not in STATUS_VALUES:
                 raise PageInputError(f"status must be one of {', '.join(STATUS_VALUES)}")
-            row_filter = _row_filter(error_contains, status_code)
-            page = service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=page_size)
+            size = _ascii_number(limit, low=1, high=MAX_PAGE_SIZE, what="the page size") if limit else page_size
+            row_filter = _row_filter(request.query_params.get)
+            page = service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=size, with_counts=True)
             summary = service.outbox_overview(outbox)
-            return render(request, who, "rows.html", page=page, summary=summary, filter_query=row_filter.as_dict())
+            return render(
+                request, who, "rows.html", page=page, summary=summary, filter_query=row_filter.as_dict(),
+                page_query={"limit": limit} if limit else {}, page_sizes=sorted({*PAGE_SIZES, page_size}),
+                payload_columns=service.payload_columns(outbox), filter_open=_advanced(row_filter),
+            )
+
+        return guarded(request, who, build)
+
+    @router.get("/search", name="outboxkit_admin_search")
+    def search(request: Request, who: Actor, q: str = "", outbox: str | None = None) -> Response:
+        def build() -> Response:
+            if not q.strip():
+                raise PageInputError("type a row id or an idempotency key to search for")
+            found = service.find(q[:100], outbox_name=outbox or None)
+            if len(found) == 1:
+                return RedirectResponse(url(request, "row", outbox=found[0].outbox, row_id=found[0].row.id), status_code=303)
+            return render(request, who, "search.html", query=q[:100], found=found, status_code=200 if found else 404)
 
         return guarded(request, who, build)
 
@@ -222,21 +280,53 @@ def pages_router(
         "/outboxes/{outbox}/rows/{row_id}/retry-now", row_action("retry_now"), methods=["POST"], name="outboxkit_admin_retry_row"
     )
 
-    @router.post("/outboxes/{outbox}/reset-selected", name="outboxkit_admin_reset_selected")
-    async def reset_selected(request: Request, outbox: OutboxName, who: Actor) -> Response:
-        def build(form: FormData) -> Response:
-            result = service.reset(outbox, _selected_ids(form.getlist("ids")), actor=who)
-            target = url(request, "rows", {"status": "stuck"}, outbox=outbox)
-            return redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
+    def selected_action(action: str) -> Callable[..., Any]:
+        perform, tab = (service.reset, "stuck") if action == "reset" else (service.retry_now, "pending")
 
-        return await post_action(request, who, build)
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
+            def build(form: FormData) -> Response:
+                # "all on this page" sends every row id the page listed; otherwise the ticked ones.
+                field = "page_ids" if _form_text(form, "scope") == "page" else "ids"
+                result = perform(outbox, _selected_ids(form.getlist(field)), actor=who)
+                target = url(request, "rows", {"status": tab}, outbox=outbox)
+                return redirect(request, who, target, Flash(kind="reset_many" if action == "reset" else "retry_many", count=result.changed))
+
+            return await post_action(request, who, build)
+
+        return act
+
+    router.add_api_route(
+        "/outboxes/{outbox}/reset-selected", selected_action("reset"), methods=["POST"], name="outboxkit_admin_reset_selected"
+    )
+    router.add_api_route(
+        "/outboxes/{outbox}/retry-selected", selected_action("retry_now"), methods=["POST"], name="outboxkit_admin_retry_selected"
+    )
+
+    def control_action(action: str) -> Callable[..., Any]:
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+        kinds = {"pause": "paused", "resume": "resumed", "drain_now": "drain_now"}
+
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
+            def build(form: FormData) -> Response:
+                result = perform(outbox, actor=who)
+                back = _form_text(form, "back")
+                target = url(request, "jobs") if back == "jobs" else url(request, "rows", outbox=outbox)
+                flash = Flash(kind=kinds[action] if result.changed else "already", count=result.due_rows or 0)  # type: ignore[arg-type]
+                return redirect(request, who, target, flash)
+
+            return await post_action(request, who, build)
+
+        return act
+
+    for control in ("pause", "resume", "drain_now"):
+        router.add_api_route(
+            f"/outboxes/{{outbox}}/{control.replace('_', '-')}", control_action(control), methods=["POST"], name=f"outboxkit_admin_{control}"
+        )
 
     @router.get("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset")
-    def bulk_reset_confirm(
-        request: Request, outbox: OutboxName, who: Actor, error_contains: str | None = None, status_code: str | None = None
-    ) -> Response:
+    def bulk_reset_confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build() -> Response:
-            row_filter = _row_filter(error_contains, status_code)
+            row_filter = _row_filter(request.query_params.get)
             preview = service.reset_matching(outbox, row_filter, dry_run=True, actor=who)
             return render(request, who, "bulk_reset.html", preview=preview, filter_query=row_filter.as_dict())
 
@@ -245,7 +335,7 @@ def pages_router(
     @router.post("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset_apply")
     async def bulk_reset_apply(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
-            row_filter = _row_filter(_form_text(form, "error_contains"), _form_text(form, "status_code"))
+            row_filter = _row_filter(lambda name: _form_text(form, name))
             result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who)
             target = url(request, "rows", {"status": "stuck", **row_filter.as_dict()}, outbox=outbox)
             return redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
@@ -263,6 +353,15 @@ def pages_router(
     @router.get("/jobs", name="outboxkit_admin_jobs")
     def jobs(request: Request, who: Actor) -> Response:
         return guarded(request, who, lambda: render(request, who, "jobs.html", view=service.jobs()))
+
+    @router.get("/jobs/{job_id}", name="outboxkit_admin_job")
+    def job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
+        def build() -> Response:
+            history = service.job_runs(job_id, limit=page_size)
+            entry = next((job for job in service.jobs().jobs if job.id == job_id), None)
+            return render(request, who, "job.html", history=history, job=entry, page_size=page_size)
+
+        return guarded(request, who, build)
 
     @router.get("/static/{name}", name="outboxkit_admin_static")
     def static(name: Annotated[str, Path(max_length=50)]) -> Response:

@@ -14,9 +14,15 @@ from importlib import resources
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from outboxkit.admin.charts import chart_svg
+
 __all__ = ["STATIC_FILES", "age", "make_environment", "static_file", "visible"]
 
-STATIC_FILES = {"admin.css": "text/css; charset=utf-8"}
+STATIC_FILES = {
+    "admin.css": "text/css; charset=utf-8",
+    "admin.js": "text/javascript; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
 
 _BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
@@ -42,6 +48,24 @@ def utc(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def duration(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``3.5 h``: an age for a chart's legend."""
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def form_time(moment: datetime | None) -> str:
+    """A time as a ``datetime-local`` input's value, in UTC (the pages read such values as UTC)."""
+    if moment is None:
+        return ""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def visible(value: object) -> str:
     """The text with bidi controls made visible (escaping itself is Jinja's autoescape)."""
     if value is None:
@@ -57,7 +81,8 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(age=age, utc=utc, visible=visible)
+    environment.filters.update(age=age, utc=utc, visible=visible, form_time=form_time)
+    environment.globals.update(chart_svg=chart_svg, duration=duration)
     return environment
 
 

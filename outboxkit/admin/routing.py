@@ -3,11 +3,14 @@
 It guarantees, whatever the application's own handlers and middleware do:
 
 * **Security headers** on every answer of an admin route, errors and the
-  application's 401s included: a Content-Security-Policy that allows no
-  script at all and no framing (``frame-ancestors 'none'``), ``X-Frame-Options:
+  application's 401s included: a Content-Security-Policy that allows script
+  only from the admin's own vendored file (``script-src 'self'``: no inline
+  script, no event-handler attributes, nothing from elsewhere) and no framing
+  (``frame-ancestors 'none'``), ``X-Frame-Options:
   DENY``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``,
   ``Cross-Origin-Resource-Policy: same-origin`` and ``Cache-Control: no-store``
-  (the vendored stylesheet keeps its own ``Cache-Control``: it holds no data).
+  (the vendored stylesheet, script and icon keep their own ``Cache-Control``:
+  they hold no data).
 * **A body cap**: a request body is read only when an endpoint asks for it,
   which the admin's endpoints do after the auth dependency has admitted the
   request, and never beyond ``max_body_bytes``: a larger ``Content-Length``
@@ -51,7 +54,7 @@ __all__ = [
 logger = logging.getLogger("outboxkit.admin")
 
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
 )
 SECURITY_HEADERS: dict[str, str] = {

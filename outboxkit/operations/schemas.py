@@ -11,19 +11,25 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
 __all__ = [
     "ActionResult",
+    "AttemptModel",
     "AuditEntry",
     "AuditPage",
+    "ControlResult",
+    "EmptyRequest",
     "FilterText",
+    "FoundRow",
     "IdsRequest",
     "JobEntry",
+    "JobRunsView",
     "JobsView",
     "LeaderModel",
     "MatchOutcome",
     "MatchRequest",
+    "MinuteModel",
     "Overview",
     "OutboxCounts",
     "OutboxOverview",
@@ -35,6 +41,7 @@ __all__ = [
     "RowSummaryModel",
     "RunModel",
     "SkippedRow",
+    "StatusCount",
 ]
 
 MAX_ROW_ID = 2**63 - 1
@@ -86,6 +93,12 @@ class RunModel(_Model):
     error: str | None
     leader: str
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def duration_seconds(self) -> float | None:
+        """How long the run took; null while it runs (or when it was abandoned)."""
+        return (self.finished_at - self.started_at).total_seconds() if self.finished_at else None
+
 
 class LeaderModel(_Model):
     """The session holding the election lock, from pg_locks + pg_stat_activity."""
@@ -113,6 +126,18 @@ class OutboxCounts(_Model):
     )
 
 
+class MinuteModel(_Model):
+    """One minute of an outbox (``outboxkit_outbox_minutes``), summed over every drainer."""
+
+    minute: datetime = Field(description="The minute's start (UTC).")
+    delivered: int = Field(description="Attempts that delivered.")
+    failed: int = Field(description="Attempts that failed (retried or stuck).")
+    stuck: int = Field(description="Attempts that left the row stuck.")
+    pending: int | None = Field(description="Pending rows when the minute was sampled; null if nobody sampled it.")
+    due: int | None = Field(description="Due rows (the backlog) when sampled.")
+    oldest_due_seconds: float | None = Field(description="Age of the oldest due row when sampled.")
+
+
 class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
@@ -121,6 +146,12 @@ class OutboxOverview(_Model):
     oldest_due_age_seconds: float | None
     drain_job_id: str
     last_drain: RunModel | None = Field(description="The last recorded run of this outbox's drain job (the heartbeat).")
+    paused: bool = Field(default=False, description="An operator paused this outbox's drains (every process).")
+    paused_by: str | None = None
+    paused_at: datetime | None = None
+    last_hour: list[MinuteModel] | None = Field(
+        default=None, description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age)."
+    )
 
 
 class Overview(_Model):
@@ -133,6 +164,21 @@ class Overview(_Model):
 class RowFilterModel(_Model):
     error_contains: str | None = None
     status_code: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    attempts_min: int | None = None
+    attempts_max: int | None = None
+    payload_column: str | None = None
+    payload_contains: str | None = None
+
+
+class StatusCount(_Model):
+    status: Status
+    count: int
+    at_least: bool = Field(description="The count stopped at its cap (10,000 under a filter): there are at least this many.")
+    estimated: bool = Field(description="From the planner's estimate (done rows of a big table, without a filter).")
 
 
 class RowSummaryModel(_Model):
@@ -158,6 +204,17 @@ class RowPage(_Model):
     limit: int
     rows: list[RowSummaryModel]
     next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
+    previous_cursor: str | None = Field(default=None, description="Pass as cursor for the previous page; null on the first.")
+    counts: list[StatusCount] | None = Field(
+        default=None, description="Each status's count under the same filter (with counts=true)."
+    )
+
+
+class FoundRow(_Model):
+    """A search hit: the outbox and the row."""
+
+    outbox: str
+    row: RowSummaryModel
 
 
 class PayloadFieldModel(_Model):
@@ -168,11 +225,29 @@ class PayloadFieldModel(_Model):
     truncated: bool
 
 
+class AttemptModel(_Model):
+    """One delivery attempt of a row (``outboxkit_attempts``)."""
+
+    attempt: int = Field(description="The row's attempt number (a reset starts again at 1).")
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    outcome: Literal["done", "retry", "stuck", "lost"] = Field(
+        description="What the attempt decided; lost: the row was reset or claimed again while it was sent."
+    )
+    status_code: int | None
+    error: str | None = Field(description="The first 500 characters of the attempt's error.")
+    sender: str = Field(description="host:pid of the process that sent it.")
+
+
 class RowDetailModel(RowSummaryModel):
     outbox: str
     idempotency_key: uuid.UUID
     claim_token: uuid.UUID | None
     payload: list[PayloadFieldModel] = Field(description="The application's own columns.")
+    attempt_history: list[AttemptModel] = Field(
+        description="The row's recorded attempts, newest first (at most 100; kept attempt_history_days), resets included."
+    )
 
 
 class IdsRequest(BaseModel):
@@ -205,6 +280,23 @@ class ActionResult(_Model):
     audit_id: int | None = Field(description="The audit record; null when nothing changed.")
 
 
+class ControlResult(_Model):
+    """What pause, resume or drain now did."""
+
+    action: Literal["pause", "resume", "drain_now"]
+    outbox: str
+    changed: bool = Field(description="False when the outbox already was in the asked state (nothing recorded).")
+    paused: bool = Field(description="Whether the outbox's drains are paused now.")
+    due_rows: int | None = Field(description="drain_now: the rows due when the drains were woken.")
+    audit_id: int | None
+
+
+class EmptyRequest(BaseModel):
+    """An action without parameters still takes a JSON body (``{}``): the API's CSRF guard."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class MatchOutcome(_Model):
     outbox: str
     filter: RowFilterModel
@@ -234,9 +326,26 @@ class AuditPage(_Model):
 class JobEntry(_Model):
     id: str
     name: str
-    trigger: str | None = Field(description="From the job source; null when listed from run history.")
+    trigger: str | None = Field(description="As the job source gives it; null when listed from run history.")
+    schedule: str | None = Field(
+        description="The trigger in words with its timezone, e.g. 'every day at 02:00 (Europe/Berlin)'."
+    )
     next_run_at: datetime | None
     last_run: RunModel | None
+    failures: int = Field(description="Runs that failed (error or abandoned) among the kept history.")
+    runs_kept: int = Field(description="Runs kept in the history (job_history_limit per job).")
+    outbox: str | None = Field(description="For an outbox's drain job: the outbox's job_name.")
+    paused: bool = Field(description="The outbox's drains are paused (drain jobs only).")
+    paused_by: str | None = None
+    paused_at: datetime | None = None
+
+
+class JobRunsView(_Model):
+    """One job's run history, newest first."""
+
+    job_id: str
+    name: str | None
+    runs: list[RunModel]
 
 
 class JobsView(_Model):

@@ -23,18 +23,25 @@ Action rules (the same for one id, a list, or a filter):
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, select
 
-from outboxkit.operations.cursor import decode_cursor, encode_cursor
-from outboxkit.operations.jobs import JobInfo, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.charts import last_hour
+from outboxkit.operations.controls import OutboxControls, record_audit
+from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
+from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
+from outboxkit.operations.schedules import describe_trigger
+from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.schemas import (
     ActionResult,
+    AttemptModel,
     AuditEntry,
     AuditPage,
     JobEntry,
+    JobRunsView,
     JobsView,
     LeaderModel,
     MatchOutcome,
@@ -48,19 +55,28 @@ from outboxkit.operations.schemas import (
     RowSummaryModel,
     RunModel,
     SkippedRow,
+    StatusCount,
+    FoundRow,
+    MAX_ROW_ID,
+    STATUS_VALUES,
 )
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import OutboxKitError, UnknownJobError
+from outboxkit.jobs import every
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
+from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
 from outboxkit.tables import reset_audit
 
-__all__ = ["AdminService", "RowsHeld", "RowsNotFound"]
+__all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
 SAMPLE_SIZE = 20
-# A filter reset may touch many rows; the audit keeps this many of their ids
-# (and the exact count, and the filter that selected them).
-AUDIT_IDS_LIMIT = 10_000
+# Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
+FILTERED_COUNT_CAP = 10_000
+
+
+class InvalidSearch(OutboxKitError, ValueError):
+    """A search that is neither a row id nor an idempotency key."""
 
 
 class RowsNotFound(OutboxKitError, LookupError):
@@ -89,23 +105,32 @@ class AdminService:
         self.kit = kit
         self.job_source = job_source
         self.preview_chars = preview_chars
+        self.controls = OutboxControls(kit)  # pause, resume, drain now
 
     @property
     def outbox_names(self) -> list[str]:
         return [outbox.__outbox__.job_name for outbox in self.kit.outboxes]
+
+    def payload_columns(self, outbox_name: str) -> list[str]:
+        """The outbox's own columns, which a payload filter may name."""
+        return self._queries(outbox_name).payload_column_names
 
     def _queries(self, outbox_name: str) -> AdminQueries:
         return admin_queries_for(self.kit.outbox(outbox_name))  # UnknownOutboxError for a bad name
 
     # -- reads ---------------------------------------------------------------
 
-    def overview(self) -> Overview:
-        """Every outbox's counts and heartbeat, and who leads."""
+    def overview(self, *, charts: bool = False) -> Overview:
+        """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's last hour."""
         now = self.kit.clock.now()
         names = self.outbox_names
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
-            entries = [self._outbox_overview(connection, name, runs, now) for name in names]
+            pauses = paused_outboxes(connection)
+            entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
+            if charts:
+                hours = last_hour(connection, names, now=now)
+                entries = [entry.model_copy(update={"last_hour": hours[entry.name]}) for entry in entries]
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
         return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
 
@@ -114,9 +139,12 @@ class AdminService:
         self._queries(outbox_name)
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
-            return self._outbox_overview(connection, outbox_name, runs, self.kit.clock.now())
+            pauses = paused_outboxes(connection)
+            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
 
-    def _outbox_overview(self, connection: Connection, name: str, runs: dict[str, Any], now: datetime) -> OutboxOverview:
+    def _outbox_overview(
+        self, connection: Connection, name: str, runs: dict[str, Any], pauses: dict[str, Pause], now: datetime
+    ) -> OutboxOverview:
         queries = self._queries(name)
         counts = queries.status_counts(connection, now=now)
         oldest = counts.oldest_due_at
@@ -128,37 +156,109 @@ class AdminService:
             oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
             drain_job_id=drain_job_id(name),
             last_drain=_run(runs.get(drain_job_id(name))),
+            paused=name in pauses,
+            paused_by=pauses[name].paused_by if name in pauses else None,
+            paused_at=pauses[name].paused_at if name in pauses else None,
         )
 
     def rows(
-        self, outbox_name: str, *, status: str, row_filter: RowFilter, cursor: str | None, limit: int
+        self,
+        outbox_name: str,
+        *,
+        status: str,
+        row_filter: RowFilter,
+        cursor: str | None,
+        limit: int,
+        with_counts: bool = False,
     ) -> RowPage:
+        """One keyset page of one status; ``cursor`` is a page's ``next_cursor`` or ``previous_cursor``.
+
+        ``with_counts`` adds each status's count under the same filter (exact
+        up to ``FILTERED_COUNT_CAP``, then "at least"; without a filter, the
+        overview's counts).
+        """
         queries = self._queries(outbox_name)
-        scope = f"rows:{status}"
-        after = decode_cursor(cursor, scope=scope, with_time=status == "pending") if cursor else None
+        scope, with_time = f"rows:{status}", status == "pending"
+        after = before = None
+        if cursor:
+            try:
+                after = decode_cursor(cursor, scope=scope, with_time=with_time)
+            except InvalidCursor:
+                before = decode_cursor(cursor, scope=scope + ":before", with_time=with_time)
         now = self.kit.clock.now()
         with self.kit.engine.connect() as connection:
-            found = queries.page(connection, status=status, row_filter=row_filter, after=after, limit=limit + 1)
-        rows = found[:limit]
-        next_cursor = None
-        if len(found) > limit:
-            last = rows[-1]
-            next_cursor = encode_cursor(scope, (last.next_attempt_at, last.id) if status == "pending" else (last.id,))
+            found = queries.page(connection, status=status, row_filter=row_filter, after=after, before=before, limit=limit + 1)
+            counts = self._tab_counts(connection, queries, row_filter, now) if with_counts else None
+        more = len(found) > limit
+        rows = (found[1:] if before is not None else found[:limit]) if more else found
+
+        def key(row: RowSummary) -> tuple[Any, ...]:
+            return (row.next_attempt_at, row.id) if with_time else (row.id,)
+
+        # Forwards: earlier rows exist once a cursor was followed.  Backwards: later rows always do.
+        has_next = more if before is None else bool(rows)
+        has_previous = (after is not None) if before is None else more
         return RowPage(
             outbox=outbox_name,
             status=status,
             filter=RowFilterModel(**row_filter.as_dict()),
             limit=limit,
             rows=[_summary(row, now) for row in rows],
-            next_cursor=next_cursor,
+            next_cursor=encode_cursor(scope, key(rows[-1])) if has_next and rows else None,
+            previous_cursor=encode_cursor(scope + ":before", key(rows[0])) if has_previous and rows else None,
+            counts=counts,
         )
+
+    def _tab_counts(self, connection: Connection, queries: AdminQueries, row_filter: RowFilter, now: datetime) -> list[StatusCount]:
+        if not row_filter.active:
+            totals = queries.status_counts(connection, now=now)
+            return [
+                # Each status's own "<status>_estimated" flag where the counts carry one (done always does).
+                StatusCount(status=status, count=getattr(totals, status), at_least=False, estimated=getattr(totals, f"{status}_estimated", False))
+                for status in STATUS_VALUES
+            ]
+        counts = []
+        for status in STATUS_VALUES:
+            count = queries.count_matching(connection, status=status, row_filter=row_filter, cap=FILTERED_COUNT_CAP)
+            counts.append(StatusCount(status=status, count=min(count, FILTERED_COUNT_CAP), at_least=count > FILTERED_COUNT_CAP, estimated=False))
+        return counts
+
+    def find(self, query: str, *, outbox_name: str | None = None) -> list[FoundRow]:
+        """Rows whose id or idempotency key is ``query``, in every outbox (or the one named).
+
+        ``query`` is an id (ASCII digits) or a UUID; anything else raises
+        ``InvalidSearch``.  Each outbox costs one unique-index probe.
+        """
+        text_query = query.strip()
+        row_id = key = None
+        if text_query.isascii() and text_query.isdigit() and len(text_query) <= 19:
+            row_id = int(text_query)
+            if not 1 <= row_id <= MAX_ROW_ID:
+                return []  # a number no row id can have: nothing to find
+        else:
+            try:
+                key = uuid.UUID(text_query) if text_query.isascii() else None
+            except ValueError:
+                key = None
+            if key is None:
+                raise InvalidSearch("search for a row id (a whole number) or an idempotency key (a UUID)")
+        names = [outbox_name] if outbox_name is not None else self.outbox_names
+        now = self.kit.clock.now()
+        found = []
+        with self.kit.engine.connect() as connection:
+            for name in names:
+                row = self._queries(name).find(connection, row_id=row_id, idempotency_key=key)
+                if row is not None:
+                    found.append(FoundRow(outbox=name, row=_summary(row, now)))
+        return found
 
     def row(self, outbox_name: str, row_id: int) -> RowDetailModel:
         queries = self._queries(outbox_name)
         with self.kit.engine.connect() as connection:
             detail = queries.detail(connection, row_id, preview_chars=self.preview_chars)
-        if detail is None:
-            raise RowsNotFound(outbox_name, [row_id])
+            if detail is None:
+                raise RowsNotFound(outbox_name, [row_id])
+            history = row_attempts(connection, outbox_name, row_id)
         summary = _summary(detail.summary, self.kit.clock.now())
         return RowDetailModel(
             **summary.model_dump(),
@@ -169,6 +269,7 @@ class AdminService:
                 PayloadFieldModel(name=field.name, type=field.type, text=field.text, length=field.length, truncated=field.truncated)
                 for field in detail.payload
             ],
+            attempt_history=[AttemptModel.model_validate(entry) for entry in history],
         )
 
     def audit(self, *, outbox_name: str | None, cursor: str | None, limit: int) -> AuditPage:
@@ -187,6 +288,7 @@ class AdminService:
         return AuditPage(entries=entries, next_cursor=next_cursor)
 
     def jobs(self) -> JobsView:
+        """Every job with its schedule in words, last run, failure count and (drain jobs) pause."""
         scheduled: list[JobInfo] | None = None
         source_error = None
         if self.job_source is not None:
@@ -197,20 +299,67 @@ class AdminService:
         with self.kit.engine.connect() as connection:
             runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
-        if scheduled is not None:
-            jobs = [
-                JobEntry(id=job.id, name=job.name, trigger=job.trigger, next_run_at=job.next_run_at, last_run=_run(runs.get(job.id)))
-                for job in scheduled
-            ]
-        else:
-            jobs = [JobEntry(id=run.job_id, name=run.job_name, trigger=None, next_run_at=None, last_run=_run(run)) for run in runs.values()]
+            pauses = paused_outboxes(connection)
+            if scheduled is None:
+                # Every outbox's drain job is known without a job source; other jobs only once they ran.
+                seen = [JobInfo(id=run.job_id, name=run.job_name, trigger="") for run in runs.values()]
+                drains = [JobInfo(id=drain_job_id(name), name=name, trigger="") for name in self.outbox_names]
+                infos = list({job.id: job for job in drains + seen}.values())
+            else:
+                infos = scheduled
+            failures = job_failure_counts(connection, [job.id for job in infos])
+        jobs = [self._job_entry(job, runs.get(job.id), failures.get(job.id, (0, 0)), pauses, listed=scheduled is not None) for job in infos]
         return JobsView(
             source="job_source" if scheduled is not None else "run_history",
             source_error=source_error,
             leader=holders[0] if holders else None,
             leaders=holders,
-            jobs=jobs,
+            jobs=sorted(jobs, key=lambda job: (job.outbox is None, job.id)),
         )
+
+    def _job_entry(self, job: JobInfo, run: Any, failures: tuple[int, int], pauses: dict[str, Pause], *, listed: bool) -> JobEntry:
+        outbox = job.id[len(DRAIN_JOB_PREFIX) :] if job.id.startswith(DRAIN_JOB_PREFIX) else None
+        if outbox not in self.outbox_names:
+            outbox = None
+        trigger: Any = self._trigger_object(job.id) if listed else None
+        if trigger is None and listed:
+            trigger = job.trigger
+        if trigger is None and outbox is not None:
+            trigger = every(seconds=self.kit.settings.drain_interval_seconds)  # the kit's own safety-net schedule
+        pause = pauses.get(outbox) if outbox is not None else None
+        return JobEntry(
+            id=job.id,
+            name=job.name,
+            trigger=job.trigger if listed else None,
+            schedule=describe_trigger(trigger) if trigger is not None else None,
+            next_run_at=job.next_run_at,
+            last_run=_run(run),
+            failures=failures[0],
+            runs_kept=failures[1],
+            outbox=outbox,
+            paused=pause is not None,
+            paused_by=pause.paused_by if pause else None,
+            paused_at=pause.paused_at if pause else None,
+        )
+
+    def _trigger_object(self, job_id: str) -> Any:
+        """The trigger object, from a job source that can look a job up (``OutboxScheduler.job``); else None."""
+        lookup = getattr(self.job_source, "job", None)
+        if not callable(lookup):
+            return None
+        try:
+            return getattr(lookup(job_id), "trigger", None)
+        except Exception:  # a source without that job, or one that fails: the text is shown instead
+            return None
+
+    def job_runs(self, job_id: str, *, limit: int) -> JobRunsView:
+        """One job's last ``limit`` runs, newest first."""
+        with self.kit.engine.connect() as connection:
+            runs = [RunModel.model_validate(JobRun(**run)) for run in job_run_history(connection, job_id, limit=limit)]
+        name = runs[0].job_name if runs else None
+        if not runs and not any(job_id == drain_job_id(outbox) for outbox in self.outbox_names):
+            raise UnknownJobError(f"no run of job {job_id!r} is recorded")
+        return JobRunsView(job_id=job_id, name=name, runs=runs)
 
     # -- actions -------------------------------------------------------------
 
@@ -279,12 +428,7 @@ class AdminService:
     ) -> int | None:
         if not ids:
             return None
-        statement = (
-            insert(reset_audit)
-            .values(actor=actor[:300], outbox=outbox_name, action=action, row_count=len(ids), row_ids=ids[:AUDIT_IDS_LIMIT], filter=row_filter)
-            .returning(reset_audit.c.id)
-        )
-        return connection.execute(statement).scalar_one()
+        return record_audit(connection, actor=actor, outbox_name=outbox_name, action=action, ids=ids, row_filter=row_filter)
 
 
 def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:

@@ -28,7 +28,10 @@ ADMIN_USER = "admin"
 ADMIN_PASSWORD = "correct horse battery staple"
 
 
-TABLES = ("webhook_outbox", "credit_grant_outbox", "grants", "sample_event_outbox", "outboxkit_job_runs", "outboxkit_reset_audit")
+TABLES = (
+    "webhook_outbox", "credit_grant_outbox", "grants", "sample_event_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
+    "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes",
+)
 
 
 @pytest.fixture(scope="module")
