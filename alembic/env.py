@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from logging.config import fileConfig
 
-from alembic import context
+from exampleapp.models import Base
 from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import make_url
 
-from exampleapp.models import Base
+from alembic import context
 from outboxkit.tables import kit_metadata
 
 TARGET_METADATA = [Base.metadata, kit_metadata]

@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import psycopg  # noqa: E402
+from exampleapp.admin_app import create_app  # noqa: E402
+from exampleapp.models import Base  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from exampleapp.admin_app import create_app  # noqa: E402
-from exampleapp.models import Base  # noqa: E402
 from outboxkit.operations.charts import last_hour  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
 
@@ -57,7 +57,8 @@ FILL = [
     """INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, last_status_code, last_error, next_attempt_at)
        SELECT 'grant.created', 'http://127.0.0.1:9/hook', jsonb_build_object('n', g), 'stuck', 1 + g %% 24,
               CASE WHEN g %% 3 = 0 THEN 400 WHEN g %% 3 = 1 THEN 422 END,
-              CASE WHEN g %% 3 = 2 THEN 'max attempts (24) reached: timeout after 10s' ELSE 'receiver answered ' || (400 + 22 * (g %% 3)) || ': bad amount' END,
+              CASE WHEN g %% 3 = 2 THEN 'max attempts (24) reached: timeout after 10s'
+                   ELSE 'receiver answered ' || (400 + 22 * (g %% 3)) || ': bad amount' END,
               now() - g * interval '1 second'
        FROM generate_series(1, %(stuck)s) AS g""",
     # pending: half due (a backlog), half in backoff
@@ -138,10 +139,18 @@ def main() -> None:
         started = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as connection:
             for statement in FILL:
-                sizes = {"done": arguments.done, "stuck": arguments.stuck, "pending": arguments.pending, "attempts": arguments.attempts}
+                sizes = {
+                    "done": arguments.done,
+                    "stuck": arguments.stuck,
+                    "pending": arguments.pending,
+                    "attempts": arguments.attempts,
+                }
                 connection.execute(statement, sizes)
             connection.execute("VACUUM ANALYZE")
-        print(f"filled {arguments.done:,} done, {arguments.stuck:,} stuck, {arguments.pending:,} pending in {time.perf_counter() - started:.1f}s")
+        print(
+            f"filled {arguments.done:,} done, {arguments.stuck:,} stuck, {arguments.pending:,} pending "
+            f"in {time.perf_counter() - started:.1f}s"
+        )
 
         app = create_app(url, admin_password=PASSWORD, pool_size=2)
         with TestClient(app) as client:

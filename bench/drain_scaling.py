@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import psycopg  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.ceilings import insert_pending_rows, vacuum_analyze  # noqa: E402
 from bench.drain_throughput import SUBPROCESS_ENV, ReceiverProcess  # noqa: E402
-from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"

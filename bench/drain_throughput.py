@@ -50,6 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
@@ -61,7 +62,6 @@ from bench.ceilings import (  # noqa: E402
     vacuum_analyze,
 )
 from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
-from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__

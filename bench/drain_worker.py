@@ -22,9 +22,9 @@ import resource
 import sys
 import time
 
+from exampleapp.models import WebhookOutbox
 from sqlalchemy import create_engine, text
 
-from exampleapp.models import WebhookOutbox
 from outboxkit import DrainResult, OutboxKit, OutboxKitSettings
 
 

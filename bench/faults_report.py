@@ -40,7 +40,6 @@ from tests.faults.figures import (  # noqa: E402
 )
 from tests.faults.scenario import DEFAULT_SEED, SEED_VARIABLE  # noqa: E402
 
-
 ELECTION_FIGURES = ("max_holders", "failover_p50", "failover_max", "two_believer_window")
 
 

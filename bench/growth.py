@@ -63,11 +63,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import psycopg  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
-from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from outboxkit.queries import RowFilter, admin_queries_for, claim_sql, record_outcome_sql  # noqa: E402
 from outboxkit.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
@@ -193,8 +193,10 @@ def measure_claims(scratch: Scratch, rows: int, repeat: int) -> dict[str, float]
         started = time.perf_counter()
         scratch.refill(due_rows(rows, same_time=same_time))
         client, server = time_claims(scratch, repeat)
-        print(f"claim, {rows:,} due rows, {label.replace('_', ' ')} due times (filled in {time.perf_counter() - started:.1f} s): "
-              f"{summary(client)}; server execution time {summary(server)}")
+        print(
+            f"claim, {rows:,} due rows, {label.replace('_', ' ')} due times (filled in {time.perf_counter() - started:.1f} s): "
+            f"{summary(client)}; server execution time {summary(server)}"
+        )
         results[label] = statistics.median(client)
         results[f"{label}_server"] = statistics.median(server)
     return results
@@ -209,8 +211,10 @@ def measure_drains(scratch: Scratch, rows: int) -> dict[str, float]:
         target = f"{receiver.url}/events"
         scratch.refill(due_rows(rows, url=target, same_time=False))
         distinct = run_drainer(scratch.sqlalchemy_url, scratch.server, scratch.name, expected=rows, concurrency=None)
-        print(f"drain, {rows:,} rows with distinct due times: {distinct.rows_per_s:.0f} rows/s "
-              f"({distinct.report['elapsed_s']:.1f} s, counts {distinct.report['counts']})")
+        print(
+            f"drain, {rows:,} rows with distinct due times: {distinct.rows_per_s:.0f} rows/s "
+            f"({distinct.report['elapsed_s']:.1f} s, counts {distinct.report['counts']})"
+        )
         receiver.reset()
 
         stuck = (
@@ -232,8 +236,10 @@ def measure_drains(scratch: Scratch, rows: int) -> dict[str, float]:
         with scratch.connect() as connection:
             connection.execute(f"VACUUM ANALYZE {TABLE}")
         after_reset = run_drainer(scratch.sqlalchemy_url, scratch.server, scratch.name, expected=rows, concurrency=None)
-        print(f"drain, {rows:,} rows after one bulk reset (one due time): {after_reset.rows_per_s:.0f} rows/s "
-              f"({after_reset.report['elapsed_s']:.1f} s, counts {after_reset.report['counts']})")
+        print(
+            f"drain, {rows:,} rows after one bulk reset (one due time): {after_reset.rows_per_s:.0f} rows/s "
+            f"({after_reset.report['elapsed_s']:.1f} s, counts {after_reset.report['counts']})"
+        )
     finally:
         receiver.stop()
     return {"distinct": distinct.rows_per_s, "after_bulk_reset": after_reset.rows_per_s}
@@ -286,13 +292,14 @@ def fill_big_table(scratch: Scratch, *, done: int, pending: int) -> None:
 def measure_overview(scratch: Scratch, repeat: int, *, legacy: bool) -> dict[str, float]:
     if legacy:
         with psycopg.connect(scratch.url, autocommit=True) as connection:
-            samples = timed(lambda: connection.execute(LEGACY_STATUS_COUNTS, {"now": datetime.now(timezone.utc)}).fetchall(), repeat)
+            samples = timed(
+                lambda: connection.execute(LEGACY_STATUS_COUNTS, {"now": datetime.now(timezone.utc)}).fetchall(), repeat
+            )
         print(f"overview counts, the former statement (exact counts, no in-flight index): {summary(samples)}")
         return {"overview": percentile(samples, 0.95)}
 
-    from fastapi.testclient import TestClient
-
     from exampleapp.admin_app import create_app
+    from fastapi.testclient import TestClient
 
     engine = create_engine(scratch.sqlalchemy_url, pool_size=1)
     queries = admin_queries_for(WebhookOutbox)
@@ -338,9 +345,11 @@ def measure_retention(scratch: Scratch, done: int, outcome_rows: int) -> dict[st
         steady_ms = (time.perf_counter() - started) * 1000
     finally:
         engine.dispose()
-    print(f"retention, nine-day cutoff on {done:,} done rows over ten days: deleted {deleted:,} in {runs} run(s), "
-          f"{elapsed:.1f} s ({deleted / elapsed:.0f} rows/s, batches of {limits.batch_size}, run limit {limits.max_rows:,}); "
-          f"the next run (nothing old left) deleted {again} in {steady_ms:.1f} ms")
+    print(
+        f"retention, nine-day cutoff on {done:,} done rows over ten days: deleted {deleted:,} in {runs} run(s), "
+        f"{elapsed:.1f} s ({deleted / elapsed:.0f} rows/s, batches of {limits.batch_size}, run limit {limits.max_rows:,}); "
+        f"the next run (nothing old left) deleted {again} in {steady_ms:.1f} ms"
+    )
 
     rates = {}
     for label, extra_index in (("without", False), ("with", True)):
@@ -351,10 +360,17 @@ def measure_retention(scratch: Scratch, done: int, outcome_rows: int) -> dict[st
                 connection.execute(f"CREATE INDEX ix_{TABLE}_delivered ON {TABLE} (delivered_at) WHERE status = 'done'")
         scratch.refill(*statements)
         rates[label] = outcome_writes_per_second(scratch, outcome_rows)
-        print(f"outcome writes (RECORD_OUTCOME to done, one row per transaction) {label} an index on delivered_at: "
-              f"{rates[label]:.0f} rows/s")
-    return {"rows_per_s": deleted / elapsed, "deleted": deleted, "steady_ms": steady_ms,
-            "outcomes_without_index": rates["without"], "outcomes_with_index": rates["with"]}
+        print(
+            f"outcome writes (RECORD_OUTCOME to done, one row per transaction) {label} an index on delivered_at: "
+            f"{rates[label]:.0f} rows/s"
+        )
+    return {
+        "rows_per_s": deleted / elapsed,
+        "deleted": deleted,
+        "steady_ms": steady_ms,
+        "outcomes_without_index": rates["without"],
+        "outcomes_with_index": rates["with"],
+    }
 
 
 def outcome_writes_per_second(scratch: Scratch, rows: int) -> float:
@@ -376,8 +392,16 @@ def outcome_writes_per_second(scratch: Scratch, rows: int) -> float:
             now = datetime.now(timezone.utc)
             connection.execute(
                 RECORD,
-                {"id": row_id, "token": token, "status": "done", "next_attempt_at": None, "delivered_at": now,
-                 "status_code": 200, "error": None, "now": now},
+                {
+                    "id": row_id,
+                    "token": token,
+                    "status": "done",
+                    "next_attempt_at": None,
+                    "delivered_at": now,
+                    "status_code": 200,
+                    "error": None,
+                    "now": now,
+                },
                 prepare=True,
             )
         return len(claimed) / (time.perf_counter() - started)
@@ -403,7 +427,10 @@ def measure_hot_updates(scratch: Scratch, rows: int) -> dict[str, float]:
                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (TABLE,)
             ).fetchone()
         shares[fillfactor] = hot / updated if updated else 0.0
-        print(f"fillfactor {fillfactor}: {updated:,} updates (claim + outcome of {rows:,} rows), {hot:,} HOT ({shares[fillfactor]:.1%})")
+        print(
+            f"fillfactor {fillfactor}: {updated:,} updates (claim + outcome of {rows:,} rows), "
+            f"{hot:,} HOT ({shares[fillfactor]:.1%})"
+        )
     with scratch.connect() as connection:
         connection.execute(f"ALTER TABLE {TABLE} RESET (fillfactor)")
     return {"hot_share_fillfactor_100": shares[100], "hot_share_fillfactor_70": shares[70]}
@@ -420,13 +447,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--legacy-due-index", action="store_true", help="measure the schema before this change")
     parser.add_argument("--skip", action="append", default=[], choices=["claim", "drain", "overview", "retention", "hot"])
     arguments = parser.parse_args(argv)
-    if min(arguments.claim_rows, arguments.drain_rows, arguments.pending_rows, arguments.outcome_rows) < 1000 or arguments.repeat < 1:
+    if (
+        min(arguments.claim_rows, arguments.drain_rows, arguments.pending_rows, arguments.outcome_rows) < 1000
+        or arguments.repeat < 1
+    ):
         parser.error("row counts must be >= 1000 and --repeat >= 1")
 
     scratch = Scratch(server_url())
     scratch.create(legacy=arguments.legacy_due_index)
-    print(f"database {scratch.name}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; "
-          f"{'LEGACY due index (next_attempt_at alone), no in-flight index' if arguments.legacy_due_index else 'current indexes'}")
+    print(
+        f"database {scratch.name}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; "
+        f"{'LEGACY due index (next_attempt_at alone), no in-flight index' if arguments.legacy_due_index else 'current indexes'}"
+    )
     result: dict[str, float | int | bool | None] = {"legacy_due_index": arguments.legacy_due_index}
     try:
         if "claim" not in arguments.skip:
@@ -467,8 +499,12 @@ def main(argv: list[str] | None = None) -> int:
             result.update({key: round(value, 4) for key, value in hot.items()})
     finally:
         scratch.drop()
-    sizes = {"claim_rows": arguments.claim_rows, "drain_rows": arguments.drain_rows,
-             "done_rows": arguments.done_rows, "pending_rows": arguments.pending_rows}
+    sizes = {
+        "claim_rows": arguments.claim_rows,
+        "drain_rows": arguments.drain_rows,
+        "done_rows": arguments.done_rows,
+        "pending_rows": arguments.pending_rows,
+    }
     print(f"sizes: {sizes}; load average at the end {os.getloadavg()[0]:.2f}")
     print(json.dumps(result))
     return 0

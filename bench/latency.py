@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -38,11 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import psycopg  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine, func, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from outboxkit import OutboxKit, OutboxKitSettings  # noqa: E402
 from outboxkit.election import ElectionState  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402

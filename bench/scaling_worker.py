@@ -17,9 +17,9 @@ import argparse
 import sys
 import time
 
+from exampleapp.models import WebhookOutbox
 from sqlalchemy import create_engine, text
 
-from exampleapp.models import WebhookOutbox
 from outboxkit import OutboxKit, OutboxKitSettings
 
 

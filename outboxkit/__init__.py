@@ -11,10 +11,10 @@ modules' own names (``outboxkit.drain``, ``outboxkit.policy``...) serve the
 rest.
 """
 
+from outboxkit import errors
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.database import database_url
 from outboxkit.drain import Drainer, DrainResult
-from outboxkit import errors
 from outboxkit.errors import *  # noqa: F403  (the whole tree, drawn in outboxkit.errors)
 from outboxkit.http_transport import HttpTransport
 from outboxkit.jobs import JobContext, calendar_interval, cron, every, once

@@ -83,14 +83,17 @@ DELETE FROM outboxkit_attempts WHERE id IN (
     LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 )
 """
-_TRIM_MINUTES = "DELETE FROM outboxkit_outbox_minutes WHERE outbox = CAST(%(outbox)s AS text) AND minute < CAST(%(cutoff)s AS timestamptz)"
+_TRIM_MINUTES = (
+    "DELETE FROM outboxkit_outbox_minutes WHERE outbox = CAST(%(outbox)s AS text) AND minute < CAST(%(cutoff)s AS timestamptz)"
+)
 
 # The backlog once a minute: the first drainer to get there counts, the
 # others find the minute sampled and skip the counting (the NOT EXISTS is
 # evaluated first, once).
 _SAMPLE = """
 INSERT INTO outboxkit_outbox_minutes AS minutes (outbox, minute, pending, due, oldest_due_seconds)
-SELECT CAST(%(outbox)s AS text), CAST(%(minute)s AS timestamptz), counts.pending, counts.due, EXTRACT(EPOCH FROM (CAST(%(now)s AS timestamptz) - counts.oldest))
+SELECT CAST(%(outbox)s AS text), CAST(%(minute)s AS timestamptz), counts.pending, counts.due,
+       EXTRACT(EPOCH FROM (CAST(%(now)s AS timestamptz) - counts.oldest))
 FROM (
     SELECT count(*) AS pending,
            count(*) FILTER (WHERE next_attempt_at <= CAST(%(now)s AS timestamptz)) AS due,
@@ -98,7 +101,8 @@ FROM (
     FROM {table} WHERE status = 'pending'
 ) AS counts
 WHERE NOT EXISTS (
-    SELECT FROM outboxkit_outbox_minutes WHERE outbox = CAST(%(outbox)s AS text) AND minute = CAST(%(minute)s AS timestamptz) AND pending IS NOT NULL
+    SELECT FROM outboxkit_outbox_minutes
+    WHERE outbox = CAST(%(outbox)s AS text) AND minute = CAST(%(minute)s AS timestamptz) AND pending IS NOT NULL
 )
 ON CONFLICT (outbox, minute) DO UPDATE SET
     pending = EXCLUDED.pending, due = EXCLUDED.due, oldest_due_seconds = EXCLUDED.oldest_due_seconds

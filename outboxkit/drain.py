@@ -104,7 +104,7 @@ from outboxkit.errors import DeliveryBuildError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.pauses import PauseCheck
 from outboxkit.policy import AttemptResult, Decision, FailureKind, RetryPolicy
-from outboxkit.queries import Outcome, OutboxQueries, queries_for
+from outboxkit.queries import OutboxQueries, Outcome, queries_for
 from outboxkit.send_pool import InFlightLimit, SendPool
 from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.transport import Delivery, Transport

@@ -67,8 +67,8 @@ from datetime import datetime
 import psycopg
 from sqlalchemy import Connection, Engine, text
 
-from outboxkit.errors import InvalidValueError, LifecycleError
 from outboxkit.connections import SessionConnector, session_connector
+from outboxkit.errors import InvalidValueError, LifecycleError
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from outboxkit.telemetry import Telemetry, log_fields
 

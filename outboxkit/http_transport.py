@@ -104,9 +104,7 @@ class HttpTransport:
         **removed: object,
     ) -> None:
         for name in removed:
-            raise ConfigurationError(
-                _REMOVED_ARGUMENTS.get(name, f"HttpTransport() got an unexpected keyword argument {name!r}")
-            )
+            raise ConfigurationError(_REMOVED_ARGUMENTS.get(name, f"HttpTransport() got an unexpected keyword argument {name!r}"))
         if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
             raise ConfigurationError(f"HttpTransport(ssl_context=...) must be an ssl.SSLContext, got {ssl_context!r}")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
@@ -197,7 +195,9 @@ class HttpTransport:
         return AttemptResult(
             status_code=status,
             error=f"HTTP {status}" + (f": {text[:ERROR_BODY_LIMIT]}" if text else ""),
-            retry_after=next((value.decode("latin-1") for name, value in response.headers if name.lower() == b"retry-after"), None),
+            retry_after=next(
+                (value.decode("latin-1") for name, value in response.headers if name.lower() == b"retry-after"), None
+            ),
         )
 
     def _timeout_error(self, exc: Exception, timeout: float, deadline: float) -> str:

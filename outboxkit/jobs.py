@@ -51,8 +51,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
-from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 from outboxkit.telemetry import Telemetry, log_fields
+from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 
 __all__ = [
     "JobContext",

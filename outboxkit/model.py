@@ -143,11 +143,14 @@ class OutboxOptions:
             )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
-                raise ConfigurationError(f"outbox {self.job_name!r}: lease must be a finite number of seconds, got {self.lease!r}")
+                raise ConfigurationError(
+                    f"outbox {self.job_name!r}: lease must be a finite number of seconds, got {self.lease!r}"
+                )
             if self.lease < self.minimum_lease:
                 raise ConfigurationError(
                     f"outbox {self.job_name!r}: lease {self.lease!r}s is shorter than the slowest batch "
-                    f"(ceil(batch_size / concurrency) * timeout + lease_margin {self.lease_margin:g}s = {self.minimum_lease:g}s), "
+                    "(ceil(batch_size / concurrency) * timeout + lease_margin "
+                    f"{self.lease_margin:g}s = {self.minimum_lease:g}s), "
                     "so a live delivery could be claimed again; raise lease or concurrency, or lower timeout or batch_size"
                 )
 

@@ -36,8 +36,8 @@ from psycopg import sql
 from sqlalchemy import TextClause, text
 from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 
-from outboxkit.errors import InvalidValueError
 from outboxkit.connections import SessionConnector, session_connector
+from outboxkit.errors import InvalidValueError
 from outboxkit.model import Outbox
 
 __all__ = [

@@ -364,17 +364,17 @@ class RowFilter:
         ``payload_sql`` is the quoted column for ``payload_column``, from
         ``AdminQueries`` (never from a request).
         """
-        sql, params = "", {}
+        sql, params = "", dict[str, Any]()
         if self.error_contains:
             sql += " AND last_error ILIKE :error_pattern ESCAPE '\\'"
             params["error_pattern"] = "%" + escape_like(self.error_contains) + "%"
         if self.status_code is not None:
             sql += " AND last_status_code = :status_code"
             params["status_code"] = self.status_code
-        for name, column, operator in _RANGE_CLAUSES:
+        for name, column_name, operator in _RANGE_CLAUSES:
             value = getattr(self, name)
             if value is not None:
-                sql += f" AND {column} {operator} :{name}"
+                sql += f" AND {column_name} {operator} :{name}"
                 params[name] = value
         if self.payload_contains and payload_sql is not None:
             sql += f" AND CAST({payload_sql} AS text) ILIKE :payload_pattern ESCAPE '\\'"
@@ -527,7 +527,9 @@ class AdminQueries:
             by_name = {name: quoted_name for name, quoted_name, _ in self.payload_columns}
             if row_filter.payload_column not in by_name:
                 known = ", ".join(by_name) or "none"
-                raise InvalidValueError(f"payload_column must be one of this outbox's own columns ({known}), got {row_filter.payload_column!r}")
+                raise InvalidValueError(
+                    f"payload_column must be one of this outbox's own columns ({known}), got {row_filter.payload_column!r}"
+                )
             quoted = by_name[row_filter.payload_column]
         return row_filter.clauses(quoted)
 
@@ -537,9 +539,11 @@ class AdminQueries:
         statement = text(
             self._sql(f"SELECT count(*) FROM (SELECT 1 FROM {{table}} WHERE status = :status{filter_sql} LIMIT :cap) AS capped")
         )
-        return connection.execute(statement, {**params, "status": status, "cap": cap + 1}).scalar_one()
+        return int(connection.execute(statement, {**params, "status": status, "cap": cap + 1}).scalar_one())
 
-    def find(self, connection: Connection, *, row_id: int | None = None, idempotency_key: uuid.UUID | None = None) -> RowSummary | None:
+    def find(
+        self, connection: Connection, *, row_id: int | None = None, idempotency_key: uuid.UUID | None = None
+    ) -> RowSummary | None:
         """The row with this id or idempotency key (each a unique index probe)."""
         column, value = ("id", row_id) if row_id is not None else ("idempotency_key", idempotency_key)
         statement = text(self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE {column} = :value"))
@@ -620,7 +624,9 @@ class AdminQueries:
                 filter_sql += f" AND id {'>' if backwards else '<'} :after_id"
                 params["after_id"] = position[0]
         statement = text(
-            self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE status = :status{filter_sql} ORDER BY {order} LIMIT :limit")
+            self._sql(
+                f"SELECT {_ROW_SUMMARY_COLUMNS} FROM {{table}} WHERE status = :status{filter_sql} ORDER BY {order} LIMIT :limit"
+            )
         )
         rows = [RowSummary(**row._mapping) for row in connection.execute(statement, params)]
         return rows[::-1] if backwards else rows

@@ -105,13 +105,16 @@ class _OccurrenceScheduler(BackgroundScheduler):
         self._fire_times_lock = threading.Lock()
         self.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
 
-    def add_occurrence_job(
-        self, run: Callable[[datetime], object], *, id: str, name: str, trigger: BaseTrigger
-    ) -> None:
+    def add_occurrence_job(self, run: Callable[[datetime], object], *, id: str, name: str, trigger: BaseTrigger) -> None:
         """Add (or replace) a job whose function is ``run(scheduled_for)``."""
         self.add_job(
-            self._run_occurrence, args=[id, run], trigger=trigger, id=id, name=name,
-            max_instances=1, replace_existing=True,
+            self._run_occurrence,
+            args=[id, run],
+            trigger=trigger,
+            id=id,
+            name=name,
+            max_instances=1,
+            replace_existing=True,
         )
 
     def _queue(self, job_id: str) -> queue.SimpleQueue[datetime]:
@@ -159,9 +162,7 @@ class OutboxScheduler:
 
     # -- registry ------------------------------------------------------------
 
-    def add_job(
-        self, id: str, function: JobFunction, trigger: BaseTrigger, *, name: str | None = None
-    ) -> ScheduledJob:
+    def add_job(self, id: str, function: JobFunction, trigger: BaseTrigger, *, name: str | None = None) -> ScheduledJob:
         """Register (or replace) an application job; takes effect at once if this process leads."""
         if id.startswith(KIT_JOB_PREFIX):
             raise ConfigurationError(
@@ -264,7 +265,10 @@ class OutboxScheduler:
 
     @property
     def lock_dsn(self) -> str:
-        """A libpq URL of the lock database (``OutboxKit.lock_dsn``); the connection itself comes from ``OutboxKit.session_connector``."""
+        """A libpq URL of the lock database (``OutboxKit.lock_dsn``).
+
+        The connection itself comes from ``OutboxKit.session_connector``.
+        """
         return self.kit.lock_dsn
 
     @property
@@ -284,7 +288,8 @@ class OutboxScheduler:
                         self.settings.environment,
                     )
                 connection: dict[str, object] = (
-                    {} if "dsn" in overrides or "connect" in overrides
+                    {}
+                    if "dsn" in overrides or "connect" in overrides
                     else {"connect": self.kit.session_connector(leader_application_name())}
                 )
                 options = {

@@ -99,7 +99,9 @@ class Delivery:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise InvalidDeliveryError(f"Delivery.headers must map str to str, got {name!r}: {value!r}")
             if not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
-                raise InvalidDeliveryError(f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}")
+                raise InvalidDeliveryError(
+                    f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}"
+                )
             if name.lower() == "idempotency-key":
                 raise InvalidDeliveryError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")
         # A private copy: the caller's dict could change after validation.
@@ -171,7 +173,9 @@ def _plain(value: object, path: str, seen: set[int]) -> object:
         finally:
             seen.discard(id(value))
     hints: dict[type, str] = {
-        set: "make it a list (sorted(...))", frozenset: "make it a list (sorted(...))", bytes: "decode or base64 it"
+        set: "make it a list (sorted(...))",
+        frozenset: "make it a list (sorted(...))",
+        bytes: "decode or base64 it",
     }
     hint = hints.get(type(value), "convert it to a JSON type in build_delivery")
     raise InvalidDeliveryError(f"{path} is a {type(value).__name__}, which outboxkit does not encode as JSON; {hint}")

@@ -19,7 +19,6 @@ pinned by tests/test_jobs_triggers.py.
 from __future__ import annotations
 
 import typing
-
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 

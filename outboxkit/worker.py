@@ -91,7 +91,9 @@ class DrainWorker:
             self._drainers = drainers
             if settings.listen_enabled:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
-                self._listener = NotifyListener(connect=self.kit.session_connector(listener_application_name()), channels=channels)
+                self._listener = NotifyListener(
+                    connect=self.kit.session_connector(listener_application_name()), channels=channels
+                )
                 self._listener.start()
         logger.info(
             "draining %s in this process%s",
@@ -117,8 +119,11 @@ class DrainWorker:
         for drainer in drainers:
             drainer.stop(timeout)
         if drainers:
-            logger.info("stopped draining %s", ", ".join(drainer.job_name for drainer in drainers),
-                        extra=log_fields("worker.stopped", outboxes=[drainer.job_name for drainer in drainers]))
+            logger.info(
+                "stopped draining %s",
+                ", ".join(drainer.job_name for drainer in drainers),
+                extra=log_fields("worker.stopped", outboxes=[drainer.job_name for drainer in drainers]),
+            )
         self._stopped.set()
 
     def run_until_stopped(self, *, handle_signals: bool = True) -> None:
@@ -132,8 +137,11 @@ class DrainWorker:
         if handle_signals:
 
             def request_stop(signum: int, frame: FrameType | None) -> None:
-                logger.info("received %s; finishing the rows in flight", signal.Signals(signum).name,
-                            extra=log_fields("worker.signal", signal=signal.Signals(signum).name))
+                logger.info(
+                    "received %s; finishing the rows in flight",
+                    signal.Signals(signum).name,
+                    extra=log_fields("worker.signal", signal=signal.Signals(signum).name),
+                )
                 stop_requested.set()
 
             for signum in (signal.SIGTERM, signal.SIGINT):

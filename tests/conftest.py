@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
+from exampleapp.models import Base as ExampleBase
 from sqlalchemy import Engine, create_engine
 
-from exampleapp.models import Base as ExampleBase
 from outboxkit import ManualClock
 from outboxkit.tables import kit_metadata
 from tests.support.database import DatabaseFactory, server_url, sqlalchemy_url
@@ -52,9 +52,9 @@ def receiver() -> Iterator[Receiver]:
 # Every outbox in the template notifies its channel on insert, as an
 # application's migration would install it (outboxkit.notify.install_trigger_sql).
 def _install_notify_triggers() -> None:
+    from exampleapp.models import CreditGrantOutbox, WebhookOutbox
     from sqlalchemy import DDL, event
 
-    from exampleapp.models import CreditGrantOutbox, WebhookOutbox
     from outboxkit.notify import install_trigger_sql
     from tests.support.models import SampleEvent
 

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from exampleapp.models import WebhookOutbox
 from sqlalchemy import text
 
-from exampleapp.models import WebhookOutbox
 from outboxkit.admin import JobInfo
 from outboxkit.notify import channel_for
 from tests.support.admin import (  # noqa: F401  (fixtures)
@@ -68,7 +68,9 @@ def test_overview_labels_done_as_an_estimate_on_a_big_table(admin):
     with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.execute(text("ANALYZE webhook_outbox"))
 
-    counts = next(box for box in admin.client.get("/admin/api/outboxes").json()["outboxes"] if box["name"] == "webhooks")["counts"]
+    counts = next(box for box in admin.client.get("/admin/api/outboxes").json()["outboxes"] if box["name"] == "webhooks")[
+        "counts"
+    ]
 
     assert counts["done_estimated"] is True
     assert counts["stuck"] == 5
@@ -186,7 +188,9 @@ def test_reset_of_a_list_skips_done_rows_and_refuses_unknown_ids_whole(admin):
 
 
 def test_retry_now_makes_a_pending_row_in_backoff_due_and_keeps_attempts(admin):
-    (backoff,) = add_webhooks(admin.engine, 1, status="pending", attempts=3, next_attempt_at=admin.clock.now() + timedelta(hours=1))
+    (backoff,) = add_webhooks(
+        admin.engine, 1, status="pending", attempts=3, next_attempt_at=admin.clock.now() + timedelta(hours=1)
+    )
     (stuck,) = add_webhooks(admin.engine, 1, status="stuck")
 
     result = admin.client.post("/admin/api/outboxes/webhooks/retry-now", json={"ids": [backoff, stuck]}).json()
@@ -278,7 +282,9 @@ def test_jobs_from_a_job_source_and_a_failing_one(admin_database_url, clock):
 
     class Jobs:
         def jobs(self):
-            return [JobInfo(id="outboxkit.drain.webhooks", name="drain webhooks", trigger="interval[0:01:00]", next_run_at=next_run)]
+            return [
+                JobInfo(id="outboxkit.drain.webhooks", name="drain webhooks", trigger="interval[0:01:00]", next_run_at=next_run)
+            ]
 
     class Broken:
         def jobs(self):
@@ -288,10 +294,20 @@ def test_jobs_from_a_job_source_and_a_failing_one(admin_database_url, clock):
         view = harness.client.get("/admin/api/jobs").json()
         assert view["source"] == "job_source"
         assert view["jobs"] == [
-            {"id": "outboxkit.drain.webhooks", "name": "drain webhooks", "trigger": "interval[0:01:00]",
-             "schedule": "every minute (timezone not given by the job source)",
-             "next_run_at": next_run.isoformat().replace("+00:00", "Z"), "last_run": None,
-             "failures": 0, "runs_kept": 0, "outbox": "webhooks", "paused": False, "paused_by": None, "paused_at": None}
+            {
+                "id": "outboxkit.drain.webhooks",
+                "name": "drain webhooks",
+                "trigger": "interval[0:01:00]",
+                "schedule": "every minute (timezone not given by the job source)",
+                "next_run_at": next_run.isoformat().replace("+00:00", "Z"),
+                "last_run": None,
+                "failures": 0,
+                "runs_kept": 0,
+                "outbox": "webhooks",
+                "paused": False,
+                "paused_by": None,
+                "paused_at": None,
+            }
         ]
     with admin_harness(database_url, clock=clock, job_source=Broken()) as harness:
         view = harness.client.get("/admin/api/jobs").json()
@@ -301,8 +317,10 @@ def test_jobs_from_a_job_source_and_a_failing_one(admin_database_url, clock):
 def test_leader_is_the_lock_holder_in_this_database_only(admin, admin_database_url):
     database_url = admin_database_url
     other_database = server_url()
-    with psycopg.connect(database_url, autocommit=True, application_name="outboxkit-leader:host-a.example:4242") as here, \
-            psycopg.connect(other_database, autocommit=True, application_name="outboxkit-leader:elsewhere:1") as there:
+    with (
+        psycopg.connect(database_url, autocommit=True, application_name="outboxkit-leader:host-a.example:4242") as here,
+        psycopg.connect(other_database, autocommit=True, application_name="outboxkit-leader:elsewhere:1") as there,
+    ):
         assert here.execute("SELECT pg_try_advisory_lock(727272)").fetchone()[0]
         there.execute("SELECT pg_try_advisory_lock(727273)")
         backend_pid = here.info.backend_pid
@@ -325,7 +343,9 @@ def test_concurrent_bulk_and_list_resets_queue_instead_of_failing(admin):
 
     def bulk():
         barrier.wait()
-        answers.append(admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"error_contains": "timeout", "dry_run": False}))
+        answers.append(
+            admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"error_contains": "timeout", "dry_run": False})
+        )
 
     def listed():
         barrier.wait()
@@ -363,7 +383,9 @@ def test_a_page_reset_wakes_a_listening_drainer(admin, admin_database_url):
     page = admin.client.get("/admin/outboxes/webhooks")
     token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
     with listening(admin_database_url, WebhookOutbox) as listener:
-        response = admin.client.post("/admin/outboxes/webhooks/reset-selected", data={"csrf_token": token, "ids": [str(i) for i in ids]})
+        response = admin.client.post(
+            "/admin/outboxes/webhooks/reset-selected", data={"csrf_token": token, "ids": [str(i) for i in ids]}
+        )
         assert response.status_code == 303
         assert notified(listener) == [channel_for(WebhookOutbox)]
 

@@ -20,15 +20,14 @@ from tests.support.receiver import Reply
 
 def attempts_of(engine, row_id: int) -> list[dict]:
     with engine.connect() as connection:
-        rows = connection.execute(
-            text("SELECT * FROM outboxkit_attempts WHERE row_id = :id ORDER BY id"), {"id": row_id}
-        )
+        rows = connection.execute(text("SELECT * FROM outboxkit_attempts WHERE row_id = :id ORDER BY id"), {"id": row_id})
         return [dict(row._mapping) for row in rows]
 
 
 def test_every_attempt_is_recorded_with_outcome_code_error_timing_and_sender(admin, receiver):
-    (row_id,) = add_webhooks(admin.engine, 1, status="pending", attempts=0, error=None, status_code=None,
-                             target_url=receiver.url + "/hook")
+    (row_id,) = add_webhooks(
+        admin.engine, 1, status="pending", attempts=0, error=None, status_code=None, target_url=receiver.url + "/hook"
+    )
     receiver.respond = lambda request: Reply(status=503)
     admin.kit.drain_once("webhooks")
     admin.clock.advance(timedelta(seconds=10))
@@ -37,7 +36,10 @@ def test_every_attempt_is_recorded_with_outcome_code_error_timing_and_sender(adm
 
     recorded = attempts_of(admin.engine, row_id)
 
-    assert [(entry["attempt"], entry["outcome"], entry["status_code"]) for entry in recorded] == [(1, "retry", 503), (2, "done", 200)]
+    assert [(entry["attempt"], entry["outcome"], entry["status_code"]) for entry in recorded] == [
+        (1, "retry", 503),
+        (2, "done", 200),
+    ]
     assert "503" in recorded[0]["error"] and recorded[1]["error"] is None
     assert all(entry["outbox"] == "webhooks" for entry in recorded)
     assert all(entry["sender"] == f"{socket.gethostname()}:{os.getpid()}" for entry in recorded)
@@ -45,8 +47,9 @@ def test_every_attempt_is_recorded_with_outcome_code_error_timing_and_sender(adm
 
 
 def test_the_reason_a_row_got_stuck_survives_its_reset_on_the_row_page_and_api(admin, receiver):
-    (row_id,) = add_webhooks(admin.engine, 1, status="pending", attempts=0, error=None, status_code=None,
-                             target_url=receiver.url + "/hook")
+    (row_id,) = add_webhooks(
+        admin.engine, 1, status="pending", attempts=0, error=None, status_code=None, target_url=receiver.url + "/hook"
+    )
     receiver.respond = lambda request: Reply(status=422, body=b"amount must be positive")
     admin.kit.drain_once("webhooks")
     assert admin.client.post("/admin/api/outboxes/webhooks/reset", json={"ids": [row_id]}).status_code == 200
@@ -58,7 +61,10 @@ def test_the_reason_a_row_got_stuck_survives_its_reset_on_the_row_page_and_api(a
 
     assert detail["status"] == "done" and detail["last_error"] is None
     history = detail["attempt_history"]
-    assert [(entry["attempt"], entry["outcome"], entry["status_code"]) for entry in history] == [(1, "done", 200), (1, "stuck", 422)]
+    assert [(entry["attempt"], entry["outcome"], entry["status_code"]) for entry in history] == [
+        (1, "done", 200),
+        (1, "stuck", 422),
+    ]
     assert "422" in history[1]["error"]
     assert history[0]["duration_ms"] >= 0
     assert 'id="attempt-history"' in page and "stuck" in page and "422" in page

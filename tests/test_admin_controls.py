@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import time
 
+from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 from sqlalchemy import create_engine
 
-from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.notify import channel_for
 from outboxkit.pauses import PauseCheck, is_paused

@@ -11,9 +11,9 @@ import socket
 from urllib.parse import urlsplit
 
 import pytest
+from exampleapp.admin_app import create_app
 from fastapi.testclient import TestClient
 
-from exampleapp.admin_app import create_app
 from outboxkit import OutboxKitSettings
 from outboxkit.admin import CSRF_COOKIE
 from outboxkit.admin.routing import SECURITY_HEADERS
@@ -217,7 +217,10 @@ def test_a_real_server_answers_a_510_mb_announcement_at_once_without_waiting_for
 @pytest.mark.parametrize("signed_in", [True, False])
 def test_every_admin_answer_carries_the_security_headers(admin, signed_in):
     (row_id,) = add_webhooks(admin.engine, 1, status="stuck")
-    for method, path, body in EVERY_ROUTE + [("GET", "/admin/outboxes/nope", None), ("GET", "/admin/api/outboxes/x/rows/0", None)]:
+    for method, path, body in EVERY_ROUTE + [
+        ("GET", "/admin/outboxes/nope", None),
+        ("GET", "/admin/api/outboxes/x/rows/0", None),
+    ]:
         path = path.replace("/rows/1", f"/rows/{row_id}")
         response = admin.client.request(method, path, json=body, auth=None if signed_in else ("admin", "wrong"))
         for name, value in SECURITY_HEADERS.items():
@@ -268,7 +271,12 @@ def test_json_booleans_and_integers_still_pass(admin):
     ids = add_webhooks(admin.engine, 2, status="stuck", status_code=422)
     dry = admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"dry_run": True, "status_code": 422})
     assert dry.status_code == 200 and dry.json()["matched"] == 2 and dry.json()["changed"] == 0
-    assert admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"status_code": "422", "dry_run": False}).status_code == 422
+    assert (
+        admin.client.post(
+            "/admin/api/outboxes/webhooks/reset-matching", json={"status_code": "422", "dry_run": False}
+        ).status_code
+        == 422
+    )
     real = admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"dry_run": False})
     assert real.status_code == 200 and sorted(real.json()["sample_ids"]) == ids and real.json()["changed"] == 2
 
@@ -313,8 +321,15 @@ def unreachable() -> TestClient:
 
 
 @pytest.mark.parametrize(
-    "path", ["/admin/", "/admin/outboxes/webhooks", "/admin/outboxes/webhooks/rows/1", "/admin/outboxes/webhooks/bulk-reset",
-             "/admin/audit", "/admin/jobs"]
+    "path",
+    [
+        "/admin/",
+        "/admin/outboxes/webhooks",
+        "/admin/outboxes/webhooks/rows/1",
+        "/admin/outboxes/webhooks/bulk-reset",
+        "/admin/audit",
+        "/admin/jobs",
+    ],
 )
 def test_with_the_database_unreachable_every_page_says_so_with_503(unreachable, path):
     response = unreachable.get(path)
@@ -334,10 +349,15 @@ def test_with_the_database_unreachable_a_form_post_gets_the_503_page(unreachable
 
 @pytest.mark.parametrize(
     ("method", "path", "body"),
-    [("GET", "/admin/api/outboxes", None), ("GET", "/admin/api/outboxes/webhooks/rows", None),
-     ("GET", "/admin/api/outboxes/webhooks/rows/1", None), ("GET", "/admin/api/audit", None), ("GET", "/admin/api/jobs", None),
-     ("POST", "/admin/api/outboxes/webhooks/reset", {"ids": [1]}),
-     ("POST", "/admin/api/outboxes/webhooks/reset-matching", {"dry_run": False})],
+    [
+        ("GET", "/admin/api/outboxes", None),
+        ("GET", "/admin/api/outboxes/webhooks/rows", None),
+        ("GET", "/admin/api/outboxes/webhooks/rows/1", None),
+        ("GET", "/admin/api/audit", None),
+        ("GET", "/admin/api/jobs", None),
+        ("POST", "/admin/api/outboxes/webhooks/reset", {"ids": [1]}),
+        ("POST", "/admin/api/outboxes/webhooks/reset-matching", {"dry_run": False}),
+    ],
 )
 def test_with_the_database_unreachable_the_api_answers_a_json_503(unreachable, method, path, body):
     response = unreachable.request(method, path, json=body)

@@ -22,7 +22,9 @@ TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 def set_times(engine, ids, *, created_at: datetime) -> None:
     with engine.begin() as connection:
-        connection.execute(text("UPDATE webhook_outbox SET created_at = :at WHERE id = ANY(:ids)"), {"at": created_at, "ids": ids})
+        connection.execute(
+            text("UPDATE webhook_outbox SET created_at = :at WHERE id = ANY(:ids)"), {"at": created_at, "ids": ids}
+        )
 
 
 def ids_of(page) -> list[int]:
@@ -50,9 +52,19 @@ def test_search_by_id_or_idempotency_key_goes_to_the_row(admin):
     assert [(hit["outbox"], hit["row"]["id"]) for hit in api] == [("webhooks", row_id)]
 
 
-@pytest.mark.parametrize(("query", "status"), [("999999", 404), ("00000000-0000-0000-0000-000000000000", 404),
-                                               ("abc", 422), ("²", 422), ("", 422), ("1" * 25, 422),
-                                               ("9" * 19, 404), ("0", 404)])
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        ("999999", 404),
+        ("00000000-0000-0000-0000-000000000000", 404),
+        ("abc", 422),
+        ("²", 422),
+        ("", 422),
+        ("1" * 25, 422),
+        ("9" * 19, 404),
+        ("0", 404),
+    ],
+)
 def test_a_search_that_finds_nothing_or_is_malformed_says_so(admin, query, status):
     response = admin.client.get("/admin/search", params={"q": query})
     assert response.status_code == status
@@ -76,7 +88,7 @@ def test_filters_by_created_range_attempts_and_payload_column(admin):
     payload = {"payload_column": "payload", "payload_contains": "ACME"}
     assert ids_of(admin.client.get(api, params=payload).json()) == old[::-1]
     page = admin.client.get("/admin/outboxes/webhooks", params={**payload, "created_after": "2029-01-01T00:00"})
-    assert page.text.count('name="ids"') == 2 and "<details class=\"more\" open>" in page.text
+    assert page.text.count('name="ids"') == 2 and '<details class="more" open>' in page.text
 
 
 def test_an_unknown_payload_column_is_a_clear_422_that_names_the_columns(admin):
@@ -87,7 +99,9 @@ def test_an_unknown_payload_column_is_a_clear_422_that_names_the_columns(admin):
     assert page.status_code == 422
 
 
-@pytest.mark.parametrize("query", [{"created_after": "yesterday"}, {"attempts_min": "٣"}, {"attempts_max": "-1"}, {"limit": "0"}, {"limit": "abc"}])
+@pytest.mark.parametrize(
+    "query", [{"created_after": "yesterday"}, {"attempts_min": "٣"}, {"attempts_max": "-1"}, {"limit": "0"}, {"limit": "abc"}]
+)
 def test_bad_filter_values_on_the_page_are_422(admin, query):
     assert admin.client.get("/admin/outboxes/webhooks", params=query).status_code == 422
 
@@ -146,7 +160,7 @@ def test_each_status_shows_the_columns_that_mean_something(admin):
 
     def headers(status: str) -> list[str]:
         page = admin.client.get("/admin/outboxes/webhooks", params={"status": status}).text
-        head = page[page.index("<thead>"): page.index("</thead>")]
+        head = page[page.index("<thead>") : page.index("</thead>")]
         return re.findall(r"<th>([^<]+)</th>", head)
 
     assert headers("stuck") == ["Id", "Attempts", "Last code", "Last error", "Created", "Stuck since"]
@@ -164,13 +178,16 @@ def test_retry_all_on_the_page_and_reset_all_on_the_page(admin):
 
     page = admin.client.get("/admin/outboxes/webhooks", params={"status": "pending"})
     token = TOKEN.search(page.text).group(1)
-    retried = admin.client.post("/admin/outboxes/webhooks/retry-selected",
-                                data={"csrf_token": token, "scope": "page", "page_ids": [str(i) for i in pending]})
+    retried = admin.client.post(
+        "/admin/outboxes/webhooks/retry-selected",
+        data={"csrf_token": token, "scope": "page", "page_ids": [str(i) for i in pending]},
+    )
     notice = admin.client.get(retried.headers["location"]).text
     page = admin.client.get("/admin/outboxes/webhooks", params={"status": "stuck"})
-    reset = admin.client.post("/admin/outboxes/webhooks/reset-selected",
-                              data={"csrf_token": TOKEN.search(page.text).group(1), "ids": [str(stuck[0])],
-                                    "page_ids": [str(i) for i in stuck]})
+    reset = admin.client.post(
+        "/admin/outboxes/webhooks/reset-selected",
+        data={"csrf_token": TOKEN.search(page.text).group(1), "ids": [str(stuck[0])], "page_ids": [str(i) for i in stuck]},
+    )
 
     assert retried.status_code == 303 and all(row_of(admin.engine, i)["next_attempt_at"] == admin.clock.now() for i in pending)
     assert "3 row(s) are due now" in notice

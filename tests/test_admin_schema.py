@@ -15,10 +15,10 @@ import base64
 
 import pytest
 import schemathesis
+from exampleapp.admin_app import create_app
 from hypothesis import HealthCheck, Phase, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from exampleapp.admin_app import create_app
 from tests.support.admin import (
     ADMIN_PASSWORD,
     ADMIN_USER,

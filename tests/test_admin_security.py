@@ -82,7 +82,11 @@ BAD_READS = [
     ("/admin/api/outboxes/webhooks/rows?cursor=" + _cursor({"s": "rows:stuck", "k": ["5"]}), 400),
     ("/admin/api/outboxes/webhooks/rows?cursor=" + _cursor({"s": "rows:stuck", "k": [2**63]}), 400),
     ("/admin/api/outboxes/webhooks/rows?status=pending&cursor=" + _cursor({"s": "rows:pending", "k": ["yesterday", 5]}), 400),
-    ("/admin/api/outboxes/webhooks/rows?status=pending&cursor=" + _cursor({"s": "rows:pending", "k": ["2030-01-01T00:00:00", 5]}), 400),
+    (
+        "/admin/api/outboxes/webhooks/rows?status=pending&cursor="
+        + _cursor({"s": "rows:pending", "k": ["2030-01-01T00:00:00", 5]}),
+        400,
+    ),
     ("/admin/api/audit?cursor=" + _cursor({"s": "rows:stuck", "k": [5]}), 400),
     ("/admin/api/audit?limit=0", 422),
     ("/admin/api/audit?outbox=nope", 404),

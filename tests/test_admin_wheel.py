@@ -25,7 +25,7 @@ from tests.support.database import sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = '''
+SCRIPT = """
 import sys
 from pathlib import Path
 
@@ -69,7 +69,7 @@ engine.dispose()
 assert page.status_code == 200 and "<h1>webhooks</h1>" in page.text and "No stuck rows" in page.text, page.text[:500]
 assert stylesheet.status_code == 200 and stylesheet.text.startswith("/* outboxkit admin"), stylesheet.status_code
 print("served from", Path(outboxkit.admin.__file__).parent)
-'''
+"""
 
 
 def _run(command: list[str], **options) -> subprocess.CompletedProcess[str]:
@@ -86,7 +86,20 @@ def test_the_installed_wheel_serves_admin_pages_with_its_packaged_templates(tmp_
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "outboxkit", source / "outboxkit", ignore=shutil.ignore_patterns("__pycache__"))
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ]
+    )
     (wheel,) = (tmp_path / "dist").glob("outboxkit-*.whl")
 
     venv = tmp_path / "venv"

@@ -65,7 +65,10 @@ def test_every_metric_the_rules_the_dashboard_and_the_docs_name_is_exported(expo
     in_rules = {name for rule in rules().values() for name in METRIC_NAME.findall(rule["expr"])}
     dashboard = json.loads(DASHBOARD_FILE.read_text())
     in_dashboard = {
-        name for panel in dashboard["panels"] for target in panel.get("targets", []) for name in METRIC_NAME.findall(target["expr"])
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in METRIC_NAME.findall(target["expr"])
     }
     operations = (DOCS / "operations.md").read_text()
     section = operations.split("## Metrics, traces and alerts", 1)[1].split("\n## ", 1)[0]
@@ -87,8 +90,10 @@ def unit_tests() -> dict:
 
     def fired(name: str, summary: str, **labels: str) -> dict:
         severity = rules()[name]["labels"]["severity"]
-        return {"exp_labels": {"severity": severity, **labels},
-                "exp_annotations": {"summary": summary, "description": description[name]}}
+        return {
+            "exp_labels": {"severity": severity, **labels},
+            "exp_annotations": {"summary": summary, "description": description[name]},
+        }
 
     def series(name: str, values: str, **labels: str) -> dict:
         rendered = ",".join(f'{key}="{value}"' for key, value in {**labels, "instance": "app-1"}.items())
@@ -115,27 +120,60 @@ def unit_tests() -> dict:
                 ],
                 "alert_rule_test": [
                     {"eval_time": "1m", "alertname": "OutboxkitDeliveryLagging", "exp_alerts": []},
-                    {"eval_time": "6m", "alertname": "OutboxkitDeliveryLagging",
-                     "exp_alerts": [fired("OutboxkitDeliveryLagging", "outbox grants: a due row has waited 6m 40s",
-                                          outbox="grants")]},
+                    {
+                        "eval_time": "6m",
+                        "alertname": "OutboxkitDeliveryLagging",
+                        "exp_alerts": [
+                            fired("OutboxkitDeliveryLagging", "outbox grants: a due row has waited 6m 40s", outbox="grants")
+                        ],
+                    },
                     {"eval_time": "35m", "alertname": "OutboxkitStuckRowsGrowing", "exp_alerts": []},
-                    {"eval_time": "50m", "alertname": "OutboxkitStuckRowsGrowing",
-                     "exp_alerts": [fired("OutboxkitStuckRowsGrowing",
-                                          "outbox grants: 3 more stuck row(s) than 30 minutes ago", outbox="grants")]},
+                    {
+                        "eval_time": "50m",
+                        "alertname": "OutboxkitStuckRowsGrowing",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitStuckRowsGrowing",
+                                "outbox grants: 3 more stuck row(s) than 30 minutes ago",
+                                outbox="grants",
+                            )
+                        ],
+                    },
                     {"eval_time": "5m", "alertname": "OutboxkitNoLeader", "exp_alerts": []},
-                    {"eval_time": "10m", "alertname": "OutboxkitNoLeader",
-                     "exp_alerts": [fired("OutboxkitNoLeader", "outboxkit: no process has held the leader lock for 2 minutes")]},
+                    {
+                        "eval_time": "10m",
+                        "alertname": "OutboxkitNoLeader",
+                        "exp_alerts": [
+                            fired("OutboxkitNoLeader", "outboxkit: no process has held the leader lock for 2 minutes")
+                        ],
+                    },
                     {"eval_time": "5m", "alertname": "OutboxkitDeliveryFailureRatio", "exp_alerts": []},
-                    {"eval_time": "15m", "alertname": "OutboxkitDeliveryFailureRatio",
-                     "exp_alerts": [fired("OutboxkitDeliveryFailureRatio",
-                                          "outbox grants: 50% of attempts failed over 10 minutes", outbox="grants")]},
-                    {"eval_time": "15m", "alertname": "OutboxkitDrainErrors",
-                     "exp_alerts": [fired("OutboxkitDrainErrors", "outbox grants: drains keep hitting database errors",
-                                          outbox="grants")]},
+                    {
+                        "eval_time": "15m",
+                        "alertname": "OutboxkitDeliveryFailureRatio",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitDeliveryFailureRatio",
+                                "outbox grants: 50% of attempts failed over 10 minutes",
+                                outbox="grants",
+                            )
+                        ],
+                    },
+                    {
+                        "eval_time": "15m",
+                        "alertname": "OutboxkitDrainErrors",
+                        "exp_alerts": [
+                            fired("OutboxkitDrainErrors", "outbox grants: drains keep hitting database errors", outbox="grants")
+                        ],
+                    },
                     {"eval_time": "8m", "alertname": "OutboxkitRowGaugesStale", "exp_alerts": []},
-                    {"eval_time": "20m", "alertname": "OutboxkitRowGaugesStale",
-                     "exp_alerts": [fired("OutboxkitRowGaugesStale",
-                                          "outboxkit: the row gauges have not been read for 15m 0s")]},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "OutboxkitRowGaugesStale",
+                        "exp_alerts": [
+                            fired("OutboxkitRowGaugesStale", "outboxkit: the row gauges have not been read for 15m 0s")
+                        ],
+                    },
                 ],
             },
             {
@@ -143,8 +181,13 @@ def unit_tests() -> dict:
                 "interval": "1m",
                 "input_series": [series("outboxkit_stuck_rows", "0x10", outbox="grants")],
                 "alert_rule_test": [
-                    {"eval_time": "3m", "alertname": "OutboxkitNoLeader",
-                     "exp_alerts": [fired("OutboxkitNoLeader", "outboxkit: no process has held the leader lock for 2 minutes")]},
+                    {
+                        "eval_time": "3m",
+                        "alertname": "OutboxkitNoLeader",
+                        "exp_alerts": [
+                            fired("OutboxkitNoLeader", "outboxkit: no process has held the leader lock for 2 minutes")
+                        ],
+                    },
                 ],
             },
         ],

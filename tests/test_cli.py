@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from exampleapp.models import WebhookOutbox
 from sqlalchemy import select
 
-from exampleapp.models import WebhookOutbox
 from outboxkit.cli import main
 from outboxkit.notify import channel_for
 from outboxkit.tables import reset_audit

@@ -23,13 +23,37 @@ class DemoProcess:
     """``outboxkit demo`` in a subprocess whose output lines are collected as they come."""
 
     def __init__(self, database_url: str, log_dir: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin'}",
-               "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "1", "OUTBOXKIT_LEADER_TICK_SECONDS": "0.5"}
-        command = [sys.executable, "-m", "outboxkit.cli", "demo", "--database-url", database_url, "--port", "0",
-                   "--receiver-port", "0", "--seed", "40", "--trickle", "0", "--reject", "0.5", "--fail", "0.1",
-                   "--hang", "0", "--log-dir", str(log_dir)]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin'}",
+            "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "1",
+            "OUTBOXKIT_LEADER_TICK_SECONDS": "0.5",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "outboxkit.cli",
+            "demo",
+            "--database-url",
+            database_url,
+            "--port",
+            "0",
+            "--receiver-port",
+            "0",
+            "--seed",
+            "40",
+            "--trickle",
+            "0",
+            "--reject",
+            "0.5",
+            "--fail",
+            "0.1",
+            "--hang",
+            "0",
+            "--log-dir",
+            str(log_dir),
+        ]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -77,14 +101,20 @@ def test_demo_serves_the_admin_shows_stuck_rows_resets_one_and_stops_cleanly(dat
 
         stuck = wait_until(
             lambda: client.get("api/outboxes/credit-grants/rows", params={"status": "stuck"}).json()["rows"],
-            timeout=90, what="stuck rows in the admin")
+            timeout=90,
+            what="stuck rows in the admin",
+        )
         row_id = stuck[-1]["id"]
         reset = client.post("api/outboxes/credit-grants/reset", json={"ids": [row_id]})
         assert reset.status_code == 200 and reset.json()["changed"] == 1
 
         def settled_again():
             row = client.get(f"api/outboxes/credit-grants/rows/{row_id}").json()
-            return row if row["status"] in ("done", "stuck") and row["attempts"] >= 1 and row["updated_at"] > stuck[-1]["updated_at"] else None
+            return (
+                row
+                if row["status"] in ("done", "stuck") and row["attempts"] >= 1 and row["updated_at"] > stuck[-1]["updated_at"]
+                else None
+            )
 
         row = wait_until(settled_again, timeout=90, what="the reset row to be delivered or stuck again")
         assert row["status"] in ("done", "stuck")

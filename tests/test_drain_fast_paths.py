@@ -52,9 +52,7 @@ def test_the_direct_path_sends_the_default_headers_the_key_and_one_content_type(
     assert (first.key, first.body) == ("key-1", {"n": 1})
     assert first.headers["User-Agent"] == "outboxkit" and first.headers["X-Service"] == "billing"
     assert first.headers["Content-Type"] == "application/json"
-    assert [value for name, value in second.headers.items() if name.lower() == "content-type"] == [
-        "application/merge-patch+json"
-    ]
+    assert [value for name, value in second.headers.items() if name.lower() == "content-type"] == ["application/merge-patch+json"]
 
 
 def test_an_environment_proxy_is_honoured(receiver, monkeypatch):
@@ -81,7 +79,9 @@ def test_the_asynchronous_commit_ends_with_the_outcome_transaction(engine, recei
     (row_id,) = insert_events(engine, receiver, 1)
     token = uuid.uuid4()
     with engine.begin() as connection:
-        connection.execute(text("UPDATE sample_event_outbox SET claim_token = :token WHERE id = :id"), {"token": token, "id": row_id})
+        connection.execute(
+            text("UPDATE sample_event_outbox SET claim_token = :token WHERE id = :id"), {"token": token, "id": row_id}
+        )
     queries = queries_for(SampleEvent)
     outcome = Outcome(row_id=row_id, token=token, status="done", next_attempt_at=None, status_code=200, error=None)
     with queries.outcome_connection(engine) as connection:

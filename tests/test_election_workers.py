@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 import psutil
+from exampleapp.app import create_app
 from fastapi.testclient import TestClient
 
-from exampleapp.app import create_app
 from outboxkit import OutboxKitSettings
 from outboxkit.election import lock_holders
 from outboxkit.scheduler import OutboxScheduler

@@ -83,7 +83,9 @@ def test_in_flight_is_exact_and_read_from_the_claimed_index(admin, low_limit):
     add_webhooks(admin.engine, 2_000, status="pending", next_attempt_at=now + timedelta(hours=1))
     add_webhooks(admin.engine, 7, status="pending", next_attempt_at=lease, claimed_until=lease)
     # A crashed worker's lease that ran out: claimed, but no longer in flight.
-    add_webhooks(admin.engine, 2, status="pending", next_attempt_at=now - timedelta(minutes=1), claimed_until=now - timedelta(minutes=1))
+    add_webhooks(
+        admin.engine, 2, status="pending", next_attempt_at=now - timedelta(minutes=1), claimed_until=now - timedelta(minutes=1)
+    )
     analyze(admin.engine)
 
     assert webhook_counts(admin)["in_flight"] == 7

@@ -109,10 +109,13 @@ def test_the_asgi_app_mounted_in_the_application_serves_the_same_registry(kit, e
 def test_a_drain_loop_counts_its_busy_spell_and_the_row_gauges_show_lag_and_leases(engine, clock, receiver):
     kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**QUIET), clock=clock)
     now = clock.now()
-    ids = insert_rows(engine, receiver.url + "/events", [{"n": n} for n in range(3)], next_attempt_at=now - timedelta(seconds=120))
+    ids = insert_rows(
+        engine, receiver.url + "/events", [{"n": n} for n in range(3)], next_attempt_at=now - timedelta(seconds=120)
+    )
     with engine.begin() as connection:  # row 3 is held by a drain: a live lease
         connection.execute(
-            update(SampleEvent).where(SampleEvent.id == ids[2])
+            update(SampleEvent)
+            .where(SampleEvent.id == ids[2])
             .values(claimed_until=now + timedelta(seconds=60), next_attempt_at=now + timedelta(seconds=60))
         )
     try:
@@ -121,8 +124,19 @@ def test_a_drain_loop_counts_its_busy_spell_and_the_row_gauges_show_lag_and_leas
             before = samples(metrics.render().decode())
             kit.worker.start()
             receiver.wait_for(lambda r: len(r.requests) == 2, timeout=30)
-            wait_until(lambda: value(samples(metrics.render().decode()), "outboxkit_drain_run_duration_seconds_count",
-                                     outbox="sample-events", kind="loop") == 1, timeout=30, message="the spell's end")
+            wait_until(
+                lambda: (
+                    value(
+                        samples(metrics.render().decode()),
+                        "outboxkit_drain_run_duration_seconds_count",
+                        outbox="sample-events",
+                        kind="loop",
+                    )
+                    == 1
+                ),
+                timeout=30,
+                message="the spell's end",
+            )
             kit.worker.stop()
             metrics.refresh()
             after = samples(metrics.render().decode())
@@ -177,8 +191,13 @@ def test_two_kits_in_one_process_keep_their_own_registries(engine, receiver):
         with OutboxMetrics(first, refresh_seconds=3600) as one, OutboxMetrics(second, refresh_seconds=3600) as other:
             first.drain(SampleEvent)
             counted = [
-                value(samples(metrics.render().decode()), "outboxkit_attempts_total",
-                      outbox="sample-events", outcome="delivered", status_class="2xx")
+                value(
+                    samples(metrics.render().decode()),
+                    "outboxkit_attempts_total",
+                    outbox="sample-events",
+                    outcome="delivered",
+                    status_class="2xx",
+                )
                 for metrics in (one, other)
             ]
     finally:
@@ -219,8 +238,16 @@ def test_the_worker_command_serves_metrics_on_its_metrics_port(database_url, eng
         "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "3600",
     }
     insert_rows(engine, receiver.url + "/events", [{"n": 1}])
-    command = [sys.executable, "-m", "outboxkit.cli", "--app", "tests.support.worker_app:kit_from_environment",
-               "worker", "--metrics-port", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "outboxkit.cli",
+        "--app",
+        "tests.support.worker_app:kit_from_environment",
+        "worker",
+        "--metrics-port",
+        "0",
+    ]
     process = subprocess.Popen(command, env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None

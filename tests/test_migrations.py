@@ -19,15 +19,15 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from exampleapp.models import Base as ExampleBase
 from sqlalchemy import Column, Connection, Engine, MetaData, Text, create_engine, text
 
 import outboxkit.migrations
-from exampleapp.models import Base as ExampleBase
+from alembic import command
 from outboxkit.tables import kit_metadata
 from tests.support.database import DatabaseFactory, sqlalchemy_url
 

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
+from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
 from outboxkit import ConfigurationError, Delivery, Outbox, OutboxKit, OutboxOptions
 from outboxkit.model import LEASE_MARGIN_SECONDS
 from outboxkit.queries import STATUS_COUNTS
@@ -209,7 +209,9 @@ def test_an_abstract_intermediate_is_allowed_and_its_subclasses_checked():
 def test_a_kit_on_sqlite_is_refused():
     engine = create_engine("sqlite://")
     try:
-        with pytest.raises(ConfigurationError, match=r"outboxkit needs PostgreSQL .* the engine is 'sqlite'.*postgresql\+psycopg://"):
+        with pytest.raises(
+            ConfigurationError, match=r"outboxkit needs PostgreSQL .* the engine is 'sqlite'.*postgresql\+psycopg://"
+        ):
             OutboxKit(engine, [SampleEvent])
     finally:
         engine.dispose()
@@ -377,7 +379,10 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
         )
         connection.execute(text("ANALYZE sample_event_outbox"))
     claim = claim_sql("sample_event_outbox", synchronous_commit=True)
-    parameters = {"now": datetime(2100, 1, 1, tzinfo=timezone.utc), "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc)}
+    parameters = {
+        "now": datetime(2100, 1, 1, tzinfo=timezone.utc),
+        "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc),
+    }
     parameters.update(limit=50, token=uuid.uuid4())
     connection = outbox_engine.connect()
     try:  # EXPLAIN ANALYZE runs the claim: roll it back
@@ -416,8 +421,13 @@ def test_the_overview_counts_read_only_partial_indexes(outbox_engine):
     with outbox_engine.connect() as connection:
         plan = connection.execute(
             text("EXPLAIN (FORMAT JSON) " + STATUS_COUNTS.format(table=queries.table_name, estimate="reltuples")),
-            {"now": datetime(2030, 1, 1, tzinfo=timezone.utc), "cap": 100_001, "table_name": queries.table_name,
-             "due_index": queries.due_index, "stuck_index": queries.stuck_index},
+            {
+                "now": datetime(2030, 1, 1, tzinfo=timezone.utc),
+                "cap": 100_001,
+                "table_name": queries.table_name,
+                "due_index": queries.due_index,
+                "stuck_index": queries.stuck_index,
+            },
         ).scalar_one()[0]["Plan"]
     nodes = [node for node, _ in plan_nodes(plan)]
     on_the_outbox = [node["Node Type"] for node in nodes if node.get("Relation Name") == "sample_event_outbox"]

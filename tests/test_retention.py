@@ -24,7 +24,9 @@ from tests.support.models import SampleEvent
 DAY = 86400.0
 
 
-def add_rows(engine: Engine, count: int, *, status: str, age: timedelta, now: datetime, delivered: bool | None = None) -> list[int]:
+def add_rows(
+    engine: Engine, count: int, *, status: str, age: timedelta, now: datetime, delivered: bool | None = None
+) -> list[int]:
     """``count`` sample rows created ``age`` before ``now``; done rows (or ``delivered=True``) delivered then too."""
     moment = now - age
     delivered_at = moment if (status == "done" if delivered is None else delivered) else None
@@ -98,9 +100,11 @@ def test_each_batch_commits_on_its_own(engine, clock):
     locked = ids[250]  # in the third window of 100
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM sample_event_outbox WHERE id = :id FOR UPDATE"), {"id": locked})
-        with run_in_thread(lambda: delete_delivered_rows(
-            engine, SampleEvent, older_than=now - timedelta(days=7), limits=RetentionLimits(batch_size=100)
-        )) as result:
+        with run_in_thread(
+            lambda: delete_delivered_rows(
+                engine, SampleEvent, older_than=now - timedelta(days=7), limits=RetentionLimits(batch_size=100)
+            )
+        ) as result:
             wait_until_a_delete_waits_for_a_lock(engine)
             # The run is stuck in its third statement; the first two have committed.
             assert remaining(engine) == set(ids[200:])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, select

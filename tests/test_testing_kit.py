@@ -76,14 +76,16 @@ def test_answers_come_from_the_url_queue_then_the_shared_queue_then_the_standing
     assert send(recorder).status_code == 500
     assert send(recorder, OTHER).status_code == 200  # the default
     assert [(each.url, each.result.status_code) for each in recorder.sends] == [
-        (HOOKS, 503), (HOOKS, 429), (HOOKS, 500), (HOOKS, 500), (OTHER, 200),
+        (HOOKS, 503),
+        (HOOKS, 429),
+        (HOOKS, 500),
+        (HOOKS, 500),
+        (OTHER, 200),
     ]
 
 
 def test_a_send_is_recorded_as_it_would_go_on_the_wire(recorder):
-    recorder.send(
-        Delivery(url=HOOKS, method="put", json={"at": 1.5}, headers={"X-Kind": "a"}), idempotency_key="k-9", timeout=3
-    )
+    recorder.send(Delivery(url=HOOKS, method="put", json={"at": 1.5}, headers={"X-Kind": "a"}), idempotency_key="k-9", timeout=3)
 
     [recorded] = recorder.sends
     assert (recorded.method, recorded.url, recorded.timeout) == ("PUT", HOOKS, 3)
@@ -327,7 +329,11 @@ def test_the_kit_fixture_without_a_server_names_the_variable(pytester, monkeypat
 
 def test_the_include_filters_leave_out_exactly_the_kits_tables():
     assert KIT_TABLES == {
-        "outboxkit_job_runs", "outboxkit_reset_audit", "outboxkit_attempts", "outboxkit_outbox_minutes", "outboxkit_outbox_pauses",
+        "outboxkit_job_runs",
+        "outboxkit_reset_audit",
+        "outboxkit_attempts",
+        "outboxkit_outbox_minutes",
+        "outboxkit_outbox_pauses",
     }
     assert not include_name("outboxkit_job_runs", "table", {"schema_name": None})
     assert include_name("sample_event_outbox", "table", {"schema_name": None})

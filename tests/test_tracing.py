@@ -115,10 +115,13 @@ def test_a_row_without_a_stored_context_gets_a_trace_of_its_own_and_failures_are
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
     with engine.begin() as connection:  # no span is active: nothing to store
-        connection.execute(insert(SampleEvent), [
-            {"target_url": receiver.url + "/events", "payload": {"n": 1}},
-            {"target_url": f"http://127.0.0.1:{closed_port}/events", "payload": {"n": 2}},
-        ])
+        connection.execute(
+            insert(SampleEvent),
+            [
+                {"target_url": receiver.url + "/events", "payload": {"n": 1}},
+                {"target_url": f"http://127.0.0.1:{closed_port}/events", "payload": {"n": 2}},
+            ],
+        )
     OutboxTracing(kit, tracer_provider=provider)
     result = kit.drain(SampleEvent)
     assert result.retried == 2
@@ -132,7 +135,9 @@ def test_a_row_without_a_stored_context_gets_a_trace_of_its_own_and_failures_are
     assert "http.response.status_code" not in refused.attributes
     [request] = receiver.requests
     written: dict[str, str] = {}  # what the W3C propagator itself writes for that span
-    TraceContextTextMapPropagator().inject(written, context=trace.set_span_in_context(NonRecordingSpan(answered.get_span_context())))
+    TraceContextTextMapPropagator().inject(
+        written, context=trace.set_span_in_context(NonRecordingSpan(answered.get_span_context()))
+    )
     assert header(request, "traceparent") == written["traceparent"]
 
 

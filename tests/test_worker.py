@@ -198,8 +198,16 @@ def test_the_worker_command_drains_until_sigterm_and_stops_cleanly(database_url,
 @pytest.mark.parametrize("name", ["nope"])
 def test_the_worker_command_refuses_an_unknown_outbox(database_url, name):
     environment = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "outboxkit.cli", "--app", "tests.support.worker_app:kit_from_environment",
-               "worker", "--outbox", name]
+    command = [
+        sys.executable,
+        "-m",
+        "outboxkit.cli",
+        "--app",
+        "tests.support.worker_app:kit_from_environment",
+        "worker",
+        "--outbox",
+        name,
+    ]
     finished = subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert finished.returncode == 1
     assert "no outbox named 'nope'" in finished.stderr
@@ -277,7 +285,10 @@ def test_the_lock_and_listen_connections_come_from_the_engine_and_its_hooks(data
         assert election.wait_for(ElectionState.LEADER, timeout=20)
         assert kit.worker.listener.wait_for_generation(1, timeout=10)
         with psycopg.connect(database_url) as probe:
-            names = {row[0] for row in probe.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")}
+            names = {
+                row[0]
+                for row in probe.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
+            }
         assert any(name.startswith("outboxkit-leader:") for name in names)
         assert any(name.startswith("outboxkit-listener:") for name in names)
         assert len(hooked) >= 2, "both session connections went through the engine's do_connect hook"

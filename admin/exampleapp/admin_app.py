@@ -44,7 +44,9 @@ def require_admin(username: str, password: str) -> Callable[..., None]:
             if user_ok and password_ok:
                 setattr(request.state, ACTOR_STATE_ATTRIBUTE, credentials.username)
                 return
-        raise HTTPException(status_code=401, detail="admin credentials required", headers={"WWW-Authenticate": 'Basic realm="outboxkit admin"'})
+        raise HTTPException(
+            status_code=401, detail="admin credentials required", headers={"WWW-Authenticate": 'Basic realm="outboxkit admin"'}
+        )
 
     return check
 

@@ -51,8 +51,9 @@ def say(message: str) -> None:
 
 
 def migrate(database_url: str) -> None:
-    from alembic import command
     from alembic.config import Config
+
+    from alembic import command
 
     config = Config(str(ALEMBIC_INI))
     config.cmd_opts = argparse.Namespace(x=[f"url={psycopg_url(database_url)}"])

@@ -14,8 +14,9 @@ Create Date: 2026-11-29 09:03:13.836605+00:00
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision = "example_0001"
 down_revision = None

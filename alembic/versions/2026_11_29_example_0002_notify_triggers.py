@@ -22,6 +22,7 @@ OUTBOX_TABLES = ("credit_grant_outbox", "webhook_outbox")
 
 def upgrade() -> None:
     from exampleapp.models import CreditGrantOutbox, WebhookOutbox
+
     from outboxkit.notify import install_trigger_sql
 
     for outbox in (CreditGrantOutbox, WebhookOutbox):
@@ -31,6 +32,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     from exampleapp.models import CreditGrantOutbox, WebhookOutbox
+
     from outboxkit.notify import drop_trigger_sql
 
     for outbox in (CreditGrantOutbox, WebhookOutbox):

@@ -20,8 +20,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD
-from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
 from outboxkit.admin.router import ACTOR_STATE_ATTRIBUTE, create_admin_router
+from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
 from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
 
 __all__ = [

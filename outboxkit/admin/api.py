@@ -28,7 +28,6 @@ admitted the request (FastAPI reads a declared body parameter before any
 dependency runs), and never beyond the cap (see ``outboxkit.admin.routing``).
 """
 
-
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -39,8 +38,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.routing import AdminRoute, read_json_body
+from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
+from outboxkit.operations.controls import OutboxPaused
+from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
@@ -59,9 +60,7 @@ from outboxkit.operations.schemas import (
     RowPage,
     Status,
 )
-from outboxkit.operations.controls import OutboxPaused
 from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
-from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
 from outboxkit.queries import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
@@ -73,10 +72,15 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-_NOT_FOUND = {"model": ErrorBody, "description": "Unknown outbox or row."}
-_UNAVAILABLE = {503: {"model": ErrorBody, "description": "The database is unreachable; nothing was read or changed."}}
-READ_ERRORS = {400: {"model": ErrorBody, "description": "The cursor does not decode."}, 404: _NOT_FOUND}
-WRITE_ERRORS = {
+_NOT_FOUND: dict[str, Any] = {"model": ErrorBody, "description": "Unknown outbox or row."}
+_UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "The database is unreachable; nothing was read or changed."}
+}
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The cursor does not decode."},
+    404: _NOT_FOUND,
+}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body does not parse (for example, it is not UTF-8)."},
     404: _NOT_FOUND,
     409: {"model": ErrorBody, "description": "A drain holds a listed row; nothing was changed."},
@@ -142,7 +146,9 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
 
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
     def overview(
-        charts: Annotated[bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")] = False,
+        charts: Annotated[
+            bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")
+        ] = False,
     ) -> Overview:
         return service.overview(charts=charts)
 
@@ -161,22 +167,31 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         attempts_min: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         attempts_max: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         payload_column: Annotated[str | None, Query(max_length=63, description="One of the outbox's own columns.")] = None,
-        payload_contains: Annotated[FilterText, Query(description="Case-insensitive substring of payload_column as text.")] = None,
+        payload_contains: Annotated[
+            FilterText, Query(description="Case-insensitive substring of payload_column as text.")
+        ] = None,
         counts: Annotated[bool, Query(description="Also count each status under the same filter.")] = False,
         cursor: Cursor = None,
         limit: Limit = 50,
     ) -> RowPage:
         with http_errors():
             row_filter = RowFilter(
-                error_contains=error_contains, status_code=status_code,
-                created_after=_aware(created_after), created_before=_aware(created_before),
-                updated_after=_aware(updated_after), updated_before=_aware(updated_before),
-                attempts_min=attempts_min, attempts_max=attempts_max,
-                payload_column=payload_column, payload_contains=payload_contains,
+                error_contains=error_contains,
+                status_code=status_code,
+                created_after=_aware(created_after),
+                created_before=_aware(created_before),
+                updated_after=_aware(updated_after),
+                updated_before=_aware(updated_before),
+                attempts_min=attempts_min,
+                attempts_max=attempts_max,
+                payload_column=payload_column,
+                payload_contains=payload_contains,
             )
             return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit, with_counts=counts)
 
-    @router.get("/search", response_model=list[FoundRow], responses={404: _NOT_FOUND}, summary="Find a row by id or idempotency key")
+    @router.get(
+        "/search", response_model=list[FoundRow], responses={404: _NOT_FOUND}, summary="Find a row by id or idempotency key"
+    )
     def search(
         q: Annotated[str, Query(pattern=SEARCH_PATTERN, description="A row id or an idempotency key (UUID).")],
         outbox: Annotated[str | None, Query(max_length=100, description="Only this outbox.")] = None,
@@ -227,7 +242,9 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
 
     def control(action: str, summary: str) -> None:
-        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[
+            action
+        ]
 
         async def act(request: Request, outbox: OutboxName, who: Actor) -> ControlResult:
             await read_json_body(request, EmptyRequest)

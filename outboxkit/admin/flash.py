@@ -25,7 +25,17 @@ FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
 FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already"]
-_KINDS: tuple[str, ...] = ("reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already")
+_KINDS: tuple[str, ...] = (
+    "reset",
+    "retry_now",
+    "unchanged",
+    "reset_many",
+    "retry_many",
+    "paused",
+    "resumed",
+    "drain_now",
+    "already",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +52,17 @@ class Flash:
         if self.kind == "retry_now":
             return "The row is due now; the next drain sends it."
         if self.kind == "reset_many":
-            return f"Reset {self.count:,} row(s); they are pending and due now." if self.count else "Reset 0 row(s): none matched any more."
+            return (
+                f"Reset {self.count:,} row(s); they are pending and due now."
+                if self.count
+                else "Reset 0 row(s): none matched any more."
+            )
         if self.kind == "retry_many":
-            return f"{self.count:,} row(s) are due now; the next drain sends them." if self.count else "0 rows changed: none was in backoff."
+            return (
+                f"{self.count:,} row(s) are due now; the next drain sends them."
+                if self.count
+                else "0 rows changed: none was in backoff."
+            )
         if self.kind == "paused":
             return "Paused: no process claims rows of this outbox until it is resumed (rows in flight finish)."
         if self.kind == "resumed":

@@ -14,7 +14,6 @@ Python, and ``int("²")`` raises).  The pages are left out of the OpenAPI
 schema; the JSON API is the documented interface.
 """
 
-
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Any
@@ -28,14 +27,14 @@ from starlette.datastructures import FormData
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
-from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
-from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
-from outboxkit.operations.controls import OutboxPaused
-from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
+from outboxkit.operations.controls import OutboxPaused
+from outboxkit.operations.cursor import InvalidCursor
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
+from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
@@ -54,8 +53,16 @@ def _ascii_number(value: str, *, low: int, high: int, what: str) -> int:
 
 
 FILTER_FIELDS = (
-    "error_contains", "status_code", "created_after", "created_before", "updated_after", "updated_before",
-    "attempts_min", "attempts_max", "payload_column", "payload_contains",
+    "error_contains",
+    "status_code",
+    "created_after",
+    "created_before",
+    "updated_after",
+    "updated_before",
+    "attempts_min",
+    "attempts_max",
+    "payload_column",
+    "payload_contains",
 )
 PAGE_SIZES = (20, 50, 100, 200)
 
@@ -143,7 +150,12 @@ def pages_router(
 
     def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
         response.set_cookie(
-            name, value, max_age=max_age, path=mount_path(request), httponly=True, samesite="strict",
+            name,
+            value,
+            max_age=max_age,
+            path=mount_path(request),
+            httponly=True,
+            samesite="strict",
             secure=request.url.scheme == "https",
         )
 
@@ -151,8 +163,8 @@ def pages_router(
         mount = mount_path(request)
         csrf_cookie = csrf.cookie_name(mount)
         token = request.cookies.get(csrf_cookie)
-        reissue = not csrf.is_fresh(token, actor=who, mount_path=mount)
-        if reissue:
+        reissue = token is None or not csrf.is_fresh(token, actor=who, mount_path=mount)
+        if reissue or token is None:
             token = csrf.issue(actor=who, mount_path=mount)
         flash_cookie = flashes.cookie_name(mount)
         flash_value = request.cookies.get(flash_cookie)
@@ -170,7 +182,9 @@ def pages_router(
         if reissue:
             set_cookie(response, request, csrf_cookie, token, csrf.lifetime_seconds)
         if flash_value is not None:  # shown (or worthless): either way, only once
-            response.delete_cookie(flash_cookie, path=mount, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+            response.delete_cookie(
+                flash_cookie, path=mount, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+            )
         return response
 
     def error_page(request: Request, who: str, status_code: int, message: str, heading: str = "Not done") -> HTMLResponse:
@@ -200,7 +214,9 @@ def pages_router(
     def redirect(request: Request, who: str, target: str, flash: Flash) -> RedirectResponse:
         response = RedirectResponse(target, status_code=303)
         mount = mount_path(request)
-        set_cookie(response, request, flashes.cookie_name(mount), flashes.encode(flash, actor=who, mount_path=mount), FLASH_SECONDS)
+        set_cookie(
+            response, request, flashes.cookie_name(mount), flashes.encode(flash, actor=who, mount_path=mount), FLASH_SECONDS
+        )
         return response
 
     async def post_action(request: Request, who: str, act: Callable[[FormData], Response]) -> Response:
@@ -213,8 +229,7 @@ def pages_router(
         cookie = request.cookies.get(csrf.cookie_name(mount))
         if not csrf.accepts(cookie=cookie, submitted=_form_text(form, CSRF_FIELD), actor=who, mount_path=mount):
             message = (
-                "The form's security token is missing, invalid or expired; nothing was changed. "
-                "Reload the page and try again."
+                "The form's security token is missing, invalid or expired; nothing was changed. Reload the page and try again."
             )
             return error_page(request, who, 403, message)
         return await run_in_threadpool(guarded, request, who, lambda: act(form))
@@ -228,7 +243,14 @@ def pages_router(
         return guarded(request, who, build)
 
     @router.get("/outboxes/{outbox}", name="outboxkit_admin_rows")
-    def rows(request: Request, outbox: OutboxName, who: Actor, status: str = "stuck", cursor: str | None = None, limit: str | None = None) -> Response:
+    def rows(
+        request: Request,
+        outbox: OutboxName,
+        who: Actor,
+        status: str = "stuck",
+        cursor: str | None = None,
+        limit: str | None = None,
+    ) -> Response:
         def build() -> Response:
             if status not in STATUS_VALUES:
                 raise PageInputError(f"status must be one of {', '.join(STATUS_VALUES)}")
@@ -237,9 +259,16 @@ def pages_router(
             page = service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=size, with_counts=True)
             summary = service.outbox_overview(outbox)
             return render(
-                request, who, "rows.html", page=page, summary=summary, filter_query=row_filter.as_dict(),
-                page_query={"limit": limit} if limit else {}, page_sizes=sorted({*PAGE_SIZES, page_size}),
-                payload_columns=service.payload_columns(outbox), filter_open=_advanced(row_filter),
+                request,
+                who,
+                "rows.html",
+                page=page,
+                summary=summary,
+                filter_query=row_filter.as_dict(),
+                page_query={"limit": limit} if limit else {},
+                page_sizes=sorted({*PAGE_SIZES, page_size}),
+                payload_columns=service.payload_columns(outbox),
+                filter_open=_advanced(row_filter),
             )
 
         return guarded(request, who, build)
@@ -289,7 +318,9 @@ def pages_router(
                 field = "page_ids" if _form_text(form, "scope") == "page" else "ids"
                 result = perform(outbox, _selected_ids(form.getlist(field)), actor=who)
                 target = url(request, "rows", {"status": tab}, outbox=outbox)
-                return redirect(request, who, target, Flash(kind="reset_many" if action == "reset" else "retry_many", count=result.changed))
+                return redirect(
+                    request, who, target, Flash(kind="reset_many" if action == "reset" else "retry_many", count=result.changed)
+                )
 
             return await post_action(request, who, build)
 
@@ -303,7 +334,9 @@ def pages_router(
     )
 
     def control_action(action: str) -> Callable[..., Any]:
-        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[action]
+        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[
+            action
+        ]
         kinds = {"pause": "paused", "resume": "resumed", "drain_now": "drain_now"}
 
         async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
@@ -320,7 +353,10 @@ def pages_router(
 
     for control in ("pause", "resume", "drain_now"):
         router.add_api_route(
-            f"/outboxes/{{outbox}}/{control.replace('_', '-')}", control_action(control), methods=["POST"], name=f"outboxkit_admin_{control}"
+            f"/outboxes/{{outbox}}/{control.replace('_', '-')}",
+            control_action(control),
+            methods=["POST"],
+            name=f"outboxkit_admin_{control}",
         )
 
     @router.get("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset")

@@ -79,7 +79,9 @@ DATABASE_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 
 def report_database_unavailable(error: Exception) -> str:
     """Log one line about ``error`` (no traceback: it is the database's trouble, not a bug) and return the message to show."""
-    logger.warning("outboxkit admin: the database is unreachable: %s", str(error).splitlines()[0] if str(error) else type(error).__name__)
+    logger.warning(
+        "outboxkit admin: the database is unreachable: %s", str(error).splitlines()[0] if str(error) else type(error).__name__
+    )
     return (
         "The database is unreachable (connection refused, timed out or lost), so the admin cannot show or change "
         "anything right now. Try again once the database is back."

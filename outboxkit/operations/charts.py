@@ -32,5 +32,7 @@ def last_hour(connection: Connection, outboxes: list[str], *, now: datetime) -> 
     for row in connection.execute(text(LAST_HOUR), {"outboxes": outboxes, "since": since, "until": until}):
         found[row.outbox][row.minute] = MinuteModel.model_validate(row)
     minutes = [since + timedelta(minutes=step) for step in range(1, CHART_MINUTES + 1)]
-    empty = {"delivered": 0, "failed": 0, "stuck": 0, "pending": None, "due": None, "oldest_due_seconds": None}
-    return {name: [found[name].get(minute) or MinuteModel(minute=minute, **empty) for minute in minutes] for name in outboxes}
+    def empty(minute: datetime) -> MinuteModel:
+        return MinuteModel(minute=minute, delivered=0, failed=0, stuck=0, pending=None, due=None, oldest_due_seconds=None)
+
+    return {name: [found[name].get(minute) or empty(minute) for minute in minutes] for name in outboxes}

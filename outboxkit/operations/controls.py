@@ -53,10 +53,17 @@ def record_audit(
     """One audit entry, in the caller's transaction; returns its id."""
     statement = (
         insert(reset_audit)
-        .values(actor=actor[:300], outbox=outbox_name, action=action, row_count=len(ids), row_ids=ids[:AUDIT_IDS_LIMIT], filter=row_filter)
+        .values(
+            actor=actor[:300],
+            outbox=outbox_name,
+            action=action,
+            row_count=len(ids),
+            row_ids=ids[:AUDIT_IDS_LIMIT],
+            filter=row_filter,
+        )
         .returning(reset_audit.c.id)
     )
-    return connection.execute(statement).scalar_one()
+    return int(connection.execute(statement).scalar_one())
 
 
 class OutboxControls:
@@ -69,7 +76,11 @@ class OutboxControls:
         outbox = self.kit.outbox(outbox_name)  # UnknownOutboxError for a bad name
         with self.kit.engine.begin() as connection:
             changed = pause(connection, outbox.__outbox__.job_name, actor=actor, now=self.kit.clock.now())
-            audit_id = record_audit(connection, actor=actor, outbox_name=outbox_name, action="pause", ids=[], row_filter={}) if changed else None
+            audit_id = (
+                record_audit(connection, actor=actor, outbox_name=outbox_name, action="pause", ids=[], row_filter={})
+                if changed
+                else None
+            )
         self._forget_local(outbox_name)
         return ControlResult(action="pause", outbox=outbox_name, changed=changed, paused=True, due_rows=None, audit_id=audit_id)
 
@@ -99,7 +110,10 @@ class OutboxControls:
         drainer = self.kit.drainer(outbox)
         if not drainer.running:  # nobody here listens: drain once in this process too
             threading.Thread(
-                target=drainer.drain, kwargs={"max_seconds": DRAIN_NOW_SECONDS}, name=f"outboxkit-drain-now-{outbox_name}", daemon=True
+                target=drainer.drain,
+                kwargs={"max_seconds": DRAIN_NOW_SECONDS},
+                name=f"outboxkit-drain-now-{outbox_name}",
+                daemon=True,
             ).start()
         return ControlResult(action="drain_now", outbox=outbox_name, changed=True, paused=False, due_rows=due, audit_id=audit_id)
 

@@ -26,6 +26,7 @@ it::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -121,6 +122,7 @@ ORDER BY activity.backend_start
 
 def last_runs(connection: Connection, job_ids: list[str] | None = None) -> dict[str, JobRun]:
     """The last recorded run per job id: of the listed ids, or of every job in the history."""
+    rows: Iterable[Any]
     if job_ids is not None:
         rows = connection.execute(text(LAST_RUNS_OF), {"job_ids": job_ids}) if job_ids else []
     else:
@@ -134,7 +136,9 @@ def leaders(connection: Connection) -> list[Leader]:
     for row in connection.execute(text(LEADERS)):
         host, pid = _parse_leader_name(row.application_name)
         found.append(
-            Leader(host=host, pid=pid, backend_pid=row.backend_pid, application_name=row.application_name, since=row.backend_start)
+            Leader(
+                host=host, pid=pid, backend_pid=row.backend_pid, application_name=row.application_name, since=row.backend_start
+            )
         )
     return found
 

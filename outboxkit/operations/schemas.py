@@ -150,7 +150,8 @@ class OutboxOverview(_Model):
     paused_by: str | None = None
     paused_at: datetime | None = None
     last_hour: list[MinuteModel] | None = Field(
-        default=None, description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age)."
+        default=None,
+        description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age).",
     )
 
 
@@ -327,9 +328,7 @@ class JobEntry(_Model):
     id: str
     name: str
     trigger: str | None = Field(description="As the job source gives it; null when listed from run history.")
-    schedule: str | None = Field(
-        description="The trigger in words with its timezone, e.g. 'every day at 02:00 (Europe/Berlin)'."
-    )
+    schedule: str | None = Field(description="The trigger in words with its timezone, e.g. 'every day at 02:00 (Europe/Berlin)'.")
     next_run_at: datetime | None
     last_run: RunModel | None
     failures: int = Field(description="Runs that failed (error or abandoned) among the kept history.")
@@ -350,7 +349,9 @@ class JobRunsView(_Model):
 
 class JobsView(_Model):
     source: Literal["job_source", "run_history"]
-    source_error: str | None = Field(description="Why the job source failed, if it did (the list then falls back to run history).")
+    source_error: str | None = Field(
+        description="Why the job source failed, if it did (the list then falls back to run history)."
+    )
     leader: LeaderModel | None
     leaders: list[LeaderModel]
     jobs: list[JobEntry]

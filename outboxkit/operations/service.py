@@ -25,21 +25,28 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, cast
 
 from sqlalchemy import Connection, select
 
+from outboxkit.errors import OutboxKitError, UnknownJobError
+from outboxkit.jobs import every
+from outboxkit.kit import OutboxKit
+from outboxkit.notify import notify_statement
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
-from outboxkit.operations.schedules import describe_trigger
 from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.schedules import describe_trigger
 from outboxkit.operations.schemas import (
+    MAX_ROW_ID,
+    STATUS_VALUES,
     ActionResult,
     AttemptModel,
     AuditEntry,
     AuditPage,
+    FoundRow,
     JobEntry,
     JobRunsView,
     JobsView,
@@ -55,15 +62,9 @@ from outboxkit.operations.schemas import (
     RowSummaryModel,
     RunModel,
     SkippedRow,
+    Status,
     StatusCount,
-    FoundRow,
-    MAX_ROW_ID,
-    STATUS_VALUES,
 )
-from outboxkit.errors import OutboxKitError, UnknownJobError
-from outboxkit.jobs import every
-from outboxkit.kit import OutboxKit
-from outboxkit.notify import notify_statement
 from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
 from outboxkit.tables import reset_audit
@@ -73,6 +74,9 @@ __all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 SAMPLE_SIZE = 20
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
 FILTERED_COUNT_CAP = 10_000
+
+
+ActionName = Literal["reset", "retry_now"]
 
 
 class InvalidSearch(OutboxKitError, ValueError):
@@ -200,7 +204,7 @@ class AdminService:
         has_previous = (after is not None) if before is None else more
         return RowPage(
             outbox=outbox_name,
-            status=status,
+            status=cast(Status, status),
             filter=RowFilterModel(**row_filter.as_dict()),
             limit=limit,
             rows=[_summary(row, now) for row in rows],
@@ -209,18 +213,32 @@ class AdminService:
             counts=counts,
         )
 
-    def _tab_counts(self, connection: Connection, queries: AdminQueries, row_filter: RowFilter, now: datetime) -> list[StatusCount]:
+    def _tab_counts(
+        self, connection: Connection, queries: AdminQueries, row_filter: RowFilter, now: datetime
+    ) -> list[StatusCount]:
         if not row_filter.active:
             totals = queries.status_counts(connection, now=now)
             return [
                 # Each status's own "<status>_estimated" flag where the counts carry one (done always does).
-                StatusCount(status=status, count=getattr(totals, status), at_least=False, estimated=getattr(totals, f"{status}_estimated", False))
+                StatusCount(
+                    status=cast(Status, status),
+                    count=getattr(totals, status),
+                    at_least=False,
+                    estimated=getattr(totals, f"{status}_estimated", False),
+                )
                 for status in STATUS_VALUES
             ]
         counts = []
         for status in STATUS_VALUES:
             count = queries.count_matching(connection, status=status, row_filter=row_filter, cap=FILTERED_COUNT_CAP)
-            counts.append(StatusCount(status=status, count=min(count, FILTERED_COUNT_CAP), at_least=count > FILTERED_COUNT_CAP, estimated=False))
+            counts.append(
+                StatusCount(
+                    status=cast(Status, status),
+                    count=min(count, FILTERED_COUNT_CAP),
+                    at_least=count > FILTERED_COUNT_CAP,
+                    estimated=False,
+                )
+            )
         return counts
 
     def find(self, query: str, *, outbox_name: str | None = None) -> list[FoundRow]:
@@ -266,7 +284,9 @@ class AdminService:
             idempotency_key=detail.idempotency_key,
             claim_token=detail.claim_token,
             payload=[
-                PayloadFieldModel(name=field.name, type=field.type, text=field.text, length=field.length, truncated=field.truncated)
+                PayloadFieldModel(
+                    name=field.name, type=field.type, text=field.text, length=field.length, truncated=field.truncated
+                )
                 for field in detail.payload
             ],
             attempt_history=[AttemptModel.model_validate(entry) for entry in history],
@@ -308,7 +328,10 @@ class AdminService:
             else:
                 infos = scheduled
             failures = job_failure_counts(connection, [job.id for job in infos])
-        jobs = [self._job_entry(job, runs.get(job.id), failures.get(job.id, (0, 0)), pauses, listed=scheduled is not None) for job in infos]
+        jobs = [
+            self._job_entry(job, runs.get(job.id), failures.get(job.id, (0, 0)), pauses, listed=scheduled is not None)
+            for job in infos
+        ]
         return JobsView(
             source="job_source" if scheduled is not None else "run_history",
             source_error=source_error,
@@ -317,7 +340,9 @@ class AdminService:
             jobs=sorted(jobs, key=lambda job: (job.outbox is None, job.id)),
         )
 
-    def _job_entry(self, job: JobInfo, run: Any, failures: tuple[int, int], pauses: dict[str, Pause], *, listed: bool) -> JobEntry:
+    def _job_entry(
+        self, job: JobInfo, run: Any, failures: tuple[int, int], pauses: dict[str, Pause], *, listed: bool
+    ) -> JobEntry:
         outbox = job.id[len(DRAIN_JOB_PREFIX) :] if job.id.startswith(DRAIN_JOB_PREFIX) else None
         if outbox not in self.outbox_names:
             outbox = None
@@ -390,9 +415,16 @@ class AdminService:
             audit_id = self._record(connection, actor=actor, outbox_name=outbox_name, action=action, ids=changed, row_filter={})
             self._wake_drain(connection, outbox_name, changed)
         done = set(changed)
-        skipped = [SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done]
+        skipped = [
+            SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done
+        ]
         return ActionResult(
-            action=action, outbox=outbox_name, changed=len(changed), changed_ids=changed, skipped=skipped, audit_id=audit_id
+            action=cast(ActionName, action),
+            outbox=outbox_name,
+            changed=len(changed),
+            changed_ids=changed,
+            skipped=skipped,
+            audit_id=audit_id,
         )
 
     def reset_matching(self, outbox_name: str, row_filter: RowFilter, *, dry_run: bool, actor: str) -> MatchOutcome:
@@ -435,7 +467,7 @@ def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:
     state = RowState(id=row.id, status=row.status, next_attempt_at=row.next_attempt_at, claimed_until=row.claimed_until)
     return RowSummaryModel(
         id=row.id,
-        status=row.status,
+        status=cast(Status, row.status),
         attempts=row.attempts,
         next_attempt_at=row.next_attempt_at,
         last_status_code=row.last_status_code,
@@ -467,7 +499,9 @@ def _run(run: Any) -> RunModel | None:
 def _job_info(job: Any) -> JobInfo:
     """Accept a JobInfo or any object with the same attributes; refuse anything else clearly."""
     try:
-        info = JobInfo(id=str(job.id), name=str(job.name), trigger=str(job.trigger), next_run_at=getattr(job, "next_run_at", None))
+        info = JobInfo(
+            id=str(job.id), name=str(job.name), trigger=str(job.trigger), next_run_at=getattr(job, "next_run_at", None)
+        )
     except AttributeError as exc:
         raise TypeError(f"a JobSource returned {type(job).__name__}, which lacks {exc.name!r}") from None
     if info.next_run_at is not None and not isinstance(info.next_run_at, datetime):

@@ -97,8 +97,16 @@ def page_factory(browser):
 def test_reset_a_stuck_row_and_watch_it_deliver(served, page_factory, receiver):
     base_url, harness = served
     receiver.respond = lambda request: Reply(status=400, body=b"amount must be positive")
-    (row_id,) = add_webhooks(harness.engine, 1, status="pending", error=None, status_code=None, attempts=0,
-                             target_url=receiver.url + "/hook", payload={"amount": -5})
+    (row_id,) = add_webhooks(
+        harness.engine,
+        1,
+        status="pending",
+        error=None,
+        status_code=None,
+        attempts=0,
+        target_url=receiver.url + "/hook",
+        payload={"amount": -5},
+    )
     assert harness.kit.drain_once("webhooks").stuck == 1
     page = page_factory()
 
@@ -160,7 +168,9 @@ def test_the_admin_cannot_be_framed_by_another_page(served, page_factory):
     target = f"{base_url}/admin/outboxes/webhooks/rows/{row_id}"
 
     def bait(request):
-        return HTMLResponse(f'<h1>Win a prize</h1><iframe id="victim" src="{target}"></iframe><iframe id="own" src="/own"></iframe>')
+        return HTMLResponse(
+            f'<h1>Win a prize</h1><iframe id="victim" src="{target}"></iframe><iframe id="own" src="/own"></iframe>'
+        )
 
     def own(request):
         return HTMLResponse('<p id="own">a frame this page may show</p>')
@@ -189,7 +199,7 @@ def test_no_script_runs_from_stored_row_data(served, page_factory):
         harness.engine,
         1,
         status="stuck",
-        payload={"note": "<script>window.pwned = 'payload'</script>", "html": "\"><img src=x onerror=\"window.pwned='attr'\">"},
+        payload={"note": "<script>window.pwned = 'payload'</script>", "html": '"><img src=x onerror="window.pwned=\'attr\'">'},
         error="<img src=x onerror=\"window.pwned='error'\"><script>window.pwned='error script'</script>",
         event="<svg onload=\"window.pwned='event'\">",
     )

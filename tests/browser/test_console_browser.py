@@ -23,8 +23,9 @@ def marker() -> str:
 def test_the_row_page_lists_every_attempt_and_keeps_the_stuck_reason_after_a_reset(served, page_factory, receiver):
     base_url, harness = served
     receiver.respond = lambda request: Reply(status=422, body=b"amount must be positive")
-    (row_id,) = add_webhooks(harness.engine, 1, status="pending", error=None, status_code=None, attempts=0,
-                             target_url=receiver.url + "/hook")
+    (row_id,) = add_webhooks(
+        harness.engine, 1, status="pending", error=None, status_code=None, attempts=0, target_url=receiver.url + "/hook"
+    )
     harness.kit.drain_once("webhooks")
     page = page_factory()
     page.goto(f"{base_url}/admin/outboxes/webhooks/rows/{row_id}")
@@ -187,13 +188,22 @@ def test_a_phone_sees_whole_words_and_scrolls_wide_tables_in_their_box(served, b
     (row_id,) = add_webhooks(harness.engine, 1, status="stuck", error="receiver answered 400: the amount must be positive " * 3)
     context = browser.new_context(
         http_credentials={"username": "admin", "password": "correct horse battery staple"},
-        viewport={"width": 375, "height": 740}, is_mobile=True, java_script_enabled=False,
+        viewport={"width": 375, "height": 740},
+        is_mobile=True,
+        java_script_enabled=False,
     )
     try:
         page = context.new_page()
-        for path in ("/admin/outboxes/webhooks?status=stuck", f"/admin/outboxes/webhooks/rows/{row_id}", "/admin/", "/admin/jobs"):
+        for path in (
+            "/admin/outboxes/webhooks?status=stuck",
+            f"/admin/outboxes/webhooks/rows/{row_id}",
+            "/admin/",
+            "/admin/jobs",
+        ):
             page.goto(base_url + path)
-            assert page.evaluate("() => document.documentElement.scrollWidth") <= 375 + 1, path  # the page itself does not scroll sideways
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= 375 + 1, (
+                path
+            )  # the page itself does not scroll sideways
             narrowest = page.evaluate(
                 "() => Math.min(...[...document.querySelectorAll('td, dd, th')].filter(e => e.innerText.trim().length > 3)"
                 ".map(e => e.getBoundingClientRect().width))"

@@ -151,7 +151,7 @@ def belief_intervals(fleet: WorkerFleet, pauses: dict[int, list[tuple[float, flo
         by_pid.setdefault(event["pid"], []).append(event)
     spans = []
     for pid, events in by_pid.items():
-        for event, following in zip(events, [*events[1:], None]):
+        for event, following in zip(events, [*events[1:], None], strict=False):
             if event["role"] != "leader":
                 continue
             end = following["at"] if following is not None else exits.get(pid, time.time())

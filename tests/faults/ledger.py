@@ -140,7 +140,7 @@ class Ledger:
             for entry in entries:  # in write order; one row's writers are serialised by its lock
                 committed[entry.transaction_id] = entry.attempts  # the transaction's last write is what it committed
             values = list(committed.values())
-            decreases += [(row_id, a, b) for a, b in zip(values, values[1:]) if b < a]
+            decreases += [(row_id, a, b) for a, b in zip(values, values[1:], strict=False) if b < a]
         return decreases
 
     def sends_beyond_attempts(self) -> list[tuple[str, int, int]]:
@@ -199,7 +199,7 @@ class Ledger:
         overlapping = []
         for row_id in self._history_by_row:
             claims = self.claims(row_id)
-            for previous, claim in zip(claims, claims[1:]):
+            for previous, claim in zip(claims, claims[1:], strict=False):
                 if previous.next_attempt_at is None or claim.next_attempt_at is None:
                     continue
                 began = claim.next_attempt_at - lease

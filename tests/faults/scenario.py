@@ -28,8 +28,8 @@ from tests.faults.figures import ScenarioFigures
 from tests.faults.fleet import WorkerFleet, drain_worker_command, scheduler_worker_command, worker_environment
 from tests.faults.ledger import Ledger
 from tests.faults.models import FaultEvent
-from tests.faults.scheduler_worker import install_heartbeat_table
 from tests.faults.postgres import DatabaseClock, SessionTerminator
+from tests.faults.scheduler_worker import install_heartbeat_table
 from tests.support.database import sqlalchemy_url
 from tests.support.receiver import Receiver, Reply
 

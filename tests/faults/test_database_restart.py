@@ -96,14 +96,14 @@ def test_database_restart_mid_drain_recovers_with_one_leader_and_loses_nothing(
         with LeadershipSampler(scenario.database_url, fleet) as sampler:
             for _ in range(size.restarts):
                 scenario.wait_settled(timeout=60)  # each restart hits a fresh chunk, not a growing backlog
-                scenario.wait_until(
-                    lambda: len(current_believers(fleet, set)) == 1, timeout=30, what="one process leading"
-                )
+                scenario.wait_until(lambda: len(current_believers(fleet, set)) == 1, timeout=30, what="one process leading")
                 done_before = scenario.count("done")
                 scenario.insert(["ok"] * size.rows_per_restart)
                 # Mid-drain: the leader has delivered some of the new rows and has more to go.
                 target = done_before + scenario.random.randint(size.rows_per_restart // 10, size.rows_per_restart // 2)
-                scenario.wait_until(lambda target=target: scenario.count("done") >= target, timeout=30, what="the drain under way", every=0.02)
+                scenario.wait_until(
+                    lambda target=target: scenario.count("done") >= target, timeout=30, what="the drain under way", every=0.02
+                )
                 moment = time.time()
                 terminated.append(terminate_every_backend(scenario.database_url))
                 failovers.append(wait_for_recovery(scenario, fleet, sampler, moment))
@@ -148,9 +148,7 @@ def wait_for_recovery(scenario: FaultScenario, fleet: WorkerFleet, sampler: Lead
         return [event["at"] for event in fleet.events("role") if event["role"] == "promoting" and event["at"] > moment]
 
     scenario.wait_until(acquisitions, timeout=30, what="a process re-acquiring the leader key", every=0.02)
-    scenario.wait_until(
-        lambda: 1 in sampler.holders_since(moment), timeout=30, what="the holder count back to 1", every=0.02
-    )
+    scenario.wait_until(lambda: 1 in sampler.holders_since(moment), timeout=30, what="the holder count back to 1", every=0.02)
 
     def listening_again() -> bool:
         believers = current_believers(fleet, set)

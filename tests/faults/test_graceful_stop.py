@@ -85,7 +85,9 @@ def test_sigterm_finishes_in_flight_sends_and_claims_nothing_more(fault_scenario
     assert not late, f"claims after the signal: {late[:3]} ({scenario.context})"
     # Sends in flight at the signal were finished, not dropped.
     finished_after = [
-        claim for claim in ledger.claims() if any(outcome.written_at > signalled_at for outcome in ledger.outcomes(claim.row_id).values())
+        claim
+        for claim in ledger.claims()
+        if any(outcome.written_at > signalled_at for outcome in ledger.outcomes(claim.row_id).values())
     ]
     assert finished_after, "no delivery was in flight when the signal came: the scenario tested nothing"
     # The rest were never touched.  (A pending row with attempts was in flight and

@@ -220,7 +220,7 @@ def test_leader_chaos_keeps_one_holder_and_runs_no_occurrence_twice(
     repeated = len(fire_times) - len(set(fire_times))
     assert repeated == 0, f"{repeated} heartbeat occurrence(s) ran twice ({context})"
     assert fence_duplicates(scenario) == 0
-    closest = min((b - a for a, b in zip(fire_times, fire_times[1:])), default=timedelta(seconds=HEARTBEAT))
+    closest = min((b - a for a, b in zip(fire_times, fire_times[1:], strict=False)), default=timedelta(seconds=HEARTBEAT))
     assert closest >= timedelta(seconds=HEARTBEAT), f"two heartbeat runs {closest} apart ({context})"
 
     ledger = scenario.ledger(log)

@@ -12,12 +12,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
-from psycopg import sql
 import pytest
 import uvicorn
 from exampleapp.admin_app import create_app
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from psycopg import sql
 from sqlalchemy import Engine, create_engine, text
 
 from outboxkit import ManualClock, OutboxKit
@@ -29,8 +29,15 @@ ADMIN_PASSWORD = "correct horse battery staple"
 
 
 TABLES = (
-    "webhook_outbox", "credit_grant_outbox", "grants", "sample_event_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
-    "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes",
+    "webhook_outbox",
+    "credit_grant_outbox",
+    "grants",
+    "sample_event_outbox",
+    "outboxkit_job_runs",
+    "outboxkit_reset_audit",
+    "outboxkit_attempts",
+    "outboxkit_outbox_pauses",
+    "outboxkit_outbox_minutes",
 )
 
 
@@ -114,7 +121,8 @@ def add_webhooks(
         "INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, last_error, last_status_code, "
         "next_attempt_at, claimed_until, delivered_at) "
         "SELECT :event, :target_url, CAST(:payload AS jsonb), CAST(:status AS text), :attempts, :error, :status_code, "
-        "COALESCE(CAST(:next_attempt_at AS timestamptz), now()), CAST(:claimed_until AS timestamptz), CASE WHEN CAST(:status AS text) = 'done' THEN now() END "
+        "COALESCE(CAST(:next_attempt_at AS timestamptz), now()), CAST(:claimed_until AS timestamptz), "
+        "CASE WHEN CAST(:status AS text) = 'done' THEN now() END "
         "FROM generate_series(1, :count) RETURNING id"
     )
     params = {
@@ -164,7 +172,8 @@ def record_run(
     with engine.begin() as connection:
         connection.execute(
             text(
-                "INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, leader) "
+                "INSERT INTO outboxkit_job_runs "
+                "(job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, leader) "
                 "VALUES (:job_id, :job_name, :at, :at, :at, :outcome, CAST(:counts AS jsonb), 'host-a:11')"
             ),
             {"job_id": job_id, "job_name": job_name, "at": at, "outcome": outcome, "counts": json.dumps(counts or {})},

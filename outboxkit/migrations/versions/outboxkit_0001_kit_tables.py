@@ -8,8 +8,9 @@ Create Date: 2026-11-29
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision = "outboxkit_0001"
 down_revision = None

@@ -14,6 +14,7 @@ Create Date: 2026-12-05
 from __future__ import annotations
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "outboxkit_0003"
