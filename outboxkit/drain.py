@@ -189,6 +189,36 @@ _WAKE = object()
 _STOP = object()
 
 
+class _CallEvents(queue.SimpleQueue[object]):
+    """The outcome queue of one drain call; once the call gave up (a database error), outcomes free their slot instead."""
+
+    def __init__(self, in_flight: InFlightLimit) -> None:
+        super().__init__()
+        self._in_flight = in_flight
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        with self._lock:
+            if not self._abandoned:
+                super().put(item, block, timeout)
+                return
+        self._in_flight.give(1)  # nobody will record it: the row's lease brings it back
+
+    def abandon(self) -> None:
+        """No more outcomes are read: free the slots of those already queued, and of every later one as it comes."""
+        with self._lock:
+            self._abandoned = True
+            queued = 0
+            while True:
+                try:
+                    self.get_nowait()
+                except queue.Empty:
+                    break
+                queued += 1
+        self._in_flight.give(queued)
+
+
 class _LazyConnection:
     """The outcome connection, checked out on first use (a drain that claims nothing needs none)."""
 
@@ -333,7 +363,7 @@ class Drainer:
     def _run(self, *, max_claims: int | None, deadline: float | None, stop: threading.Event | None) -> DrainResult:
         result = DrainResult(job_name=self.job_name)
         state = _PumpState()
-        events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        events = _CallEvents(self._in_flight)
 
         def may_claim() -> bool:
             if max_claims is not None and result.batches >= max_claims:
@@ -356,16 +386,16 @@ class Drainer:
         self.telemetry.drain_finished(self.job_name, result, loop=False)
         return result
 
-    def _settle(self, state: _PumpState, events: queue.SimpleQueue[object]) -> None:
-        """After an error: wait for this call's sends still out (each ends by its deadline) and free their slots.
+    def _settle(self, state: _PumpState, events: _CallEvents) -> None:
+        """After an error: return at once, leaving this call's sends still out to finish on their own.
 
         Their outcomes are not written: each row keeps its lease and comes
         due again when it ends, a redelivery with the same key, never a loss.
+        Each frees its in-flight slot as it finishes (by its deadline), so
+        the bound on rows held stays true without this call waiting.
         """
-        while state.in_flight:
-            events.get()
-            state.in_flight -= 1
-            self._in_flight.give(1)
+        events.abandon()
+        state.in_flight = 0
 
     # -- the background loop -----------------------------------------------
 
