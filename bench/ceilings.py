@@ -14,14 +14,17 @@ A drain that does both halves in one process cannot beat the lower of the two.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import httpx
 import psycopg
+from sqlalchemy.engine import make_url
 
 from outboxkit.queries import claim_sql
 
@@ -113,3 +116,25 @@ def primitive_rows_per_second(database_url: str, table: str, *, count: int, batc
     if done != count:
         raise RuntimeError(f"the primitive marked {done} rows, expected {count}")
     return done / elapsed
+
+
+@dataclass(frozen=True)
+class ScratchDatabase:
+    """Where a benchmark's scratch database lives: the server, the database's libpq and SQLAlchemy URLs."""
+
+    name: str
+    server_url: str
+    database_url: str
+    sqlalchemy_url: str
+
+
+def scratch_database(default_server: str = "postgresql://root@127.0.0.1:5432/test") -> ScratchDatabase:
+    """Names a fresh scratch database on ``DATABASE_URL`` (else ``default_server``); the caller creates and drops it."""
+    server = make_url(os.environ.get("DATABASE_URL") or default_server).set(drivername="postgresql")
+    name = f"outboxkit_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    return ScratchDatabase(
+        name=name,
+        server_url=server.render_as_string(hide_password=False),
+        database_url=server.set(database=name).render_as_string(hide_password=False),
+        sqlalchemy_url=server.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False),
+    )

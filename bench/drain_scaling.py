@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,9 +40,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 import psycopg  # noqa: E402
 from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 
-from bench.ceilings import insert_pending_rows, vacuum_analyze  # noqa: E402
+from bench.ceilings import insert_pending_rows, scratch_database, vacuum_analyze  # noqa: E402
 from bench.drain_throughput import SUBPROCESS_ENV, ReceiverProcess  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402
 
@@ -133,11 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.rows < 1:
         parser.error("--rows must be >= 1")
 
-    server = make_url(os.environ.get("DATABASE_URL") or DEFAULT_SERVER).set(drivername="postgresql")
-    server_url = server.render_as_string(hide_password=False)
-    database = f"outboxkit_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    database_url = server.set(database=database).render_as_string(hide_password=False)
-    sqlalchemy_url = server.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
+    scratch = scratch_database(DEFAULT_SERVER)
+    server_url, database = scratch.server_url, scratch.name
+    database_url, sqlalchemy_url = scratch.database_url, scratch.sqlalchemy_url
     with psycopg.connect(server_url, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{database}"')
     receiver = None

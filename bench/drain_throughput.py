@@ -40,7 +40,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,13 +51,13 @@ import psutil  # noqa: E402
 import psycopg  # noqa: E402
 from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.ceilings import (  # noqa: E402
     httpx_posts_per_second,
     insert_pending_rows,
     primitive_rows_per_second,
+    scratch_database,
     vacuum_analyze,
 )
 from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
@@ -277,11 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.telemetry_rounds < 1:
         parser.error("--telemetry-rounds must be >= 1")
 
-    server = make_url(os.environ.get("DATABASE_URL") or DEFAULT_SERVER).set(drivername="postgresql")
-    server_url = server.render_as_string(hide_password=False)
-    database = f"outboxkit_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    database_url = server.set(database=database).render_as_string(hide_password=False)
-    sqlalchemy_url = server.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
+    scratch = scratch_database(DEFAULT_SERVER)
+    server_url, database = scratch.server_url, scratch.name
+    database_url, sqlalchemy_url = scratch.database_url, scratch.sqlalchemy_url
     options = WebhookOutbox.__outbox__
     concurrency = arguments.concurrency or options.concurrency
 

@@ -470,8 +470,10 @@ class Drainer:
                 )
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
-                if self._schema_problems.report(exc, self.outbox) is not None:
-                    pass  # a missing table: said once, with the migration to run
+                # A missing table is said once, with the migration to run, by the schema log itself.
+                schema_problem = self._schema_problems.report(exc, self.outbox) is not None
+                if schema_problem:
+                    logger.debug("%s: drain still failing on the schema: %s", self.job_name, message)
                 elif message != background.failing:
                     background.failing = message
                     logger.error("%s: drain failed: %s; retrying", self.job_name, message,
