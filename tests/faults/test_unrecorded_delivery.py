@@ -55,11 +55,12 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
 
     log = scenario.listen(respond)
     keys = scenario.insert(["ok"] * size.rows)
-    # Keep victims at least a batch apart so no two share a batch: each
-    # termination cuts exactly one delivery's record.
+    # Keep victims at least three batches apart, so no two share a batch and a worker (which holds at
+    # most one batch's worth of rows at a time) rarely holds two victims at once.
     spacing = size.rows // size.victims
-    assert spacing > FAULT_OPTIONS.batch_size
-    offsets = (scenario.random.randrange(spacing - FAULT_OPTIONS.batch_size) for _ in range(size.victims))
+    gap = 3 * FAULT_OPTIONS.batch_size
+    assert spacing > gap
+    offsets = (scenario.random.randrange(spacing - gap) for _ in range(size.victims))
     victims.update(keys[index * spacing + offset] for index, offset in enumerate(offsets))
 
     with scenario.fleet() as fleet:
@@ -70,12 +71,19 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
     ledger.assert_invariants(scenario.context)
     assert ledger.statuses() == {"done": size.rows}, f"{ledger.statuses()} ({scenario.context})"
     first_replies = {arrival.key: arrival.reply for arrival in ledger.arrivals if arrival.nth == 1}
+    assert set(terminated) == victims, f"victims that never arrived: {victims - set(terminated)} ({scenario.context})"
+    # A victim whose worker had no session left to end was sent while an earlier victim's cut had just
+    # closed them all and the worker had not reconnected yet (its sends were claimed before that cut):
+    # its record then opens a fresh session.  Correct, but nothing was cut, so it proves nothing here.
+    cut = {key for key, count in terminated.items() if count >= 1}
+    assert cut, f"no victim's worker had a session to end ({scenario.context})"
     redelivered = 0
     for key in victims:
         row = ledger.by_key[key]
-        assert terminated.get(key, 0) >= 1, f"no session was terminated for {key} ({scenario.context})"
         assert first_replies[key] is not None and first_replies[key].status == 200
         assert row.status == "done", f"{key} ended {row.status} ({scenario.context})"
+        if key not in cut:
+            continue
         if 1 in ledger.outcomes(row.id):
             # The drainer's next outcome write happened to open a fresh session (the pool had none
             # left to hand out) and recorded the first attempt after all: correct, and no redelivery.
@@ -84,15 +92,15 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
         assert ledger.received[key] >= 2, f"{key} was not delivered again ({scenario.context})"
         assert row.attempts >= 2
         redelivered += 1
-    # The scenario's point: a delivery whose record was cut is delivered again.  Each victim can only
+    # The scenario's point: a delivery whose record was cut is delivered again.  A cut victim can only
     # dodge that by the race above, so most of them, and at least one, must take the redelivery path.
-    assert redelivered >= max(1, size.victims // 2), f"{redelivered} of {size.victims} victims redelivered ({scenario.context})"
+    assert redelivered >= max(1, len(cut) // 2), f"{redelivered} of {len(cut)} cut victims redelivered ({scenario.context})"
     scenario.publish(
         scenario="unrecorded-delivery",
         title="2. delivered, not recorded",
         variant=size.variant,
         faults=f"{size.victims} x pg_terminate_backend of the drainer's sessions after a delivery, before its record",
-        fault_count=size.victims,
+        fault_count=len(cut),
         ledger=ledger,
         sessions_terminated=sum(terminated.values()),
         interrupted_claims=ledger.interrupted_claims(),
