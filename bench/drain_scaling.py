@@ -44,6 +44,7 @@ from sqlalchemy import create_engine  # noqa: E402
 from bench.ceilings import insert_pending_rows, scratch_database, vacuum_analyze  # noqa: E402
 from bench.drain_throughput import SUBPROCESS_ENV, ReceiverProcess  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402
+from outboxkit.tables import kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = create_engine(sqlalchemy_url)
         Base.metadata.create_all(engine)
+        kit_metadata.create_all(engine)  # the attempt history and pauses a migrated database has
         with engine.begin() as connection:
             for statement in install_trigger_sql(WebhookOutbox):
                 connection.exec_driver_sql(statement)

@@ -61,6 +61,7 @@ from bench.ceilings import (  # noqa: E402
     vacuum_analyze,
 )
 from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
+from outboxkit.tables import kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__
@@ -233,7 +234,7 @@ TELEMETRY_MODES = {"without telemetry": None, "with telemetry": 1.0, "with telem
 
 def telemetry_runs(
     sqlalchemy_url: str, server: str, database: str, database_url: str, receiver: ReceiverProcess, *,
-    rows: int, rounds: int, concurrency: int | None,
+    rows: int, rounds: int, concurrency: int | None, profile: str | None = None,
 ) -> tuple[dict[str, list[DrainRun]], list[str]]:
     """Alternate drains in each of ``TELEMETRY_MODES`` on freshly inserted rows; returns ({mode: runs}, problems).
 
@@ -251,8 +252,9 @@ def telemetry_runs(
                 insert_pending_rows(connection, TABLE, count=rows, target_url=f"{receiver.url}/events")
                 vacuum_analyze(connection, TABLE)
             receiver.reset()
+            profiled = profile if trace_ratio == 1.0 and not runs[label] else None  # the first fully traced run
             run = run_drainer(sqlalchemy_url, server, database, expected=rows, concurrency=concurrency,
-                              telemetry=telemetry, trace_ratio=trace_ratio or 1.0)
+                              telemetry=telemetry, trace_ratio=trace_ratio or 1.0, profile=profiled)
             spans = f", {run.report['spans']} spans exported" if telemetry else ""
             print(f"  {label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
             if trace_ratio == 1.0 and run.report.get("spans", 0) < rows:
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=None, help="drain send concurrency (default: the outbox's)")
     parser.add_argument("--profile", metavar="FILE", help="py-spy the fast run's drainer into FILE (collapsed stacks)")
     parser.add_argument("--ceiling-posts", type=int, default=5_000, help="POSTs per httpx ceiling measurement")
+    parser.add_argument("--profile-telemetry", metavar="FILE",
+                        help="py-spy the first fully traced telemetry run's drainer into FILE (collapsed stacks)")
     parser.add_argument("--telemetry-rounds", type=int, default=2, help="pairs of drains without and with telemetry")
     arguments = parser.parse_args(argv)
     if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = create_engine(sqlalchemy_url)
         Base.metadata.create_all(engine)
+        kit_metadata.create_all(engine)  # the attempt history and pauses a migrated database has
         engine.dispose()
         receiver = ReceiverProcess()
         receivers.append(receiver)
@@ -347,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         by_mode, telemetry_problems = telemetry_runs(
             sqlalchemy_url, server_url, database, database_url, receiver,
             rows=arguments.rows, rounds=arguments.telemetry_rounds, concurrency=arguments.concurrency,
+            profile=arguments.profile_telemetry,
         )
         problems += telemetry_problems
         plain_best, telemetry_best, sampled_best = (max(runs, key=lambda run: run.rows_per_s) for runs in by_mode.values())

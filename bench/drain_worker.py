@@ -10,7 +10,8 @@ recorded ``done``, the drain counts and its peak RSS.  ``--telemetry``
 attaches ``OutboxMetrics`` and ``OutboxTracing`` (an SDK tracer provider with
 a batch processor, its spans counted and dropped; ``--trace-ratio`` samples
 that share of the traces, as ``ParentBased(TraceIdRatioBased)``) to measure
-what they cost.  It then waits for a
+what they cost; ``--telemetry-parts metrics`` or ``tracing`` attaches one of
+them alone, to tell their costs apart.  It then waits for a
 ``exit`` line, so its CPU times can be read before it ends.
 """
 
@@ -28,8 +29,8 @@ from sqlalchemy import create_engine, text
 from outboxkit import DrainResult, OutboxKit, OutboxKitSettings
 
 
-def telemetry_on(kit: OutboxKit, *, trace_ratio: float):
-    """Attach metrics and tracing as an application would; returns the exporter that counts the spans."""
+def telemetry_on(kit: OutboxKit, *, trace_ratio: float, parts: frozenset[str] = frozenset({"metrics", "tracing"})):
+    """Attach metrics and tracing (``parts``) as an application would; returns the exporter that counts the spans."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
@@ -51,8 +52,10 @@ def telemetry_on(kit: OutboxKit, *, trace_ratio: float):
     provider = TracerProvider(sampler=ALWAYS_ON if trace_ratio >= 1 else ParentBased(TraceIdRatioBased(trace_ratio)))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     exporter.provider = provider
-    OutboxMetrics(kit)  # its default refresh interval: the row gauges are read every 15 s
-    OutboxTracing(kit, tracer_provider=provider)
+    if "metrics" in parts:
+        OutboxMetrics(kit)  # its default refresh interval: the row gauges are read every 15 s
+    if "tracing" in parts:
+        OutboxTracing(kit, tracer_provider=provider)
     return exporter
 
 
@@ -64,7 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--telemetry", action="store_true", help="with Prometheus metrics and OpenTelemetry spans on")
     parser.add_argument("--trace-ratio", type=float, default=1.0, help="with --telemetry: the share of traces sampled")
+    parser.add_argument("--telemetry-parts", default="metrics,tracing",
+                        help="with --telemetry: what to attach, a comma-separated subset of metrics,tracing")
     arguments = parser.parse_args(argv)
+    parts = frozenset(part.strip() for part in arguments.telemetry_parts.split(",") if part.strip())
+    if not parts or not parts <= {"metrics", "tracing"}:
+        parser.error(f"--telemetry-parts must be a subset of metrics,tracing, got {arguments.telemetry_parts!r}")
+    if not 0.0 <= arguments.trace_ratio <= 1.0:
+        parser.error(f"--trace-ratio must be between 0 and 1, got {arguments.trace_ratio}")
 
     engine = create_engine(arguments.database_url, pool_size=5, max_overflow=5)
     overrides = {"concurrency": arguments.concurrency} if arguments.concurrency else {}
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     with engine.connect() as connection:  # open the first pooled connection before the clock starts
         connection.execute(text("SELECT 1"))
     kit.drainer(WebhookOutbox)
-    spans = telemetry_on(kit, trace_ratio=arguments.trace_ratio) if arguments.telemetry else None
+    spans = telemetry_on(kit, trace_ratio=arguments.trace_ratio, parts=parts) if arguments.telemetry else None
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 1

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -155,10 +156,11 @@ class OutboxTracing(Observer):
         span = self.tracer.start_span(f"deliver {job_name}", context=parent, kind=self._client, attributes=attributes)
         active = self._trace.set_span_in_context(span, parent)
         carrier = self._carrier(span, active, inherited=parent is not None)
-        present = {name.lower() for name in delivery.headers}
-        extra = {name: value for name, value in carrier.items() if name.lower() not in present}
-        if extra:
-            delivery = _with_headers(delivery, extra)
+        if delivery.headers:  # the application's own trace headers win
+            present = {name.lower() for name in delivery.headers}
+            carrier = {name: value for name, value in carrier.items() if name.lower() not in present}
+        if carrier:
+            delivery = _with_headers(delivery, carrier)
         return delivery, (span, self._context.attach(active))
 
     def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
@@ -225,6 +227,7 @@ class OutboxTracing(Observer):
 
 
 _DELIVERY_FIELDS = tuple(item.name for item in dataclasses.fields(Delivery))
+_delivery_values = operator.attrgetter(*_DELIVERY_FIELDS)
 
 
 def _with_headers(delivery: Delivery, extra: dict[str, str]) -> Delivery:
@@ -236,7 +239,8 @@ def _with_headers(delivery: Delivery, extra: dict[str, str]) -> Delivery:
     left as it was.
     """
     copy = object.__new__(Delivery)
-    for name in _DELIVERY_FIELDS:
-        object.__setattr__(copy, name, getattr(delivery, name))
-    object.__setattr__(copy, "headers", {**delivery.headers, **extra})
+    setattr_ = object.__setattr__
+    for name, value in zip(_DELIVERY_FIELDS, _delivery_values(delivery)):
+        setattr_(copy, name, value)
+    setattr_(copy, "headers", {**delivery.headers, **extra})
     return copy
