@@ -240,7 +240,7 @@ def _with_headers(delivery: Delivery, extra: dict[str, str]) -> Delivery:
     """
     copy = object.__new__(Delivery)
     setattr_ = object.__setattr__
-    for name, value in zip(_DELIVERY_FIELDS, _delivery_values(delivery)):
+    for name, value in zip(_DELIVERY_FIELDS, _delivery_values(delivery), strict=True):
         setattr_(copy, name, value)
     setattr_(copy, "headers", {**delivery.headers, **extra})
     return copy
