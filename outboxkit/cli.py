@@ -376,12 +376,12 @@ def jobs(context: typer.Context, json_output: JsonFlag = False) -> None:
     with operating(context, json_output) as (kit, output):
         view = admin_service(kit).jobs()
         rows = [
-            {"id": job.id, "name": job.name, "trigger": job.trigger or "-",
+            {"id": job.id, "name": job.name, "schedule": job.schedule or job.trigger or "-",
              "next_run": job.next_run_at.isoformat(timespec="seconds") if job.next_run_at else "-",
              "last_run": f"{age(job.last_run.started_at)} {job.last_run.outcome}" if job.last_run else "never"}
             for job in view.jobs
         ]
-        output.emit(view.model_dump(mode="json"), rows, ["id", "name", "trigger", "next_run", "last_run"])
+        output.emit(view.model_dump(mode="json"), rows, ["id", "name", "schedule", "next_run", "last_run"])
         output.say(f"leader: {view.leader.host} pid {view.leader.pid}" if view.leader else "leader: none",
                    style="" if view.leader else "yellow")
 

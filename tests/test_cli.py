@@ -309,3 +309,15 @@ def test_shell_completion_is_installed_through_the_standard_options():
                                env={**os.environ, "_OUTBOXKIT_COMPLETE": "complete_bash",
                                     "COMP_WORDS": "outboxkit st", "COMP_CWORD": "1"}, timeout=60)
     assert completed.stdout.split() == ["status", "stuck"]
+
+
+def test_jobs_shows_each_schedule_in_words(cli):
+    code, out, _ = cli("jobs")
+    assert code == 0, out
+    code, document, _ = cli("--json", "jobs")
+    jobs = json.loads(document)["jobs"]
+    assert jobs, "the example app registers jobs"
+    for job in jobs:
+        line = next(line for line in out.splitlines() if line.startswith(job["id"]))
+        assert job["schedule"] and job["schedule"] in line, (job, line)
+    assert "interval[" not in out and "cron[" not in out  # APScheduler's own trigger spelling
