@@ -9,6 +9,9 @@ Everything here has a default; an operator overrides it without a deploy::
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
+The forms merge (the JSON may set one setting of an outbox, a variable of its
+own another); one setting given in both is refused, naming both variables.
+
 Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
 ``OutboxKitSettings.from_environment()`` (what the kit uses by default) turns
 a bad value into a ``ConfigurationError`` that names its variable.
@@ -45,6 +48,7 @@ benchmarks and the fault tests).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -166,9 +170,25 @@ class OutboxKitSettings(BaseSettings):
     @field_validator("outboxes", mode="before")
     @classmethod
     def _normalise_keys(cls, value: object) -> object:
-        if isinstance(value, dict):
-            return {str(key).lower().replace("-", "_"): item for key, item in value.items()}
-        return value
+        """Key by ``job_name`` with ``-`` as ``_``.
+
+        Two spellings of one key (the JSON form's ``credit-grants`` and a
+        variable's ``CREDIT_GRANTS``) merge setting by setting, the later
+        source winning as the settings library orders them (explicit values
+        last); the environment giving one setting twice is refused before
+        this runs (``check_variable_names``).
+        """
+        if not isinstance(value, dict):
+            return value
+        normalised: dict[str, object] = {}
+        for key, item in value.items():
+            name = _outbox_key(str(key))
+            earlier = normalised.get(name)
+            if isinstance(earlier, dict) and isinstance(item, dict):
+                normalised[name] = {**earlier, **item}
+            else:
+                normalised[name] = item
+        return normalised
 
     @property
     def is_production(self) -> bool:
@@ -215,10 +235,54 @@ def _variable_for(location: Sequence[object]) -> str:
 
 
 def check_variable_names(environment: Mapping[str, str]) -> None:
-    """Refuse ``OUTBOXKIT_*`` variables that name no setting, suggesting the closest valid name."""
+    """Refuse ``OUTBOXKIT_*`` variables that name no setting (suggesting the closest valid name),
+    and a per-outbox setting given both as its own variable and inside a JSON value."""
     problems = [problem for name in sorted(environment) if (problem := _unknown_variable(name.upper()))]
+    problems += _set_twice(environment)
     if problems:
         raise ConfigurationError(f"invalid outboxkit setting: {'; '.join(problems)}")
+
+
+def _set_twice(environment: Mapping[str, str]) -> list[str]:
+    """Per-outbox settings the environment gives more than once.
+
+    A setting can come from ``OUTBOXKIT_OUTBOXES__<KEY>__<SETTING>``, from
+    ``OUTBOXKIT_OUTBOXES__<KEY>`` as JSON and from ``OUTBOXKIT_OUTBOXES`` as
+    JSON (under any spelling of the key: ``credit-grants``, ``credit_grants``).
+    The forms merge, so each may set different things; one setting in two
+    places would leave its value to precedence nobody reads, so it is
+    refused.  A JSON value that does not parse is left to the settings' own
+    error.
+    """
+    places: dict[tuple[str, str], list[str]] = {}  # (outbox key, setting) -> where it is set
+    for name in sorted(environment):
+        parts = name.upper().split("__")
+        if parts[0] != f"{ENV_PREFIX}OUTBOXES" or len(parts) > 3:
+            continue
+        if len(parts) == 3:
+            places.setdefault((_outbox_key(parts[1]), parts[2].lower()), []).append(name)
+            continue
+        try:
+            document = json.loads(environment[name])
+        except ValueError:
+            continue
+        tables = document if len(parts) == 1 else {parts[1]: document}
+        if not isinstance(tables, dict):
+            continue
+        for key, table in tables.items():
+            if isinstance(table, dict):
+                for setting in table:
+                    where = name if len(parts) == 2 else f"{name} (as {str(key)!r})"
+                    places.setdefault((_outbox_key(str(key)), str(setting).lower()), []).append(where)
+    return [
+        f"{' and '.join(where)} {'both' if len(where) == 2 else 'all'} set {key}.{setting}; set it in one place"
+        for (key, setting), where in sorted(places.items())
+        if len(where) > 1
+    ]
+
+
+def _outbox_key(key: str) -> str:
+    return key.lower().replace("-", "_")
 
 
 def _unknown_variable(name: str) -> str | None:

@@ -143,6 +143,35 @@ def test_an_unknown_outbox_name_is_refused(offline_engine, monkeypatch, variable
         OutboxKit(offline_engine, [SampleEvent])
 
 
+def test_the_json_form_and_the_variables_merge(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"sample-events": {"max_attempts": 3}}')
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "1,2")
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1, 2), max_attempts=3)
+
+
+@pytest.mark.parametrize(
+    ("json_variable", "json_value"),
+    [
+        ("OUTBOXKIT_OUTBOXES", '{"sample-events": {"max_attempts": 3}}'),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", '{"max_attempts": 3}'),
+    ],
+)
+def test_one_setting_in_both_forms_is_refused_naming_both(offline_engine, monkeypatch, json_variable, json_value):
+    monkeypatch.setenv(json_variable, json_value)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "5")
+    expected = rf"{json_variable}.* and .*OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS both set sample_events.max_attempts"
+    with pytest.raises(ConfigurationError, match=expected):
+        OutboxKit(offline_engine, [SampleEvent])
+
+
+def test_two_spellings_of_one_outbox_in_the_json_form_merge_or_are_refused(offline_engine, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"sample-events": {"max_attempts": 3}, "sample_events": {"backoff": [1]}}')
+    assert kit_policy(offline_engine) == RetryPolicy(backoff=(1,), max_attempts=3)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"sample-events": {"max_attempts": 3}, "sample_events": {"max_attempts": 4}}')
+    with pytest.raises(ConfigurationError, match=r"'sample-events'\) and OUTBOXKIT_OUTBOXES \(as 'sample_events'\) both set"):
+        OutboxKit(offline_engine, [SampleEvent])
+
+
 def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monkeypatch):
     monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"credit-grants": {"max_attempts": 3}}')
     with pytest.raises(ConfigurationError, match=r"unknown outbox\(es\) \['credit_grants'\].*OUTBOXKIT_OUTBOXES"):
