@@ -79,7 +79,7 @@ class Exit:
     pid: int
     returncode: int
     at: float  # time.time()
-    during_stop: bool  # ended after the fleet was told to stop
+    during_stop: bool  # ended by the fleet's stop (not already dead then, nor SIGKILLed by a fault before it)
 
 
 @dataclass
@@ -112,6 +112,9 @@ class WorkerFleet:
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         self._stopping = False
+        # pids a fault SIGKILLed, or found dead when the fleet was told to stop: their exit is a death
+        # even when the supervising thread records it after the stop (a busy host can delay that)
+        self._died_before_stop: set[int] = set()
 
     # -- running -------------------------------------------------------------
 
@@ -152,7 +155,8 @@ class WorkerFleet:
                 self._read_event(slot, process.pid, line)
             returncode = process.wait()
             with self._lock:
-                self.exits.append(Exit(slot.name, process.pid, returncode, time.time(), self._stopping))
+                during_stop = self._stopping and process.pid not in self._died_before_stop
+                self.exits.append(Exit(slot.name, process.pid, returncode, time.time(), during_stop))
                 if self._stopping or not self.restart:
                     return
 
@@ -201,6 +205,7 @@ class WorkerFleet:
                 return None
             if signum == signal.SIGKILL:
                 self._slots[name].ready.clear()
+                self._died_before_stop.add(process.pid)
             process.send_signal(signum)
             return process.pid
 
@@ -245,8 +250,9 @@ class WorkerFleet:
     def stop(self, *, grace: float = 10.0) -> None:
         """SIGTERM every live process, SIGKILL those still running after ``grace`` seconds."""
         with self._lock:
-            self._stopping = True
             processes = [slot.process for slot in self._slots.values() if slot.process is not None]
+            self._died_before_stop.update(process.pid for process in processes if process.poll() is not None)
+            self._stopping = True
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
