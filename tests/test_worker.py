@@ -71,6 +71,32 @@ def test_a_retry_is_sent_at_its_backoff_time_not_at_the_safety_net_poll(engine, 
         assert (row.status, row.attempts, row.last_status_code, row.last_error) == ("done", 2, 200, None)
 
 
+def test_a_reset_row_is_delivered_at_once_not_at_the_safety_net_poll(engine, receiver):
+    # The reset's NOTIFY is the only thing that can send the row within the hour (QUIET).
+    from outboxkit.operations.service import AdminService
+
+    with Session(engine) as session, session.begin():
+        row = SampleEvent(target_url=receiver.url + "/events", payload={"n": 1}, status="stuck", attempts=5,
+                          last_error="HTTP 503", last_status_code=503)
+        session.add(row)
+        session.flush()
+        row_id = row.id
+    kit = make_kit(engine)
+    try:
+        kit.worker.start()
+        assert kit.worker.listener.wait_for_generation(1, timeout=10)
+        reset_at = time.time()
+        assert AdminService(kit).reset("sample-events", [row_id], actor="test").changed == 1
+        receiver.wait_for(lambda r: len(r.requests) == 1, timeout=30)
+        waited = receiver.requests[0].received_at - reset_at
+    finally:
+        kit.close()
+    # The bound is 1 s; 5 s leaves a loaded machine room and is still an hour short of the poll.
+    assert waited < 5.0, f"the reset row was sent {waited:.2f}s after the reset"
+    with Session(engine) as session:
+        assert session.get(SampleEvent, row_id).status == "done"
+
+
 def test_a_started_worker_claims_at_once_without_waiting_for_leadership(engine, receiver, database_url):
     # Another session holds the leader key: this process stays a standby, and drains all the same.
     with psycopg.connect(database_url, autocommit=True) as holder:
