@@ -29,6 +29,10 @@ class UnrecordedSize:
     workers: int = 2
 
 
+# Longer than the fault outbox's 0.5 s: the receiver answers a victim only after the worker's sessions have
+# exited, which a busy host can make slower than 0.5 s.  The lease grows with it (timeout + lease margin).
+SEND_TIMEOUT = 3.0
+
 SIZES = [
     pytest.param(UnrecordedSize("ci", rows=300, victims=4), id="ci"),
     pytest.param(UnrecordedSize("long", rows=3_000, victims=30, workers=3), id="long", marks=LONG_VARIANT),
@@ -63,7 +67,7 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
     offsets = (scenario.random.randrange(spacing - gap) for _ in range(size.victims))
     victims.update(keys[index * spacing + offset] for index, offset in enumerate(offsets))
 
-    with scenario.fleet() as fleet:
+    with scenario.fleet(settings={"timeout": SEND_TIMEOUT}) as fleet:
         fleet.start([f"outboxkit-fault-drain-{index}" for index in range(1, size.workers + 1)])
         scenario.wait_settled(timeout=60)
 
@@ -84,10 +88,17 @@ def test_delivered_but_unrecorded_row_is_delivered_again_and_ends_done(
         assert row.status == "done", f"{key} ended {row.status} ({scenario.context})"
         if key not in cut:
             continue
-        if 1 in ledger.outcomes(row.id):
+        first = ledger.outcomes(row.id).get(1)
+        if first is not None and first.status == "done":
             # The drainer's next outcome write happened to open a fresh session (the pool had none
             # left to hand out) and recorded the first attempt after all: correct, and no redelivery.
             assert ledger.received[key] == 1, f"{key} was recorded done and still sent again ({scenario.context})"
+            continue
+        if first is not None:
+            # The send ran out of its deadline while the receiver was still ending the worker's sessions, and
+            # the worker recorded a retry: the row was sent again and ended done.  Correct, but nothing was
+            # cut; the scenario's long send deadline (SEND_TIMEOUT) makes this rare.
+            assert ledger.received[key] >= 2 and row.attempts >= 2, f"{key}: {first} ({scenario.context})"
             continue
         assert ledger.received[key] >= 2, f"{key} was not delivered again ({scenario.context})"
         assert row.attempts >= 2
