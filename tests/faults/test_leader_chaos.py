@@ -35,6 +35,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
+from outboxkit.election import current_leader
 from outboxkit.tables import job_runs
 from tests.faults.fleet import WorkerFleet
 from tests.faults.leadership import (
@@ -80,13 +81,22 @@ class Chaos:
         self.faults: list[str] = []
 
     def leader(self) -> str:
-        """Wait until exactly one live process believes it leads and the key has one holder; its name."""
+        """Wait until exactly one live process believes it leads and it holds the key; its name.
+
+        Both, because a leader whose lock was just taken away (the previous fault) still believes it
+        leads until its next tick, while the new holder is promoting: a fault aimed at the believer
+        alone would hit a process that no longer leads, and no new leader would follow it.
+        """
         believers: tuple[str, ...] = ()
 
         def settled() -> bool:
             nonlocal believers
             believers = current_believers(self.fleet, lambda: self.paused)
-            return len(believers) == 1 and self.fleet.current_pid(believers[0]) is not None
+            if len(believers) != 1:
+                return False
+            pid = self.fleet.current_pid(believers[0])
+            holder = current_leader(self.scenario.engine)
+            return pid is not None and holder is not None and holder.pid == pid
 
         self.scenario.wait_until(settled, timeout=30, what="exactly one process leading", every=0.02)
         return believers[0]
