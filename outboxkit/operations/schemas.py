@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
+from outboxkit.queries import RowFilter  # the filter the queries apply, shown as it was applied
+
 __all__ = [
     "ActionResult",
     "AttemptModel",
@@ -35,7 +37,6 @@ __all__ = [
     "OutboxOverview",
     "PayloadFieldModel",
     "RowDetailModel",
-    "RowFilterModel",
     "RowId",
     "RowPage",
     "RowSummaryModel",
@@ -162,19 +163,6 @@ class Overview(_Model):
     outboxes: list[OutboxOverview]
 
 
-class RowFilterModel(_Model):
-    error_contains: str | None = None
-    status_code: int | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
-    attempts_min: int | None = None
-    attempts_max: int | None = None
-    payload_column: str | None = None
-    payload_contains: str | None = None
-
-
 class StatusCount(_Model):
     status: Status
     count: int
@@ -201,7 +189,7 @@ class RowSummaryModel(_Model):
 class RowPage(_Model):
     outbox: str
     status: Status
-    filter: RowFilterModel
+    filter: RowFilter
     limit: int
     rows: list[RowSummaryModel]
     next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
@@ -300,7 +288,7 @@ class EmptyRequest(BaseModel):
 
 class MatchOutcome(_Model):
     outbox: str
-    filter: RowFilterModel
+    filter: RowFilter
     dry_run: bool
     matched: int = Field(description="Stuck rows matching the filter (before the reset, for a real run).")
     sample_ids: list[int] = Field(description="Up to 20 of the matching ids, newest first.")

@@ -57,7 +57,6 @@ from outboxkit.operations.schemas import (
     Overview,
     PayloadFieldModel,
     RowDetailModel,
-    RowFilterModel,
     RowPage,
     RowSummaryModel,
     RunModel,
@@ -205,7 +204,7 @@ class AdminService:
         return RowPage(
             outbox=outbox_name,
             status=cast(Status, status),
-            filter=RowFilterModel(**row_filter.as_dict()),
+            filter=row_filter,
             limit=limit,
             rows=[_summary(row, now) for row in rows],
             next_cursor=encode_cursor(scope, key(rows[-1])) if has_next and rows else None,
@@ -442,7 +441,7 @@ class AdminService:
                 self._wake_drain(connection, outbox_name, changed)
         return MatchOutcome(
             outbox=outbox_name,
-            filter=RowFilterModel(**row_filter.as_dict()),
+            filter=row_filter,
             dry_run=dry_run,
             matched=matched,
             sample_ids=sample,
