@@ -29,6 +29,7 @@ from outboxkit.metrics import OutboxMetrics, serve_worker_metrics
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
+from tests.support.worker_app import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 UTC = timezone.utc
@@ -238,16 +239,7 @@ def test_the_worker_command_serves_metrics_on_its_metrics_port(database_url, eng
         "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "3600",
     }
     insert_rows(engine, receiver.url + "/events", [{"n": 1}])
-    command = [
-        sys.executable,
-        "-m",
-        "outboxkit.cli",
-        "--app",
-        "tests.support.worker_app:kit_from_environment",
-        "worker",
-        "--metrics-port",
-        "0",
-    ]
+    command = worker_command("--metrics-port", "0")
     process = subprocess.Popen(command, env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None

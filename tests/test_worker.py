@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
+from tests.support.worker_app import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 # The safety-net poll and the interval drain are an hour away: only a wake-up or a due time can send.
@@ -205,7 +205,7 @@ def test_the_worker_command_drains_until_sigterm_and_stops_cleanly(database_url,
         "OUTBOXKIT_DRAIN_INTERVAL_SECONDS": "3600",
     }
     enqueue(engine, receiver.url + "/events", [{"n": 1}])
-    command = [sys.executable, "-m", "outboxkit.cli", "--app", "tests.support.worker_app:kit_from_environment", "worker"]
+    command = worker_command()
     process = subprocess.Popen(command, env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         receiver.wait_for(lambda r: len(r.requests) == 1, timeout=30)
@@ -224,16 +224,7 @@ def test_the_worker_command_drains_until_sigterm_and_stops_cleanly(database_url,
 @pytest.mark.parametrize("name", ["nope"])
 def test_the_worker_command_refuses_an_unknown_outbox(database_url, name):
     environment = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
-    command = [
-        sys.executable,
-        "-m",
-        "outboxkit.cli",
-        "--app",
-        "tests.support.worker_app:kit_from_environment",
-        "worker",
-        "--outbox",
-        name,
-    ]
+    command = worker_command("--outbox", name)
     finished = subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert finished.returncode == 1
     assert "no outbox named 'nope'" in finished.stderr
