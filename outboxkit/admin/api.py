@@ -204,25 +204,32 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         with http_errors():
             return service.row(outbox, row_id)
 
-    def id_action(action: str, summary: str) -> None:
-        perform = service.reset if action == "reset" else service.retry_now
+    def outbox_action(
+        action: str, summary: str, request_model: type[BaseModel], response_model: type[BaseModel],
+        perform: Callable[[str, Any, str], BaseModel],
+    ) -> None:
+        """``POST /outboxes/{outbox}/<action>``: a JSON body of ``request_model``, run as ``perform(outbox, body, actor)``."""
 
-        async def act(request: Request, outbox: OutboxName, who: Actor) -> ActionResult:
-            body: IdsRequest = await read_json_body(request, IdsRequest)
+        async def act(request: Request, outbox: OutboxName, who: Actor) -> Any:
+            body = await read_json_body(request, request_model)
             with http_errors():
-                return await run_in_threadpool(perform, outbox, body.ids, actor=who)
+                return await run_in_threadpool(perform, outbox, body, who)
 
         router.add_api_route(
             f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
             act,
             methods=["POST"],
-            response_model=ActionResult,
+            response_model=response_model,
             responses=WRITE_ERRORS,
             dependencies=[Depends(require_json)],
             summary=summary,
             name=f"outboxkit_admin_api_{action}",
-            openapi_extra=json_body(IdsRequest),
+            openapi_extra=json_body(request_model),
         )
+
+    def id_action(action: str, summary: str) -> None:
+        perform = service.reset if action == "reset" else service.retry_now
+        outbox_action(action, summary, IdsRequest, ActionResult, lambda outbox, body, who: perform(outbox, body.ids, actor=who))
 
     id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now")
     id_action("retry_now", "Make pending rows in backoff due now (attempts kept)")
@@ -245,23 +252,7 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[
             action
         ]
-
-        async def act(request: Request, outbox: OutboxName, who: Actor) -> ControlResult:
-            await read_json_body(request, EmptyRequest)
-            with http_errors():
-                return await run_in_threadpool(perform, outbox, actor=who)
-
-        router.add_api_route(
-            f"/outboxes/{{outbox}}/{action.replace('_', '-')}",
-            act,
-            methods=["POST"],
-            response_model=ControlResult,
-            responses=WRITE_ERRORS,
-            dependencies=[Depends(require_json)],
-            summary=summary,
-            name=f"outboxkit_admin_api_{action}",
-            openapi_extra=json_body(EmptyRequest),
-        )
+        outbox_action(action, summary, EmptyRequest, ControlResult, lambda outbox, body, who: perform(outbox, actor=who))
 
     control("pause", "Pause the outbox's drains in every process (rows stay pending; in-flight rows finish)")
     control("resume", "Resume the outbox's drains (woken at once)")
