@@ -206,8 +206,9 @@ class NotifyListener:
                         raise
                     return connection
         except psycopg.OperationalError:
-            pass  # stopping while the database was away
-        return None
+            # Only once stop() was called: the retries end then, with the database still away.
+            return None
+        return None  # not reached: the loop returns a connection or re-raises the last error (for the type checker)
 
     def _listen(self, connection: psycopg.Connection) -> None:
         self.backend_pid = connection.info.backend_pid
