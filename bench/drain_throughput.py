@@ -17,9 +17,15 @@ and drops, with the example ``WebhookOutbox``:
 5. telemetry: drain ``--rows`` bulk-inserted rows again, alternating runs
    without telemetry, with ``OutboxMetrics`` and ``OutboxTracing`` attached
    and every trace sampled, and with 10% of the traces sampled
-   (``--telemetry-rounds`` rounds, default 2), and compare the best run of
-   each (``drain_rows_per_s_with_telemetry`` against
-   ``drain_rows_per_s_telemetry_baseline``; the target is a ratio >= 0.9);
+   (``--telemetry-rounds`` rounds, default 3, each running the three modes
+   back to back in a rotating order).  ``telemetry_ratio`` is the median
+   over the rounds of a round's traced rate over its own untraced rate,
+   which cancels the host's slow load swings that a best-of-each
+   comparison picks up; ``drain_rows_per_s_with_telemetry`` and
+   ``drain_rows_per_s_telemetry_baseline`` are each mode's median rate (the
+   target is a ratio >= 0.9).  ``--telemetry-breakdown`` adds, to the same
+   rounds, drains with metrics only and with tracing only (nothing, 10% and
+   every trace sampled), each set against its round's untraced run;
 6. do it again with ``--slow-rows`` rows against a receiver that answers each
    request after 50 ms.
 
@@ -37,6 +43,7 @@ import collections
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -140,11 +147,13 @@ def run_drainer(
     profile: str | None = None,
     telemetry: bool = False,
     trace_ratio: float = 1.0,
+    telemetry_parts: str = "metrics,tracing",
 ) -> DrainRun:
     """Start a drainer process, let it drain ``expected`` rows, measure it (and profile it if asked)."""
     command = [sys.executable, str(ROOT / "bench" / "drain_worker.py"), "--database-url", sqlalchemy_url]
     command += ["--expected", str(expected)] + (["--concurrency", str(concurrency)] if concurrency else [])
-    command += ["--telemetry", "--trace-ratio", str(trace_ratio)] if telemetry else []
+    if telemetry:
+        command += ["--telemetry", "--telemetry-parts", telemetry_parts, "--trace-ratio", str(trace_ratio)]
     worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
     try:
         assert worker.stdin is not None and worker.stdout is not None
@@ -229,39 +238,72 @@ def verify(database_url: str, receiver: ReceiverProcess, expected: int) -> list[
     return problems
 
 
-TELEMETRY_MODES = {"without telemetry": None, "with telemetry": 1.0, "with telemetry, 10% of traces sampled": 0.1}
+@dataclass(frozen=True)
+class TelemetryMode:
+    label: str
+    parts: str | None  # bench/drain_worker.py --telemetry-parts, or None for no telemetry
+    trace_ratio: float = 1.0
+
+    @property
+    def traces_everything(self) -> bool:
+        return self.parts is not None and "tracing" in self.parts and self.trace_ratio >= 1.0
+
+
+WITHOUT = TelemetryMode("without telemetry", None)
+TRACED = TelemetryMode("with telemetry", "metrics,tracing", 1.0)
+SAMPLED = TelemetryMode("with telemetry, 10% of traces sampled", "metrics,tracing", 0.1)
+TELEMETRY_MODES = (WITHOUT, TRACED, SAMPLED)
+# --telemetry-breakdown: one part at a time, in the same rounds, against the same untraced runs.
+BREAKDOWN_MODES = (
+    TelemetryMode("metrics only", "metrics"),
+    TelemetryMode("tracing only, nothing sampled", "tracing", 0.0),
+    TelemetryMode("tracing only, 10% of traces sampled", "tracing", 0.1),
+    TelemetryMode("tracing only, every trace sampled", "tracing", 1.0),
+)
 
 
 def telemetry_runs(
     sqlalchemy_url: str, server: str, database: str, database_url: str, receiver: ReceiverProcess, *,
-    rows: int, rounds: int, concurrency: int | None, profile: str | None = None,
-) -> tuple[dict[str, list[DrainRun]], list[str]]:
-    """Alternate drains in each of ``TELEMETRY_MODES`` on freshly inserted rows; returns ({mode: runs}, problems).
+    modes: tuple[TelemetryMode, ...], rows: int, rounds: int, concurrency: int | None, profile: str | None = None,
+) -> tuple[dict[TelemetryMode, list[DrainRun]], list[str]]:
+    """Rounds of one drain in each of ``modes`` on freshly inserted rows; returns ({mode: runs}, problems).
 
-    Alternating, rather than all of one then all of the next, spreads a
-    shared host's load swings over every mode.
+    ``runs[mode][i]`` is round ``i``'s run of that mode.  A round runs the
+    modes back to back, starting one mode later each round, so a shared
+    host's load swings land on every mode and a round's runs can be
+    compared with each other.
     """
-    runs: dict[str, list[DrainRun]] = {mode: [] for mode in TELEMETRY_MODES}
+    runs: dict[TelemetryMode, list[DrainRun]] = {mode: [] for mode in modes}
     problems: list[str] = []
-    for _ in range(rounds):
-        for label, trace_ratio in TELEMETRY_MODES.items():
-            telemetry = trace_ratio is not None
+    for round_number in range(rounds):
+        shift = round_number % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
             with psycopg.connect(database_url) as connection:
                 connection.execute(f"TRUNCATE {TABLE}")
                 connection.commit()
                 insert_pending_rows(connection, TABLE, count=rows, target_url=f"{receiver.url}/events")
                 vacuum_analyze(connection, TABLE)
             receiver.reset()
-            profiled = profile if trace_ratio == 1.0 and not runs[label] else None  # the first fully traced run
+            profiled = profile if mode is TRACED and not runs[mode] else None  # the first fully traced run
             run = run_drainer(sqlalchemy_url, server, database, expected=rows, concurrency=concurrency,
-                              telemetry=telemetry, trace_ratio=trace_ratio or 1.0, profile=profiled)
-            spans = f", {run.report['spans']} spans exported" if telemetry else ""
-            print(f"  {label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
-            if trace_ratio == 1.0 and run.report.get("spans", 0) < rows:
-                problems.append(f"telemetry run exported {run.report.get('spans')} spans for {rows} rows")
+                              telemetry=mode.parts is not None, telemetry_parts=mode.parts or "",
+                              trace_ratio=mode.trace_ratio, profile=profiled)
+            spans = f", {run.report['spans']} spans exported" if "spans" in run.report else ""
+            print(f"  {mode.label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
+            if mode.traces_everything and run.report.get("spans", 0) < rows:
+                problems.append(f"{mode.label}: exported {run.report.get('spans')} spans for {rows} rows")
             problems += verify(database_url, receiver, rows)
-            runs[label].append(run)
+            runs[mode].append(run)
     return runs, problems
+
+
+def paired_ratios(baseline: list[DrainRun], runs: list[DrainRun]) -> list[float]:
+    """Each round's rate over the same round's untraced rate."""
+    return [run.rows_per_s / plain.rows_per_s for plain, run in zip(baseline, runs, strict=True)]
+
+
+def median_cpu_ms(runs: list[DrainRun]) -> float:
+    return statistics.median(run.drainer_cpu_s * 1000 / run.rows for run in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling-posts", type=int, default=5_000, help="POSTs per httpx ceiling measurement")
     parser.add_argument("--profile-telemetry", metavar="FILE",
                         help="py-spy the first fully traced telemetry run's drainer into FILE (collapsed stacks)")
-    parser.add_argument("--telemetry-rounds", type=int, default=2, help="pairs of drains without and with telemetry")
+    parser.add_argument("--telemetry-breakdown", action="store_true",
+                        help="also drain with metrics only and with tracing only (nothing, 10%% and every trace "
+                             "sampled) in the same rounds, to see what each part costs")
+    parser.add_argument("--telemetry-rounds", type=int, default=3,
+                        help="rounds of drains without telemetry, with it, and with 10%% of traces sampled (default 3)")
     arguments = parser.parse_args(argv)
     if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
         parser.error("--rows must be >= 1, --slow-rows >= 0, --concurrency >= 1")
@@ -347,24 +393,36 @@ def main(argv: list[str] | None = None) -> int:
         ratio = fast.rows_per_s / lower_ceiling
         print(f"ratio to the lower ceiling ({lower_ceiling:.0f}/s, the higher httpx reading or the primitive): {ratio:.2f}")
 
+        modes = TELEMETRY_MODES + (BREAKDOWN_MODES if arguments.telemetry_breakdown else ())
         print(f"telemetry: {arguments.telemetry_rounds} round(s) of drains of {arguments.rows} bulk-inserted rows: "
-              + "; ".join(TELEMETRY_MODES) + " (OutboxMetrics + OutboxTracing, SDK provider, batch processor)")
+              + "; ".join(mode.label for mode in modes) + " (OutboxMetrics, OutboxTracing: SDK provider, batch processor)")
         by_mode, telemetry_problems = telemetry_runs(
-            sqlalchemy_url, server_url, database, database_url, receiver,
+            sqlalchemy_url, server_url, database, database_url, receiver, modes=modes,
             rows=arguments.rows, rounds=arguments.telemetry_rounds, concurrency=arguments.concurrency,
             profile=arguments.profile_telemetry,
         )
         problems += telemetry_problems
-        plain_best, telemetry_best, sampled_best = (max(runs, key=lambda run: run.rows_per_s) for runs in by_mode.values())
-        telemetry_ratio = telemetry_best.rows_per_s / plain_best.rows_per_s
-        sampled_ratio = sampled_best.rows_per_s / plain_best.rows_per_s
-        plain_cpu_ms, telemetry_cpu_ms, sampled_cpu_ms = (
-            min(run.drainer_cpu_s for run in runs) * 1000 / arguments.rows for runs in by_mode.values()
+        plain_runs, traced_runs, sampled_runs = by_mode[WITHOUT], by_mode[TRACED], by_mode[SAMPLED]
+        telemetry_ratios, sampled_ratios = paired_ratios(plain_runs, traced_runs), paired_ratios(plain_runs, sampled_runs)
+        telemetry_ratio, sampled_ratio = statistics.median(telemetry_ratios), statistics.median(sampled_ratios)
+        plain_rate, telemetry_rate, sampled_rate = (
+            statistics.median(run.rows_per_s for run in by_mode[mode]) for mode in TELEMETRY_MODES
         )
-        print(f"telemetry: best {plain_best.rows_per_s:.0f} rows/s without, {telemetry_best.rows_per_s:.0f} with every "
-              f"trace sampled (ratio {telemetry_ratio:.2f}, target >= 0.9), {sampled_best.rows_per_s:.0f} with 10% "
-              f"sampled (ratio {sampled_ratio:.2f}); drainer CPU {plain_cpu_ms:.3f}, {telemetry_cpu_ms:.3f}, "
-              f"{sampled_cpu_ms:.3f} ms/row")
+        best_ratio = max(run.rows_per_s for run in traced_runs) / max(run.rows_per_s for run in plain_runs)
+        plain_cpu_ms, telemetry_cpu_ms, sampled_cpu_ms = (median_cpu_ms(by_mode[mode]) for mode in TELEMETRY_MODES)
+        print("telemetry: per round, every trace sampled / without: "
+              + ", ".join(f"{ratio:.3f}" for ratio in telemetry_ratios)
+              + "; 10% sampled / without: " + ", ".join(f"{ratio:.3f}" for ratio in sampled_ratios))
+        print(f"telemetry: median {plain_rate:.0f} rows/s without, {telemetry_rate:.0f} with every trace sampled "
+              f"(median ratio {telemetry_ratio:.2f}, target >= 0.9; best run against best run {best_ratio:.2f}), "
+              f"{sampled_rate:.0f} with 10% sampled (median ratio {sampled_ratio:.2f}); median drainer CPU "
+              f"{plain_cpu_ms:.3f}, {telemetry_cpu_ms:.3f}, {sampled_cpu_ms:.3f} ms/row")
+        breakdown = {}
+        for mode in modes[len(TELEMETRY_MODES):]:
+            added = median_cpu_ms(by_mode[mode]) - plain_cpu_ms
+            part_ratio = statistics.median(paired_ratios(plain_runs, by_mode[mode]))
+            print(f"telemetry breakdown: {mode.label}: median ratio {part_ratio:.3f}, drainer CPU {added:+.3f} ms/row")
+            breakdown[mode.label] = {"ratio": round(part_ratio, 3), "cpu_ms_per_row_added": round(added, 3)}
 
         slow_rate = 0.0
         if arguments.slow_rows:
@@ -397,16 +455,19 @@ def main(argv: list[str] | None = None) -> int:
             "primitive_ceiling_per_s": round(primitive, 1),
             "ratio_to_ceiling": round(ratio, 3),
             "slow_receiver_rows_per_s": round(slow_rate, 1),
-            "drain_rows_per_s_telemetry_baseline": round(plain_best.rows_per_s, 1),
-            "drain_rows_per_s_with_telemetry": round(telemetry_best.rows_per_s, 1),
+            "drain_rows_per_s_telemetry_baseline": round(plain_rate, 1),
+            "drain_rows_per_s_with_telemetry": round(telemetry_rate, 1),
             "telemetry_ratio": round(telemetry_ratio, 3),
+            "telemetry_ratio_best_runs": round(best_ratio, 3),
             "drain_cpu_ms_per_row_telemetry_baseline": round(plain_cpu_ms, 3),
             "drain_cpu_ms_per_row_with_telemetry": round(telemetry_cpu_ms, 3),
-            "drain_rows_per_s_with_telemetry_sampled_10pct": round(sampled_best.rows_per_s, 1),
+            "drain_rows_per_s_with_telemetry_sampled_10pct": round(sampled_rate, 1),
             "telemetry_sampled_10pct_ratio": round(sampled_ratio, 3),
             "drain_cpu_ms_per_row_with_telemetry_sampled_10pct": round(sampled_cpu_ms, 3),
             "rss_mb": round(fast.peak_rss_mb, 1),
         }
+        if breakdown:
+            summary["telemetry_breakdown"] = breakdown
         print(json.dumps(summary))
         return 1 if problems else 0
     finally:
