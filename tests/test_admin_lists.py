@@ -6,7 +6,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
@@ -89,6 +89,48 @@ def test_filters_by_created_range_attempts_and_payload_column(admin):
     assert ids_of(admin.client.get(api, params=payload).json()) == old[::-1]
     page = admin.client.get("/admin/outboxes/webhooks", params={**payload, "created_after": "2029-01-01T00:00"})
     assert page.text.count('name="ids"') == 2 and '<details class="more" open>' in page.text
+
+
+def test_the_documented_trigram_index_serves_the_payload_filter(admin):
+    # docs/admin.md: an expression index on CAST(<column> AS text) with pg_trgm
+    # lets the filter's ILIKE '%...%' use an index instead of reading the table.
+    with admin.engine.begin() as connection:
+        if connection.execute(text("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")).first() is None:
+            pytest.skip("this PostgreSQL has no pg_trgm (the contrib extensions are not installed)")
+    add_webhooks(admin.engine, 20_000, status="done", payload={"customer": "acme"})  # one statement
+    wanted = add_webhooks(admin.engine, 2, status="done", payload={"customer": "needle-co"})
+    statements: list[tuple[str, object]] = []
+
+    def capture(connection, cursor, statement, parameters, context, executemany) -> None:
+        if "ILIKE" in statement:
+            statements.append((statement, parameters))
+
+    with admin.engine.begin() as connection:
+        connection.execute(text("CREATE EXTENSION IF NOT EXISTS pg_trgm"))
+        connection.execute(text(
+            "CREATE INDEX webhook_outbox_payload_trgm ON webhook_outbox USING gin ((CAST(payload AS text)) gin_trgm_ops)"
+        ))
+        connection.execute(text("ANALYZE webhook_outbox"))
+    event.listen(admin.engine, "before_cursor_execute", capture)
+    try:
+        page = admin.client.get(
+            "/admin/api/outboxes/webhooks/rows",
+            params={"status": "done", "payload_column": "payload", "payload_contains": "NEEDLE-co"},
+        )
+        assert ids_of(page.json()) == wanted[::-1]
+        assert statements, "the payload filter sent no ILIKE"
+        with admin.engine.connect() as connection:
+            raw = connection.connection.dbapi_connection
+            with raw.cursor() as cursor:  # the statements exactly as the admin sent them, planned on 20,002 rows
+                for statement, parameters in statements:
+                    cursor.execute("EXPLAIN " + statement, parameters)
+                    plan = "\n".join(line for (line,) in cursor.fetchall())
+                    assert "Bitmap Index Scan on webhook_outbox_payload_trgm" in plan, plan
+            raw.rollback()
+    finally:
+        event.remove(admin.engine, "before_cursor_execute", capture)
+        with admin.engine.begin() as connection:
+            connection.execute(text("DROP INDEX webhook_outbox_payload_trgm"))
 
 
 def test_an_unknown_payload_column_is_a_clear_422_that_names_the_columns(admin):
