@@ -195,20 +195,21 @@ class NotifyListener:
             reraise=True,
         )
         try:
-            for attempt in retrying:
-                with attempt:
-                    connection = self._open()
-                    try:
-                        for channel in self.channels:
-                            connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    except BaseException:
-                        connection.close()
-                        raise
-                    return connection
+            return retrying(self._open_listening)
         except psycopg.OperationalError:
             # Only once stop() was called: the retries end then, with the database still away.
             return None
-        return None  # not reached: the loop returns a connection or re-raises the last error (for the type checker)
+
+    def _open_listening(self) -> psycopg.Connection:
+        """One attempt: a new connection that LISTENs on every channel (closed again if a LISTEN fails)."""
+        connection = self._open()
+        try:
+            for channel in self.channels:
+                connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
 
     def _listen(self, connection: psycopg.Connection) -> None:
         self.backend_pid = connection.info.backend_pid
