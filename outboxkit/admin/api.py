@@ -227,12 +227,11 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
             openapi_extra=json_body(request_model),
         )
 
-    def id_action(action: str, summary: str) -> None:
-        perform = service.reset if action == "reset" else service.retry_now
+    def id_action(action: str, summary: str, perform: Callable[..., ActionResult]) -> None:
         outbox_action(action, summary, IdsRequest, ActionResult, lambda outbox, body, who: perform(outbox, body.ids, actor=who))
 
-    id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now")
-    id_action("retry_now", "Make pending rows in backoff due now (attempts kept)")
+    id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now", service.reset)
+    id_action("retry_now", "Make pending rows in backoff due now (attempts kept)", service.retry_now)
 
     @router.post(
         "/outboxes/{outbox}/reset-matching",
@@ -248,15 +247,13 @@ def api_router(service: AdminService, *, actor: Callable[..., str], route_class:
         with http_errors():
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
 
-    def control(action: str, summary: str) -> None:
-        perform = {"pause": service.controls.pause, "resume": service.controls.resume, "drain_now": service.controls.drain_now}[
-            action
-        ]
+    def control(action: str, summary: str, perform: Callable[..., ControlResult]) -> None:
         outbox_action(action, summary, EmptyRequest, ControlResult, lambda outbox, body, who: perform(outbox, actor=who))
 
-    control("pause", "Pause the outbox's drains in every process (rows stay pending; in-flight rows finish)")
-    control("resume", "Resume the outbox's drains (woken at once)")
-    control("drain_now", "Wake every drain of the outbox now (409 while paused)")
+    controls = service.controls
+    control("pause", "Pause the outbox's drains in every process (rows stay pending; in-flight rows finish)", controls.pause)
+    control("resume", "Resume the outbox's drains (woken at once)", controls.resume)
+    control("drain_now", "Wake every drain of the outbox now (409 while paused)", controls.drain_now)
 
     @router.get("/audit", response_model=AuditPage, responses=READ_ERRORS, summary="Reset audit, newest first")
     def audit(
