@@ -145,14 +145,13 @@ def run_drainer(
     expected: int,
     concurrency: int | None,
     profile: str | None = None,
-    telemetry: bool = False,
+    telemetry_parts: str | None = None,
     trace_ratio: float = 1.0,
-    telemetry_parts: str = "metrics,tracing",
 ) -> DrainRun:
     """Start a drainer process, let it drain ``expected`` rows, measure it (and profile it if asked)."""
     command = [sys.executable, str(ROOT / "bench" / "drain_worker.py"), "--database-url", sqlalchemy_url]
     command += ["--expected", str(expected)] + (["--concurrency", str(concurrency)] if concurrency else [])
-    if telemetry:
+    if telemetry_parts is not None:  # "metrics", "tracing" or both, comma-separated (bench/drain_worker.py)
         command += ["--telemetry", "--telemetry-parts", telemetry_parts, "--trace-ratio", str(trace_ratio)]
     worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
     try:
@@ -286,8 +285,7 @@ def telemetry_runs(
             receiver.reset()
             profiled = profile if mode is TRACED and not runs[mode] else None  # the first fully traced run
             run = run_drainer(sqlalchemy_url, server, database, expected=rows, concurrency=concurrency,
-                              telemetry=mode.parts is not None, telemetry_parts=mode.parts or "",
-                              trace_ratio=mode.trace_ratio, profile=profiled)
+                              telemetry_parts=mode.parts, trace_ratio=mode.trace_ratio, profile=profiled)
             spans = f", {run.report['spans']} spans exported" if "spans" in run.report else ""
             print(f"  {mode.label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
             if mode.traces_everything and run.report.get("spans", 0) < rows:
