@@ -27,6 +27,8 @@ class SoakSize:
     kills: int
     workers: int = 3
     kill_gap: tuple[float, float] = (0.3, 1.0)  # seconds between two kills
+    # Seconds from a chunk's insert to the kill: the NOTIFY has woken the drains and they are still sending it.
+    kill_delay: tuple[float, float] = (0.02, 0.15)
     horizon: float = 90.0  # seconds allowed after the last kill for the leases to run out
 
 
@@ -52,11 +54,14 @@ def test_kill_soak_loses_no_row(fault_scenario: FaultScenario, size: SoakSize) -
         fleet.start(names)
         inserted = 0
         for _ in range(size.kills):
-            # Rows keep arriving while workers die, so kills land in busy drains.
-            inserted += len(scenario.insert(["ok"] * min(chunk, size.rows - inserted)))
             scenario.wait_until(fleet.ready_names, timeout=60, what="a drain worker ready to be killed", every=0.02)
+            time.sleep(scenario.random.uniform(*size.kill_gap))
+            # Rows keep arriving while workers die, and each kill follows a chunk's arrival closely enough to land
+            # in a busy drain: a chunk drains in well under a second, so a kill a whole gap after its insert would
+            # mostly find idle workers (and then the soak tests nothing).
+            inserted += len(scenario.insert(["ok"] * min(chunk, size.rows - inserted)))
             victim = scenario.random.choice(fleet.ready_names())
-            time.sleep(scenario.random.uniform(*size.kill_gap))  # the random moment is the fault itself
+            time.sleep(scenario.random.uniform(*size.kill_delay))  # the random moment is the fault itself
             assert fleet.kill(victim) is not None, f"{victim} was not running ({scenario.context})"
         scenario.wait_settled(timeout=size.horizon)
 
