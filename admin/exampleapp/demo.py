@@ -77,10 +77,17 @@ def seed(engine: Engine, count: int, *, progress: Callable[[int, int], None]) ->
 
 
 def progress_bar(done: int, total: int) -> None:
+    """A bar redrawn in place on a terminal; into a file or a pipe, a plain line at each quarter instead.
+
+    Carriage-return frames only make sense on a terminal: in a log they pile up as one unreadable line.
+    """
     width = 30
     filled = width * done // total
-    end = "\n" if done == total else ""
-    print(f"\r[demo] seeding grants {done:>5}/{total} |{'#' * filled}{'.' * (width - filled)}|", end=end, flush=True)
+    if sys.stdout.isatty():
+        end = "\n" if done == total else ""
+        print(f"\r[demo] seeding grants {done:>5}/{total} |{'#' * filled}{'.' * (width - filled)}|", end=end, flush=True)
+    elif done == total or 4 * done // total != 4 * (done - 1) // total:
+        print(f"[demo] seeding grants {done}/{total}", flush=True)
 
 
 class Watcher:
