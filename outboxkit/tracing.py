@@ -13,8 +13,11 @@ What it records:
 
 * ``deliver <job_name>``, a CLIENT span per attempt, around the transport's
   send, with ``outboxkit.outbox``, ``outboxkit.row_id``,
-  ``outboxkit.idempotency_key``, ``outboxkit.attempt``, the method and URL,
-  and ``http.response.status_code`` (or ``error.type`` for an attempt without
+  ``outboxkit.idempotency_key``, ``outboxkit.attempt``, the method and URL
+  (``url.full`` redacted as the OpenTelemetry conventions ask: a user and
+  password in the URL become ``REDACTED:REDACTED``, and the values of the
+  query parameters named in ``redacted_query_parameters`` become
+  ``REDACTED``), and ``http.response.status_code`` (or ``error.type`` for an attempt without
   an answer).  A failed attempt has status ERROR.  Its trace context is
   injected into the request headers with the global propagator (W3C
   ``traceparent``, plus ``tracestate``/``baggage`` when present), unless the
@@ -46,7 +49,9 @@ import dataclasses
 import json
 import operator
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import Text
 from sqlalchemy.orm import Mapped, mapped_column
@@ -65,6 +70,34 @@ __all__ = ["OutboxTracing", "OutboxTracingMixin", "current_trace_context"]
 
 INSTALL_HINT = "pip install 'outboxkit[metrics]'"
 TRACER_NAME = "outboxkit"
+REDACTED = "REDACTED"
+# The query parameters that the OpenTelemetry HTTP conventions name as carrying credentials (pre-signed URLs).
+DEFAULT_REDACTED_QUERY_PARAMETERS = ("AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature")
+
+
+def redact_url(url: str, query_parameters: frozenset[str]) -> str:
+    """``url`` fit for a span: its user and password replaced, and the values of ``query_parameters`` (exact names).
+
+    A URL that does not parse is replaced whole: a span must not carry what could not be checked.
+    """
+    try:
+        parts = urlsplit(url)
+        userinfo = parts.username is not None or parts.password is not None
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    netloc = parts.netloc
+    if userinfo:
+        netloc = f"{REDACTED}:{REDACTED}@" + (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    query = parts.query
+    if query and query_parameters:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(name in query_parameters for name, _ in pairs):
+            query = urlencode([(name, REDACTED if name in query_parameters else value) for name, value in pairs])
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _opentelemetry() -> Any:
@@ -119,10 +152,22 @@ class OutboxTracing(Observer):
     """Records delivery and drain spans for the drains of ``target`` (a kit, or one ``Drainer``).
 
     ``tracer_provider`` defaults to the global one (whatever the
-    application configured with the OpenTelemetry SDK).  ``close()`` stops it.
+    application configured with the OpenTelemetry SDK).  ``redacted_query_parameters``
+    names the query parameters whose values never reach a span (exact, case-sensitive
+    names; the default is the OpenTelemetry conventions' list); the URL's user and
+    password never do.  ``close()`` stops it.
     """
 
-    def __init__(self, target: Any, *, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        target: Any,
+        *,
+        tracer_provider: Any = None,
+        redacted_query_parameters: Iterable[str] = DEFAULT_REDACTED_QUERY_PARAMETERS,
+    ) -> None:
+        if isinstance(redacted_query_parameters, str):
+            raise ConfigurationError("redacted_query_parameters takes a list of parameter names, not one string")
+        self._redacted = frozenset(redacted_query_parameters)
         api = _opentelemetry()
         if api is None:
             raise ConfigurationError(f"outboxkit.tracing needs the OpenTelemetry API: {INSTALL_HINT}")
@@ -151,7 +196,7 @@ class OutboxTracing(Observer):
             "outboxkit.idempotency_key": key,
             "outboxkit.attempt": row.attempts,
             "http.request.method": delivery.method,
-            "url.full": delivery.url,
+            "url.full": redact_url(delivery.url, self._redacted),
         }
         span = self.tracer.start_span(f"deliver {job_name}", context=parent, kind=self._client, attributes=attributes)
         active = self._trace.set_span_in_context(span, parent)

@@ -208,3 +208,37 @@ def test_without_the_opentelemetry_api_tracing_says_how_to_install_it_and_nothin
         OutboxTracing(kit)
     assert current_trace_context() is None
     assert not kit.telemetry.enabled
+
+
+def test_url_full_never_carries_the_urls_credentials_or_signed_query_values(kit, engine, receiver, spans):
+    provider, exporter = spans
+    secret_url = receiver.url.replace("http://", "http://alice:s3cret@") + "/events?sig=SECRETSIG&page=2&token=t1"
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent), [{"target_url": secret_url, "payload": {"n": 1}}])
+    OutboxTracing(kit, tracer_provider=provider, redacted_query_parameters=["sig", "token"])
+    assert kit.drain(SampleEvent).delivered == 1
+
+    [span] = named(exporter, "deliver sample-events")
+    recorded = span.attributes["url.full"]
+    assert recorded == receiver.url.replace("http://", "http://REDACTED:REDACTED@") + "/events?sig=REDACTED&page=2&token=REDACTED"
+    assert "s3cret" not in str(dict(span.attributes)) and "SECRETSIG" not in str(dict(span.attributes))
+    [request] = receiver.requests  # the receiver still got the real URL
+    assert "sig=SECRETSIG" in request.path
+
+
+def test_the_default_redaction_covers_the_conventions_presigned_parameters(kit, engine, receiver, spans):
+    provider, exporter = spans
+    url = receiver.url + "/events?X-Goog-Signature=abc&AWSAccessKeyId=AKIA&Signature=xyz&sig=s&keep=1"
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent), [{"target_url": url, "payload": {"n": 1}}])
+    OutboxTracing(kit, tracer_provider=provider)
+    kit.drain(SampleEvent)
+    [span] = named(exporter, "deliver sample-events")
+    assert span.attributes["url.full"] == (
+        receiver.url + "/events?X-Goog-Signature=REDACTED&AWSAccessKeyId=REDACTED&Signature=REDACTED&sig=REDACTED&keep=1"
+    )
+
+
+def test_redacted_query_parameters_given_as_one_string_is_refused(kit):
+    with pytest.raises(ConfigurationError, match="list of parameter names"):
+        OutboxTracing(kit, redacted_query_parameters="sig")
