@@ -24,7 +24,8 @@ Two kinds of figure, with different costs:
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
   default) with the admin's status-count query, which stays on the partial
-  indexes; a scrape never queries the database.
+  indexes; a scrape never queries the database.  Until the first read
+  succeeds they are NaN, never a reassuring 0.
 
 Metrics live in a registry the object owns (a fresh ``CollectorRegistry``)
 or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
 
-__all__ = ["MetricsServer", "OutboxMetrics", "serve_worker_metrics"]
+__all__ = ["MetricsApp", "MetricsServer", "OutboxMetrics", "serve_worker_metrics"]
 
 logger = logging.getLogger("outboxkit.metrics")
 
@@ -126,8 +128,8 @@ class OutboxMetrics(Observer):
             "outboxkit_row_gauges_refreshed_timestamp_seconds", "When the row gauges were last read (Unix time)",
             registry=registry,
         )
-        self.gauge_refresh_errors = counter(
-            "outboxkit_row_gauge_refresh_errors", "Failed reads of the row gauges", registry=registry
+        self.row_refresh_errors = counter(
+            "outboxkit_row_refresh_errors", "Failed reads of the row counts behind the row gauges", registry=registry
         )
         self.attempts = counter(
             "outboxkit_attempts",
@@ -177,7 +179,9 @@ class OutboxMetrics(Observer):
             children = (self.delivery_latency.labels(outbox=job_name), self.send_duration.labels(outbox=job_name))
             self._per_outbox[job_name] = children
             for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age):
-                gauge.labels(outbox=job_name)
+                # NaN until the first successful read: a 0 would say "healthy" about a table nobody has read
+                # (the database down at start), and comparisons with NaN never fire an alert either way.
+                gauge.labels(outbox=job_name).set(math.nan)
             for kind in ("call", "loop"):
                 self.drain_run_duration.labels(outbox=job_name, kind=kind)
             self.drain_errors.labels(outbox=job_name)
@@ -244,7 +248,7 @@ class OutboxMetrics(Observer):
             try:
                 self.refresh()
             except Exception as exc:  # the database is away: keep the last values; the timestamp shows their age
-                self.gauge_refresh_errors.inc()
+                self.row_refresh_errors.inc()
                 message = f"{type(exc).__name__}: {exc}"
                 if message != self._failing:
                     self._failing = message
@@ -261,12 +265,15 @@ class OutboxMetrics(Observer):
         return bytes(self._prometheus.generate_latest(self.registry))
 
     def asgi_app(self) -> Any:
-        """An ASGI app that serves the registry: ``app.mount("/metrics", metrics.asgi_app())``.
+        """An ASGI app that serves the registry: ``app.add_route("/metrics", metrics.asgi_app())``.
 
-        It reads only the registry (the row gauges come from the background
-        thread), so a scrape never waits on the database.
+        Added as a route it answers at ``/metrics`` itself; mounted
+        (``app.mount("/metrics", ...)``) Starlette redirects ``/metrics`` to
+        ``/metrics/`` first, which some scrapers do not follow.  It reads only
+        the registry (the row gauges come from the background thread), so a
+        scrape never waits on the database.
         """
-        return self._prometheus.make_asgi_app(registry=self.registry)
+        return MetricsApp(self._prometheus.make_asgi_app(registry=self.registry))
 
     def serve(self, port: int, *, host: str = "127.0.0.1") -> MetricsServer:
         """A standalone exporter on ``host:port`` in a daemon thread (``port=0`` picks a free one)."""
@@ -297,6 +304,19 @@ class OutboxMetrics(Observer):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class MetricsApp:
+    """The exporter's ASGI app as an object, so Starlette's ``add_route`` serves it as an app at the exact path.
+
+    (``add_route`` wraps a plain function as a request handler; any other callable it calls as ASGI.)
+    """
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 class MetricsServer:

@@ -7,6 +7,7 @@ prometheus_client's own parser.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import insert, update
+from sqlalchemy import create_engine, insert, update
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError
@@ -97,11 +98,11 @@ def test_the_asgi_app_mounted_in_the_application_serves_the_same_registry(kit, e
     insert_rows(engine, receiver.url + "/events", [{"n": 1}, {"n": 2}])
     app = FastAPI()
     with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
-        app.mount("/metrics", metrics.asgi_app())
+        app.add_route("/metrics", metrics.asgi_app())
         kit.drain(SampleEvent)
         with TestClient(app) as client:
-            answer = client.get("/metrics/")
-    assert answer.status_code == 200
+            answer = client.get("/metrics", follow_redirects=False)
+    assert answer.status_code == 200  # the exact path, not a 307 to /metrics/
     assert answer.headers["content-type"].startswith("text/plain")
     scraped = samples(answer.text)
     assert value(scraped, "outboxkit_attempts_total", outbox="sample-events", outcome="delivered", status_class="2xx") == 2
@@ -268,3 +269,21 @@ def test_without_prometheus_client_building_metrics_says_how_to_install_it(kit, 
     with pytest.raises(ConfigurationError, match=re.escape("pip install 'outboxkit[metrics]'")):
         OutboxMetrics(kit)
     assert not kit.telemetry.enabled
+
+
+def test_row_gauges_are_nan_until_their_first_read_and_the_refresh_error_counter_is_named_for_promtool():
+    # A database that does not answer at start: the refresh thread's reads fail from the first one.
+    unreachable = create_engine("postgresql+psycopg://root@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    kit = OutboxKit(unreachable, [SampleEvent], settings=OutboxKitSettings(**QUIET))
+    try:
+        with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
+            wait_until(lambda: metrics.row_refresh_errors._value.get() >= 1, timeout=60, message="a failed refresh")
+            scraped = samples(metrics.render().decode())
+    finally:
+        kit.close()
+        unreachable.dispose()
+    for name in ("outboxkit_pending_rows", "outboxkit_in_flight_rows", "outboxkit_stuck_rows",
+                 "outboxkit_oldest_due_age_seconds"):
+        assert math.isnan(value(scraped, name, outbox="sample-events")), name
+    assert value(scraped, "outboxkit_row_refresh_errors_total") >= 1
+    assert not [name for name, _ in scraped if "gauge" in name and name.endswith("_total")]
