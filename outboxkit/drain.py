@@ -1,7 +1,8 @@
 """The drain: claim due rows, deliver them, record each outcome.
 
 A drain works in four steps, each in its own module with the prose of the
-invariant it protects:
+invariant it protects; the ``Drainer`` here composes them (``Claimer``,
+``SendPump``, ``Recorder``) and drives them with calls and a background loop:
 
 1. Claim (``outboxkit.drain_claim``, one short transaction).  Due rows are
    taken with ``FOR UPDATE SKIP LOCKED``, leased, and their attempt counted
@@ -20,10 +21,6 @@ invariant it protects:
    neighbour, and a row that was reset or claimed again meanwhile is not
    overwritten.
 
-The ``Drainer`` here composes them: a ``Claimer``, a ``Recorder`` and the
-``SendPump`` that runs the steps, and the calls and background loop that
-drive the pump.
-
 *The lease outlasts every send*: a drainer never holds more than
 ``batch_size`` rows between claim and recorded outcome, summed over all its
 drains running at once in the process (``InFlightLimit``), and they share
@@ -33,9 +30,8 @@ deadline.  The lease (``OutboxOptions.minimum_lease``) is that, plus a
 margin, so a live delivery is never claimed twice.
 
 Commit durability (``OutboxKitSettings.synchronous_commit``, see
-``outboxkit.queries``): by default neither the claim nor the outcome waits
-for the WAL flush; only a crash of the PostgreSQL server within about 600 ms
-can forget them, and then the row is sent again with the same key, never lost.
+``outboxkit.queries``): by default neither claim nor outcome waits for the WAL
+flush; a server crash can then cost a redelivery with the same key, never a row.
 
 Two ways to run it:
 

@@ -20,10 +20,8 @@ while the previous ones' slowest sends are still out, once no more rows are
 in flight than the refill threshold (``refill_threshold``).  After a claim
 that took a row alone because its last worker died mid-delivery, nothing more
 is claimed until that row is recorded, so a row that kills its worker takes
-no freshly claimed neighbour down with it.  For the background loop it also
-waits: for an outcome, a wake-up (``Background.wake``) or the earliest due
-time it knows of, retrying a claim that found due rows locked with a
-doubling wait.
+no freshly claimed neighbour down with it.  The background loop's pump waits
+for an outcome, a wake-up or the earliest due time it knows of (``Background``).
 """
 
 from __future__ import annotations
