@@ -181,7 +181,7 @@ class Drainer:
             engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.clock,
             telemetry=self.telemetry, attempt_log=self.attempt_log,
         )
-        self._pump: SendPump[DrainResult] = SendPump(
+        self.pump: SendPump[DrainResult] = SendPump(
             engine, self.queries, options=self.options, transport=transport, clock=self.clock, telemetry=self.telemetry,
             claimer=self.claimer, recorder=self.recorder, schema_problems=self._schema_problems, end_spell=self._end_spell,
         )
@@ -193,16 +193,16 @@ class Drainer:
     @property
     def transport(self) -> Transport:
         """Where the sends go; replacing it applies to the next send."""
-        return self._pump.transport
+        return self.pump.transport
 
     @transport.setter
     def transport(self, transport: Transport) -> None:
-        self._pump.transport = transport
+        self.pump.transport = transport
 
     @property
     def in_flight(self) -> int:
         """Rows this drainer holds now, between claim and recorded outcome (all its drains together)."""
-        return self._pump.in_flight.held
+        return self.pump.in_flight.held
 
     def close(self) -> None:
         """Stop the background loop, wait for sends in flight, then release the thread pool."""
@@ -211,7 +211,7 @@ class Drainer:
             if self._closed:
                 return
             self._closed = True
-        self._pump.senders.shutdown()
+        self.pump.senders.shutdown()
 
     # -- calls that return ---------------------------------------------------
 
@@ -236,7 +236,7 @@ class Drainer:
     def _run(self, *, max_claims: int | None, deadline: float | None, stop: threading.Event | None) -> DrainResult:
         result = DrainResult(job_name=self.job_name)
         state = PumpState()
-        events = CallEvents(self._pump.in_flight)
+        events = CallEvents(self.pump.in_flight)
 
         def may_claim() -> bool:
             if max_claims is not None and result.batches >= max_claims:
@@ -246,7 +246,7 @@ class Drainer:
             return not (stop is not None and stop.is_set())
 
         try:
-            self._pump.pump(result, state, events, may_claim=may_claim, background=None)
+            self.pump.pump(result, state, events, may_claim=may_claim, background=None)
         except Exception as exc:  # a database outage must not escape into a scheduler
             described = self._schema_problems.report(exc, self.outbox)  # a missing table: said once, with the fix
             result.error = described or f"{type(exc).__name__}: {exc}"
@@ -334,7 +334,7 @@ class Drainer:
         backoff = FIRST_ERROR_BACKOFF_SECONDS
         while not background.stopping.is_set() or state.in_flight:
             try:
-                self._pump.pump(
+                self.pump.pump(
                     background.result,
                     state,
                     background.events,
