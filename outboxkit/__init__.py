@@ -14,13 +14,14 @@ rest.
 from outboxkit import errors
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.database import database_url
-from outboxkit.drain import Drainer, DrainResult
+from outboxkit.drain import Drainer
 from outboxkit.errors import *  # noqa: F403  (the whole tree, drawn in outboxkit.errors)
 from outboxkit.http_transport import HttpTransport
 from outboxkit.jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
+from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
 from outboxkit.transport import CallableTransport, Delivery, Transport
 from outboxkit.worker import DrainWorker

@@ -20,9 +20,10 @@ from sqlalchemy.engine import make_url
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.database import kit_engine
-from outboxkit.drain import Drainer, DrainResult
+from outboxkit.drain import Drainer
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport

@@ -48,11 +48,10 @@ from outboxkit.queries import admin_queries_for
 from outboxkit.telemetry import Observer, log_fields, status_class
 
 if TYPE_CHECKING:
-    from outboxkit.drain import DrainResult
-    from outboxkit.jobs import RunRecord
     from outboxkit.kit import OutboxKit
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
+    from outboxkit.results import DrainResult, RunRecord
 
 __all__ = ["MetricsServer", "OutboxMetrics", "serve_worker_metrics"]
 

@@ -40,8 +40,9 @@ from apscheduler.triggers.base import BaseTrigger
 
 from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
-from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
+from outboxkit.jobs import JobFailed, JobFunction, JobRunner, ScheduledJob, every
 from outboxkit.model import Outbox
+from outboxkit.results import RunRecord
 from outboxkit.retention import retention_job
 
 if TYPE_CHECKING:

@@ -47,11 +47,11 @@ from sqlalchemy import Connection, Engine, func, inspect, select
 from sqlalchemy.orm import Session
 
 from outboxkit.clock import ManualClock
-from outboxkit.drain import DrainResult
 from outboxkit.errors import ConfigurationError, InvalidTypeError, InvalidValueError, OutboxKitError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, FailureKind
+from outboxkit.results import DrainResult
 from outboxkit.transport import Delivery, Transport
 
 __all__ = [

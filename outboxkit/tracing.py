@@ -56,9 +56,9 @@ from outboxkit.telemetry import Observer
 from outboxkit.transport import Delivery
 
 if TYPE_CHECKING:
-    from outboxkit.drain import DrainResult
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
+    from outboxkit.results import DrainResult
     from outboxkit.telemetry import Telemetry
 
 __all__ = ["OutboxTracing", "OutboxTracingMixin", "current_trace_context"]
