@@ -46,7 +46,7 @@ from outboxkit.results import RunRecord
 from outboxkit.retention import retention_job
 
 if TYPE_CHECKING:
-    from outboxkit.kit import OutboxKit
+    from outboxkit.core import KitCore
 
 __all__ = ["JobInfo", "OutboxScheduler", "drain_job_id"]
 
@@ -139,7 +139,7 @@ class _OccurrenceScheduler(BackgroundScheduler):
 class OutboxScheduler:
     """The job registry and, while this process leads, the running APScheduler."""
 
-    def __init__(self, kit: OutboxKit, *, max_workers: int = 10) -> None:
+    def __init__(self, kit: KitCore, *, max_workers: int = 10) -> None:
         self.kit = kit
         self.settings = kit.settings
         self.max_workers = max_workers
