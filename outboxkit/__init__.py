@@ -24,9 +24,10 @@ from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
 from outboxkit.transport import CallableTransport, Delivery, Transport
+from outboxkit.version import VERSION
 from outboxkit.worker import DrainWorker
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     # the model

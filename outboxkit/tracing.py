@@ -54,6 +54,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from outboxkit.errors import ConfigurationError
 from outboxkit.telemetry import Observer
 from outboxkit.transport import Delivery
+from outboxkit.version import VERSION
 
 if TYPE_CHECKING:
     from outboxkit.model import Outbox
@@ -127,9 +128,7 @@ class OutboxTracing(Observer):
         if api is None:
             raise ConfigurationError(f"outboxkit.tracing needs the OpenTelemetry API: {INSTALL_HINT}")
         self._context, self._propagate, self._trace = api
-        from outboxkit import __version__
-
-        self.tracer = self._trace.get_tracer(TRACER_NAME, __version__, tracer_provider=tracer_provider)
+        self.tracer = self._trace.get_tracer(TRACER_NAME, VERSION, tracer_provider=tracer_provider)
         self._client = self._trace.SpanKind.CLIENT
         self._error = self._trace.StatusCode.ERROR
         self._textmap: Any = None  # the global propagator last seen, and whether it is the default
