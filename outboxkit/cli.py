@@ -36,7 +36,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -439,16 +438,15 @@ def worker(
 # The demo's own options (argparse, in admin/exampleapp/demo.py) pass through untouched, --help included.
 @app.command(add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def demo(context: typer.Context) -> None:
-    """Run the example service end to end, from a clone of the repository (its options: demo --help)."""
-    for folder in (Path.cwd(), *Path.cwd().parents):
-        if (folder / "admin" / "exampleapp" / "demo.py").is_file():
-            sys.path.insert(0, str(folder / "admin"))
-            sys.path.insert(1, str(folder))
-            from exampleapp.demo import main as demo_main  # type: ignore[import-not-found]  # the example service, not the library
-
-            raise typer.Exit(int(demo_main(list(context.args))))
-    fail("the demo runs the example service from a clone of the outboxkit repository; "
-         "run `outboxkit demo` inside the clone (admin/exampleapp must exist)")
+    """Run the example service end to end (the repository's exampleapp, installed; its options: demo --help)."""
+    try:
+        example = importlib.import_module("exampleapp.demo")
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("exampleapp", "exampleapp.demo"):
+            raise
+        fail("the demo is the example service of the outboxkit repository, not part of the library; "
+             "in a clone, install it with `pip install -e ./admin` (README, quick start), then run `outboxkit demo`")
+    raise typer.Exit(int(example.main(list(context.args))))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
