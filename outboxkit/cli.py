@@ -46,7 +46,7 @@ from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
 from outboxkit.diagnostics import MIGRATION_HINT
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import OutboxKitError, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
@@ -331,7 +331,6 @@ def reset(
     json_output: JsonFlag = False,
 ) -> None:
     """Reset stuck rows to pending (audited; wakes the drain), or retry pending rows in backoff now."""
-    from outboxkit.operations.service import RowsHeld, RowsNotFound
 
     if all_matching == bool(ids):
         raise typer.BadParameter("name row ids, or pass --all (with optional filters) to reset every matching "

@@ -47,7 +47,14 @@ from sqlalchemy import Connection, Engine, func, inspect, select
 from sqlalchemy.orm import Session
 
 from outboxkit.clock import ManualClock
-from outboxkit.errors import ConfigurationError, InvalidTypeError, InvalidValueError, OutboxKitError
+from outboxkit.errors import (
+    ConfigurationError,
+    InvalidTypeError,
+    InvalidValueError,
+    NotIdleError,
+    OutboxAssertionError,
+    UnexpectedSendError,
+)
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, FailureKind
@@ -76,18 +83,6 @@ OutboxRow = TypeVar("OutboxRow", bound=Outbox)
 Answer = int | AttemptResult | Callable[["RecordedSend"], "int | AttemptResult"]
 # How many rows a failure message lists before it summarises the rest.
 _ROWS_SHOWN = 20
-
-
-class OutboxAssertionError(OutboxKitError, AssertionError):
-    """A testing-kit check failed; the message says what was expected and what is there."""
-
-
-class UnexpectedSendError(OutboxAssertionError):
-    """A send the test did not plan for (strict mode, or the forwarded transport raised, e.g. respx's "not mocked")."""
-
-
-class NotIdleError(OutboxAssertionError):
-    """``drain_until_idle`` did not reach idle: rows stayed due for ``max_rounds`` rounds, or a drain failed."""
 
 
 # -- scripted answers ----------------------------------------------------------

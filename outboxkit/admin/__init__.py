@@ -21,8 +21,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD
 from outboxkit.admin.router import ACTOR_STATE_ATTRIBUTE, create_admin_router
+from outboxkit.errors import RowsHeld, RowsNotFound
 from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
-from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.operations.service import AdminService
 
 __all__ = [
     "ACTOR_STATE_ATTRIBUTE",

@@ -28,22 +28,17 @@ from starlette.datastructures import FormData
 from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
 from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
+from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
-from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, BodyTooLarge, report_database_unavailable
-from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
-from outboxkit.operations.controls import OutboxPaused
-from outboxkit.operations.cursor import InvalidCursor
+from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, report_database_unavailable
+from outboxkit.errors import BodyTooLarge, PageInputError
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
-from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
+from outboxkit.operations.service import AdminService
 from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
 
 _filter_text = TypeAdapter(FilterText)
-
-
-class PageInputError(ValueError):
-    """A page's query or form field is malformed (answered 422)."""
 
 
 def _ascii_number(value: str, *, low: int, high: int, what: str) -> int:
@@ -192,22 +187,10 @@ def pages_router(
 
     def guarded(request: Request, who: str, build: Callable[[], Response]) -> Response:
         """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
-        refusals: tuple[tuple[type[Exception], int], ...] = (
-            (UnknownOutboxError, 404),
-            (UnknownJobError, 404),
-            (RowsNotFound, 404),
-            (RowsHeld, 409),
-            (OutboxPaused, 409),
-            (InvalidCursor, 400),
-            (PageInputError, 422),
-            (InvalidValueError, 422),
-            (InvalidSearch, 422),
-        )
         try:
             return build()
-        except tuple(kind for kind, _ in refusals) as exc:
-            status_code = next(code for kind, code in refusals if isinstance(exc, kind))
-            return error_page(request, who, status_code, str(exc))
+        except REFUSALS as exc:
+            return error_page(request, who, refusal_status(exc), str(exc))
         except DATABASE_UNAVAILABLE_ERRORS as exc:
             return error_page(request, who, 503, report_database_unavailable(exc), heading="Database unreachable")
 

@@ -29,7 +29,7 @@ from typing import Any, Literal, cast
 
 from sqlalchemy import Connection, select
 
-from outboxkit.errors import OutboxKitError, UnknownJobError
+from outboxkit.errors import InvalidSearch, InvalidTypeError, RowsHeld, RowsNotFound, UnknownJobError
 from outboxkit.jobs import every
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
@@ -76,29 +76,6 @@ FILTERED_COUNT_CAP = 10_000
 
 
 ActionName = Literal["reset", "retry_now"]
-
-
-class InvalidSearch(OutboxKitError, ValueError):
-    """A search that is neither a row id nor an idempotency key."""
-
-
-class RowsNotFound(OutboxKitError, LookupError):
-    """Some requested ids are not rows of the outbox."""
-
-    def __init__(self, outbox: str, ids: list[int]) -> None:
-        self.ids = ids
-        super().__init__(f"outbox {outbox!r} has no row with id {', '.join(map(str, ids[:20]))}")
-
-
-class RowsHeld(OutboxKitError):
-    """Some requested rows are held by a drain right now; nothing was changed."""
-
-    def __init__(self, outbox: str, ids: list[int]) -> None:
-        self.ids = ids
-        super().__init__(
-            f"a drain holds row(s) {', '.join(map(str, ids[:20]))} of {outbox!r} (delivery in flight); "
-            "nothing was changed, try again when the delivery has finished"
-        )
 
 
 class AdminService:
@@ -502,7 +479,7 @@ def _job_info(job: Any) -> JobInfo:
             id=str(job.id), name=str(job.name), trigger=str(job.trigger), next_run_at=getattr(job, "next_run_at", None)
         )
     except AttributeError as exc:
-        raise TypeError(f"a JobSource returned {type(job).__name__}, which lacks {exc.name!r}") from None
+        raise InvalidTypeError(f"a JobSource returned {type(job).__name__}, which lacks {exc.name!r}") from None
     if info.next_run_at is not None and not isinstance(info.next_run_at, datetime):
-        raise TypeError(f"job {info.id!r}: next_run_at must be a datetime or None")
+        raise InvalidTypeError(f"job {info.id!r}: next_run_at must be a datetime or None")
     return info
