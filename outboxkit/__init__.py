@@ -28,11 +28,11 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     UnknownOutboxError,
 )
 from outboxkit.http_transport import HttpTransport
-from outboxkit.jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.results import DrainResult
+from outboxkit.scheduled_jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
 from outboxkit.transport import CallableTransport, Delivery, Transport
 from outboxkit.version import VERSION

@@ -50,7 +50,7 @@ from outboxkit.errors import OutboxKitError, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
-    from outboxkit.operations.service import AdminService
+    from outboxkit.operations.service import OperationsService
     from outboxkit.queries import RowFilter
 
 __all__ = ["app", "main"]
@@ -100,10 +100,10 @@ def load_kit(path: str | None) -> OutboxKit:
     return kit
 
 
-def admin_service(kit: OutboxKit) -> AdminService:
-    from outboxkit.operations.service import AdminService
+def admin_service(kit: OutboxKit) -> OperationsService:
+    from outboxkit.operations.service import OperationsService
 
-    return AdminService(kit, job_source=kit.scheduler)  # the registry is the same in every process
+    return OperationsService(kit, job_source=kit.scheduler)  # the registry is the same in every process
 
 
 def actor() -> str:

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.jobs import JobContext, ScheduledJob, every
 from outboxkit.model import Outbox
 from outboxkit.queries import admin_queries_for
+from outboxkit.scheduled_jobs import JobContext, ScheduledJob, every
 
 if TYPE_CHECKING:
     from outboxkit.core import KitCore

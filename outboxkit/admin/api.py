@@ -25,7 +25,7 @@ unreachable.  Page sizes are refused, not clamped.
 
 A POST body is read by the endpoint itself, after the auth dependency has
 admitted the request (FastAPI reads a declared body parameter before any
-dependency runs), and never beyond the cap (see ``outboxkit.admin.routing``).
+dependency runs), and never beyond the cap (see ``outboxkit.admin.route_guard``).
 """
 
 from collections.abc import Callable, Iterator
@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from outboxkit.admin.refusals import REFUSALS, refusal_status
-from outboxkit.admin.routing import AdminRoute, read_json_body
+from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidSearch
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -59,7 +59,7 @@ from outboxkit.operations.schemas import (
     RowPage,
     Status,
 )
-from outboxkit.operations.service import AdminService
+from outboxkit.operations.service import OperationsService
 from outboxkit.queries import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
@@ -135,7 +135,7 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
-def api_router(service: AdminService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
+def api_router(service: OperationsService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
     router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=route_class, responses=_UNAVAILABLE)
     Actor = Annotated[str, Depends(actor)]

@@ -30,10 +30,10 @@ from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
-from outboxkit.admin.routing import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, report_database_unavailable
+from outboxkit.admin.route_guard import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, report_database_unavailable
 from outboxkit.errors import BodyTooLarge, PageInputError
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
-from outboxkit.operations.service import AdminService
+from outboxkit.operations.service import OperationsService
 from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
@@ -121,7 +121,7 @@ def _form_text(form: FormData, name: str) -> str | None:
 
 
 def pages_router(
-    service: AdminService,
+    service: OperationsService,
     *,
     actor: Callable[..., str],
     csrf: CsrfTokens,

@@ -1,6 +1,6 @@
-"""What the admin does, independent of HTTP.
+"""What an operator does, independent of HTTP: the one service behind the admin (API and pages) and the CLI.
 
-``AdminService`` reads counts, pages and rows, and performs resets, through
+``OperationsService`` reads counts, pages and rows, and performs resets, through
 the named statements in ``outboxkit.queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
 API and the pages are thin layers over it.
@@ -30,14 +30,13 @@ from typing import Any, Literal, cast
 from sqlalchemy import Connection, select
 
 from outboxkit.errors import InvalidSearch, InvalidTypeError, RowsHeld, RowsNotFound, UnknownJobError
-from outboxkit.jobs import every
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
-from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.job_status import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.schedules import describe_trigger
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -66,9 +65,10 @@ from outboxkit.operations.schemas import (
 )
 from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
+from outboxkit.scheduled_jobs import every
 from outboxkit.tables import reset_audit
 
-__all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
+__all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
 SAMPLE_SIZE = 20
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
@@ -78,8 +78,8 @@ FILTERED_COUNT_CAP = 10_000
 ActionName = Literal["reset", "retry_now"]
 
 
-class AdminService:
-    """The admin's reads and actions over one kit."""
+class OperationsService:
+    """The operator's reads and actions over one kit, shared by the admin and the CLI."""
 
     def __init__(self, kit: OutboxKit, *, job_source: JobSource | None = None, preview_chars: int = 10_000) -> None:
         self.kit = kit

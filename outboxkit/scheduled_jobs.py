@@ -67,7 +67,7 @@ __all__ = [
     "once",
 ]
 
-logger = logging.getLogger("outboxkit.jobs")
+logger = logging.getLogger("outboxkit.jobs")  # the documented logger name (docs/operations.md), kept across the rename
 
 ERROR_TEXT_LIMIT = 4000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
