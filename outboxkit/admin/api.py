@@ -56,11 +56,11 @@ from outboxkit.operations.schemas import (
     MatchRequest,
     Overview,
     RowDetailModel,
+    RowFilter,
     RowPage,
     Status,
 )
 from outboxkit.operations.service import OperationsService
-from outboxkit.queries import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
 

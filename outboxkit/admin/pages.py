@@ -32,9 +32,8 @@ from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, report_database_unavailable
 from outboxkit.errors import BodyTooLarge, PageInputError
-from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText, RowFilter
 from outboxkit.operations.service import OperationsService
-from outboxkit.queries import RowFilter
 
 __all__ = ["pages_router"]
 
