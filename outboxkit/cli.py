@@ -50,8 +50,8 @@ from outboxkit.errors import OutboxKitError, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
-    from outboxkit.operations.service import OperationsService
     from outboxkit.operations.schemas import RowFilter
+    from outboxkit.operations.service import OperationsService
 
 __all__ = ["app", "main"]
 
