@@ -1,36 +1,4 @@
-"""Testing an application that uses outboxkit: a recording transport, a drain that runs through backoff, row assertions.
-
-::
-
-    recorder = RecordingTransport()
-    kit = OutboxKit(engine, outboxes=[OrderOutbox], clock=ManualClock(), transport=recorder)
-    recorder.attach(kit)                       # sends are recorded per outbox
-
-    place_order(engine, sku="tea", quantity=2) # writes the order and its outbox row
-    assert_enqueued(engine, OrderOutbox, where={"sku": "tea"})
-    recorder.queue(503, timeout(), 201)        # the receiver fails twice, then accepts
-    report = drain_until_idle(kit)             # moves the clock through the backoff table
-    assert report.delivered == 1 and len(recorder.sends_for(OrderOutbox)) == 3
-
-The pytest fixtures that build a migrated database and such a kit per test
-live in ``outboxkit.pytest_plugin``; docs/testing.md is the guide.
-
-What fails loudly, and how:
-
-* ``UnexpectedSendError``: a send the test did not plan for.  A strict
-  ``RecordingTransport`` (``strict=True``) has no answer for it, or the
-  transport it forwards to raised (respx raises ``AllMockedAssertionError``
-  for a URL with no route).  The attempt itself fails like a refused
-  connection, as it would in production, and ``drain_until_idle`` (or
-  ``RecordingTransport.check()``) raises after the round, naming the sends.
-* ``NotIdleError``: ``drain_until_idle`` could not reach idle within
-  ``max_rounds``, or a drain failed (a database error, a missing table).
-* ``OutboxAssertionError``: ``assert_enqueued`` found other rows than
-  expected; the message lists what the table holds.
-
-All three derive from ``OutboxKitError`` and from ``AssertionError``, so
-pytest reports them as failures.
-"""
+"""The recording transport: records every send per outbox and answers as the test scripted (``reply``, ``timeout``...)."""
 
 from __future__ import annotations
 
@@ -38,51 +6,26 @@ import dataclasses
 import json as jsonlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Connection, Engine, func, inspect, select
-from sqlalchemy.orm import Session
-
-from outboxkit.clock import ManualClock
 from outboxkit.errors import (
     ConfigurationError,
     InvalidTypeError,
     InvalidValueError,
-    NotIdleError,
-    OutboxAssertionError,
     UnexpectedSendError,
 )
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, FailureKind
-from outboxkit.results import DrainResult
 from outboxkit.transport import Delivery, Transport
 
-__all__ = [
-    "IdleReport",
-    "NotIdleError",
-    "OutboxAssertionError",
-    "RecordedSend",
-    "RecordingTransport",
-    "UnexpectedSend",
-    "UnexpectedSendError",
-    "assert_enqueued",
-    "connection_error",
-    "drain_until_idle",
-    "outbox_rows",
-    "reply",
-    "timeout",
-]
+__all__ = ["RecordedSend", "RecordingTransport", "UnexpectedSend", "attached_recorders", "connection_error", "reply", "timeout"]
 
-OutboxRow = TypeVar("OutboxRow", bound=Outbox)
 # What a test scripts for one send: a status code, a ready AttemptResult, or a
 # function of the send that returns either.
 Answer = int | AttemptResult | Callable[["RecordedSend"], "int | AttemptResult"]
-# How many rows a failure message lists before it summarises the rest.
-_ROWS_SHOWN = 20
 
 
 # -- scripted answers ----------------------------------------------------------
@@ -355,7 +298,7 @@ class _OutboxTransport:
         return None
 
 
-def _recorders(kit: OutboxKit, outboxes: Iterable[type[Outbox]]) -> list[RecordingTransport]:
+def attached_recorders(kit: OutboxKit, outboxes: Iterable[type[Outbox]]) -> list[RecordingTransport]:
     found: list[RecordingTransport] = []
     for outbox in outboxes:
         transport = kit.drainer(outbox).transport
@@ -363,222 +306,3 @@ def _recorders(kit: OutboxKit, outboxes: Iterable[type[Outbox]]) -> list[Recordi
         if isinstance(recorder, RecordingTransport) and recorder not in found:
             found.append(recorder)
     return found
-
-
-# -- draining until idle -------------------------------------------------------
-
-
-@dataclass
-class IdleReport:
-    """What ``drain_until_idle`` did: totals per outbox (``results``, by job name) and where the clock ended."""
-
-    rounds: int
-    started_at: datetime
-    finished_at: datetime
-    results: dict[str, DrainResult]
-    pending: int  # rows still pending at the end (in backoff or scheduled later; 0 when the clock was advanced)
-
-    @property
-    def delivered(self) -> int:
-        return sum(result.delivered for result in self.results.values())
-
-    @property
-    def retried(self) -> int:
-        return sum(result.retried for result in self.results.values())
-
-    @property
-    def stuck(self) -> int:
-        return sum(result.stuck for result in self.results.values())
-
-    @property
-    def advanced(self) -> timedelta:
-        """How far the clock moved."""
-        return self.finished_at - self.started_at
-
-
-def drain_until_idle(
-    kit: OutboxKit,
-    outbox: type[Outbox] | str | None = None,
-    *,
-    clock: ManualClock | None = None,
-    advance_clock: bool = True,
-    max_rounds: int = 100,
-) -> IdleReport:
-    """Drain every outbox of ``kit`` (or one) until no row is due; return what happened.
-
-    Each round drains each outbox until nothing is due.  With
-    ``advance_clock`` (the default) the kit's ``ManualClock`` is first brought
-    up to the wall clock (rows your code just inserted are due by the
-    database's ``now()``), and after each round it is moved to the earliest
-    ``next_attempt_at`` of the pending rows, so retries run through the whole
-    backoff table without waiting; it stops when no row is pending.  With
-    ``advance_clock=False`` the clock is left alone and it stops when nothing
-    is due now (rows in backoff stay pending; any clock works).
-
-    ``clock``, if given, must be the kit's clock (it is there so a test can
-    say which clock moves).  Raises ``ConfigurationError`` when time should
-    move but the kit's clock is not a ``ManualClock``; ``NotIdleError`` when a
-    drain fails or rows are still due after ``max_rounds`` rounds;
-    ``UnexpectedSendError`` when an attached ``RecordingTransport`` saw an
-    unexpected send (after the round that made it, so every outcome is
-    recorded first).
-    """
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise InvalidValueError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
-    manual = _clock_to_move(kit, clock, advance_clock)
-    outboxes = [kit.outbox(outbox)] if outbox is not None else kit.outboxes
-    recorders = _recorders(kit, outboxes)
-    if manual is not None:
-        wall = datetime.now(timezone.utc)
-        if manual.now() < wall:
-            manual.set(wall)
-    started_at = kit.clock.now()
-    results = {each.__outbox__.job_name: DrainResult(job_name=each.__outbox__.job_name) for each in outboxes}
-    for rounds in range(1, max_rounds + 1):
-        for each in outboxes:
-            result = kit.drain(each)
-            results[each.__outbox__.job_name].add(result)
-            if result.error is not None:
-                raise NotIdleError(f"the drain of {result.job_name!r} failed in round {rounds}: {result.error}")
-        for recorder in recorders:
-            recorder.check()
-        next_due = _next_due(kit.engine, outboxes)
-        if next_due is None:
-            return IdleReport(rounds, started_at, kit.clock.now(), results, pending=0)
-        if next_due > kit.clock.now():
-            if manual is None:
-                return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
-            manual.set(next_due)
-    raise NotIdleError(
-        f"still not idle after {max_rounds} rounds (clock at {kit.clock.now().isoformat()}): "
-        f"{_pending(kit.engine, outboxes)} row(s) pending, the next due at {_next_due(kit.engine, outboxes)}; "
-        "a row that is due but never claimed is usually locked by a transaction the test left open"
-    )
-
-
-def _clock_to_move(kit: OutboxKit, clock: ManualClock | None, advance_clock: bool) -> ManualClock | None:
-    if clock is not None and clock is not kit.clock:
-        raise ConfigurationError(
-            f"drain_until_idle(clock=...) must be the kit's own clock ({kit.clock!r}); moving another clock "
-            "would not make any row due. Build the kit with OutboxKit(..., clock=clock)"
-        )
-    if not advance_clock:
-        return None
-    if not isinstance(kit.clock, ManualClock):
-        raise ConfigurationError(
-            f"drain_until_idle can only move time on a ManualClock, and this kit's clock is {kit.clock!r}. "
-            "Build the kit with OutboxKit(..., clock=ManualClock()), or pass advance_clock=False "
-            "to drain only what is due now"
-        )
-    return kit.clock
-
-
-def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]]) -> datetime | None:
-    with engine.connect() as connection:
-        times = [
-            connection.scalar(select(func.min(outbox.next_attempt_at)).where(outbox.status == "pending"))
-            for outbox in outboxes
-        ]
-    due = [moment for moment in times if moment is not None]
-    return min(due) if due else None
-
-
-def _pending(engine: Engine, outboxes: Iterable[type[Outbox]]) -> int:
-    with engine.connect() as connection:
-        return sum(
-            connection.scalar(select(func.count()).select_from(outbox).where(outbox.status == "pending")) or 0
-            for outbox in outboxes
-        )
-
-
-# -- asserting what was enqueued -----------------------------------------------
-
-
-def outbox_rows(
-    bind: Session | Engine | Connection, outbox: type[OutboxRow], *, status: str | None = None
-) -> list[OutboxRow]:
-    """Every row of ``outbox`` (optionally of one ``status``), oldest first.
-
-    With a ``Session`` the rows come from it (including what it has flushed
-    but not committed); with an ``Engine`` or ``Connection`` they are read in
-    a fresh session and returned detached, every column loaded.
-    """
-    statement = select(outbox).order_by(outbox.id)
-    if status is not None:
-        statement = statement.where(outbox.status == status)
-    if isinstance(bind, Session):
-        return list(bind.scalars(statement))
-    with Session(bind, expire_on_commit=False) as session:
-        rows = list(session.scalars(statement))
-        session.expunge_all()
-    return rows
-
-
-def assert_enqueued(
-    bind: Session | Engine | Connection,
-    outbox: type[OutboxRow],
-    *,
-    count: int = 1,
-    where: Mapping[str, Any] | Callable[[OutboxRow], bool] | None = None,
-    status: str | None = None,
-) -> list[OutboxRow]:
-    """Assert that ``outbox`` holds exactly ``count`` rows matching ``where``; return them.
-
-    ``where`` is a mapping of attribute to expected value
-    (``{"order_id": order.id}``) or a function of the row; ``status``
-    narrows to one status.  On a mismatch the ``OutboxAssertionError`` lists
-    the rows the table holds, so the failure shows what the code wrote.
-    """
-    columns = _column_names(outbox)
-    if isinstance(where, Mapping):
-        unknown = sorted(set(where) - set(columns))
-        if unknown:
-            raise ConfigurationError(
-                f"assert_enqueued(where=...) names {unknown}, not columns of {outbox.__name__}; "
-                f"its columns: {', '.join(columns)}"
-            )
-    rows = outbox_rows(bind, outbox, status=status)
-    matching = [row for row in rows if _matches(row, where)]
-    if len(matching) == count:
-        return matching
-    wanted = f"{count} row(s) in {outbox.__tablename__}"  # type: ignore[attr-defined]
-    if where is not None:
-        wanted += f" matching {dict(where) if isinstance(where, Mapping) else _describe_function(where)}"
-    if status is not None:
-        wanted += f" with status {status!r}"
-    found = f"found {len(matching)}" + (f" (ids {[row.id for row in matching]})" if matching else "")
-    raise OutboxAssertionError(f"expected {wanted}, {found}; {_describe_rows(outbox, columns, rows)}")
-
-
-def _matches(row: Outbox, where: Mapping[str, Any] | Callable[[Any], bool] | None) -> bool:
-    if where is None:
-        return True
-    if isinstance(where, Mapping):
-        return all(getattr(row, name) == value for name, value in where.items())
-    return bool(where(row))
-
-
-def _describe_function(function: Callable[..., Any]) -> str:
-    return getattr(function, "__qualname__", repr(function))
-
-
-# The kit's bookkeeping columns that help read a failure; the application's own columns are all shown.
-_SHOWN_KIT_COLUMNS = ("id", "status", "attempts", "next_attempt_at", "last_status_code", "last_error")
-
-
-def _column_names(outbox: type[Outbox]) -> list[str]:
-    return [attribute.key for attribute in inspect(outbox).column_attrs]
-
-
-def _describe_rows(outbox: type[Outbox], columns: list[str], rows: Sequence[Outbox]) -> str:
-    table = outbox.__tablename__  # type: ignore[attr-defined]
-    if not rows:
-        return f"{table} is empty"
-    kit_owned = set(Outbox.__annotations__)
-    shown = [name for name in _SHOWN_KIT_COLUMNS if name in columns] + [name for name in columns if name not in kit_owned]
-    lines = [
-        "  " + " ".join(f"{name}={getattr(row, name)!r}" for name in shown) for row in rows[:_ROWS_SHOWN]
-    ]
-    if len(rows) > _ROWS_SHOWN:
-        lines.append(f"  ... and {len(rows) - _ROWS_SHOWN} more")
-    return f"{table} holds {len(rows)} row(s):\n" + "\n".join(lines)
