@@ -15,6 +15,7 @@ from outboxkit import errors
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.database import database_url
 from outboxkit.drain import Drainer, DrainResult
+from outboxkit.enqueue import enqueue, enqueue_many
 from outboxkit.errors import *  # noqa: F403  (the whole tree, drawn in outboxkit.errors)
 from outboxkit.http_transport import HttpTransport
 from outboxkit.jobs import JobContext, calendar_interval, cron, every, once
@@ -32,6 +33,9 @@ __all__ = [
     "Outbox",
     "OutboxOptions",
     "outbox_table_args",
+    # writing rows (besides session.add)
+    "enqueue",
+    "enqueue_many",
     # what to send, and how it is sent
     "AttemptResult",
     "CallableTransport",
