@@ -26,6 +26,7 @@ and a row a drain holds is refused); none of them needs the ``admin`` extra.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import importlib
 import json
@@ -40,10 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
 from outboxkit.diagnostics import MIGRATION_HINT
@@ -51,6 +48,8 @@ from outboxkit.errors import OutboxKitError
 from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from outboxkit.operations.service import AdminService
     from outboxkit.queries import RowFilter
 
@@ -119,8 +118,12 @@ def actor() -> str:
 # --- output --------------------------------------------------------------------------------------------------------
 
 
+# rich is imported where output is written, not with the module: ``outboxkit worker`` writes only log lines,
+# and a drainer process has no use for rich's memory and import time.
 def make_console(*, stderr: bool = False) -> Console:
     """A console that colours only a terminal (rich itself honours ``NO_COLOR``) and never wraps piped text."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty()
     # markup and emoji off: an error text such as "[Errno 111]" or ":smile:" is data, printed as it is.
@@ -129,6 +132,8 @@ def make_console(*, stderr: bool = False) -> Console:
 
 def fail(message: str) -> NoReturn:
     """Say one line on stderr and exit 1."""
+    from rich.text import Text
+
     make_console(stderr=True).print(Text("outboxkit: ", style="bold red") + Text(message), soft_wrap=True)
     raise typer.Exit(1)
 
@@ -165,8 +170,9 @@ class Output:
 
     json: bool
 
-    def __post_init__(self) -> None:
-        self.console = make_console()
+    @functools.cached_property
+    def console(self) -> Console:
+        return make_console()
 
     def emit(self, payload: Any, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
         if self.json:
@@ -175,6 +181,10 @@ class Output:
             self.table(rows, columns)
 
     def table(self, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
         terminal = self.console.is_terminal
         table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False,
                       header_style="bold" if terminal else "")
@@ -188,9 +198,13 @@ class Output:
     def say(self, message: str, style: str = "") -> None:
         """A line for people, after the table (never in ``--json`` output)."""
         if not self.json:
+            from rich.text import Text
+
             self.console.print(Text(message, style=style), soft_wrap=True)
 
     def warn(self, message: str) -> None:
+        from rich.text import Text
+
         make_console(stderr=True).print(Text(message, style="bold yellow"), soft_wrap=True)
 
 
