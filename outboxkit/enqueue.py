@@ -86,7 +86,7 @@ def enqueue(target: Session | Connection, outbox: type[Outbox], values: Mapping[
     """
     plan = _plan_for(outbox)
     row = plan.complete(values, position=None)
-    connection = _connection_of(target)
+    connection = _connection_of(target, outbox)
     connection.execute(plan.statement, row)
     if notify:
         connection.execute(notify_statement(outbox))
@@ -115,7 +115,7 @@ def enqueue_many(
     completed = [plan.complete(values, position=position) for position, values in enumerate(rows)]
     if not completed:
         return []
-    connection = _connection_of(target)
+    connection = _connection_of(target, outbox)
     for run in _runs_of_same_columns(completed):
         if len(run) >= copy_threshold and plan.can_copy(run[0].keys()):
             driver_connection = connection.connection.driver_connection
@@ -128,9 +128,10 @@ def enqueue_many(
     return [row["idempotency_key"] for row in completed]
 
 
-def _connection_of(target: Session | Connection) -> Connection:
+def _connection_of(target: Session | Connection, outbox: type[Outbox]) -> Connection:
     if isinstance(target, Session):
-        return target.connection()
+        # The outbox's own bind, for a session that binds tables to several engines.
+        return target.connection(bind_arguments={"mapper": outbox})
     if isinstance(target, Connection):
         return target
     raise InvalidTypeError(

@@ -60,6 +60,13 @@ def test_a_row_may_set_its_key_and_its_due_time(engine):
     assert row.next_attempt_at == due and row.created_at < due
 
 
+def test_a_session_with_one_bind_per_table_writes_through_the_outbox_bind(engine):
+    with Session(binds={SampleEvent: engine}) as session, session.begin():  # no default bind
+        enqueue(session, SampleEvent, {"target_url": TARGET})
+        enqueue_many(session, SampleEvent, [{"target_url": TARGET}] * 3)
+    assert count_rows(engine) == 4
+
+
 def test_many_rows_keep_their_order_when_they_set_different_columns(engine):
     due = datetime(2031, 1, 1, tzinfo=timezone.utc)
     rows = [{"target_url": TARGET, "payload": {"n": n}} for n in range(6)]
