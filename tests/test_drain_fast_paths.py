@@ -82,7 +82,7 @@ def test_the_asynchronous_commit_ends_with_the_outcome_transaction(engine, recei
         connection.execute(
             text("UPDATE sample_event_outbox SET claim_token = :token WHERE id = :id"), {"token": token, "id": row_id}
         )
-    queries = queries_for(SampleEvent)
+    queries = queries_for(SampleEvent, synchronous_commit=False)
     outcome = Outcome(row_id=row_id, token=token, status="done", next_attempt_at=None, status_code=200, error=None)
     with queries.outcome_connection(engine) as connection:
         assert queries.record_outcome(connection, outcome, now=clock.now()) is True

@@ -321,3 +321,14 @@ def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
                 if name not in typo_examples and _unknown_variable(name):
                     unknown[name] = path.relative_to(root)
     assert unknown == {}
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, True), ("false", False), ("true", True)])
+def test_claims_and_outcomes_wait_for_the_wal_flush_unless_turned_off(offline_engine, monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("OUTBOXKIT_SYNCHRONOUS_COMMIT", value)
+    with OutboxKit(offline_engine, [SampleEvent], transport=CallableTransport(lambda delivery, key: 200)) as kit:
+        queries = kit.drainer(SampleEvent).queries
+    assert kit.settings.synchronous_commit is expected and queries.synchronous_commit is expected
+    # Turned off, the claim carries the SET LOCAL that makes its own commit asynchronous.
+    assert ("set_config('synchronous_commit', 'off', true)" in str(queries._claim)) is not expected
