@@ -388,3 +388,26 @@ def test_a_send_never_starts_with_its_rows_lease_nearly_over(engine, clock, inse
     assert rows[first].status == "done"
     assert rows[second].status == "pending" and rows[second].last_error.startswith("not sent:")
     assert result.retried >= 1
+
+
+def test_a_stop_handled_before_the_claims_clock_reading_prevents_the_claim(insert_events, read_events, make_drainer, clock):
+    # The drain asks whether it may claim again after reading the clock the lease is computed from: a stop
+    # that lands between the loop's first question and that reading (a signal handled on a busy host)
+    # still claims nothing, so no claim's own time ever follows the stop.
+    from outboxkit.results import DrainResult
+
+    ids = insert_events([{"n": 1}, {"n": 2}])
+    stop = threading.Event()
+    drainer = make_drainer()
+    reading = clock.now
+
+    def now_then_stop():
+        moment = reading()
+        stop.set()  # the signal is handled right after the claim's clock reading
+        return moment
+
+    clock.now = now_then_stop
+    rows, _, taken, _ = drainer.claimer.claim(10, DrainResult(job_name="sample-events"), lambda: not stop.is_set())
+    assert (rows, taken) == ([], 0)
+    assert all(row.attempts == 0 and row.claim_token is None for row in read_events().values())
+    assert sorted(read_events()) == ids
