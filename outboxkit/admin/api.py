@@ -12,6 +12,8 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
     POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
     POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
+    POST /api/outboxes/{outbox}/replay              {filter..., "dry_run", "batch_size"}: done -> pending, in batches
+    GET  /api/outboxes/{outbox}/export              the rows matching a filter as NDJSON or CSV (outboxkit.admin.export_route)
     GET  /api/audit                                 the reset audit, newest first
     GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
     GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
@@ -41,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidSearch
+from outboxkit.operations.replay import ReplayOutcome, ReplayRequest
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
@@ -242,6 +245,16 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
         with http_errors():
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
+
+    outbox_action(
+        "replay",
+        "Send delivered rows matching a filter again, in batches (dry_run defaults to true)",
+        ReplayRequest,
+        ReplayOutcome,
+        lambda outbox, body, who: service.replays.replay(
+            outbox, body.row_filter(), actor=who, dry_run=body.dry_run, batch_size=body.batch_size
+        ),
+    )
 
     def control(action: str, summary: str, perform: Callable[..., ControlResult]) -> None:
         outbox_action(action, summary, EmptyRequest, ControlResult, lambda outbox, body, who: perform(outbox, actor=who))
