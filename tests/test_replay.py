@@ -228,3 +228,18 @@ def _token(page) -> str:
     match = TOKEN.search(page.text)
     assert match, "the page has no CSRF field"
     return match.group(1)
+
+
+def test_the_rows_listing_filters_on_delivery_time_too(admin):
+    early, late = add_webhooks(admin.engine, 2, status="done", error=None, status_code=200)
+    set_delivered_at(admin.engine, early, datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc))
+    set_delivered_at(admin.engine, late, datetime(2030, 1, 1, 11, 0, tzinfo=timezone.utc))
+    query = {"status": "done", "delivered_after": "2030-01-01T10:00:00"}
+
+    listed = admin.client.get("/admin/api/outboxes/webhooks/rows", params=query).json()
+    page = admin.client.get("/admin/outboxes/webhooks", params=query).text
+
+    assert [row["id"] for row in listed["rows"]] == [late]
+    assert listed["filter"]["delivered_after"] == "2030-01-01T10:00:00Z"
+    assert f'/admin/outboxes/webhooks/rows/{late}"' in page and f'/admin/outboxes/webhooks/rows/{early}"' not in page
+    assert 'name="delivered_after" value="2030-01-01T10:00:00"' in page

@@ -393,7 +393,7 @@ def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:
 
 def _skip_reason(action: str, state: RowState, now: datetime) -> str:
     if state.status == "done":
-        return "delivered; a delivered row is never sent again"
+        return "delivered; a reset does not send it again (a replay does)"
     if action == "reset":
         return "already pending" if state.status == "pending" else f"status is {state.status}"
     if state.status == "stuck":
