@@ -10,6 +10,7 @@ import pytest
 from exampleapp.models import WebhookOutbox
 from sqlalchemy import text
 
+from outboxkit.errors import ConfigurationError
 from outboxkit.notify import channel_for
 from outboxkit.operations.service import OperationsService
 from outboxkit.row_filter import RowFilter
@@ -243,3 +244,24 @@ def test_the_rows_listing_filters_on_delivery_time_too(admin):
     assert listed["filter"]["delivered_after"] == "2030-01-01T10:00:00Z"
     assert f'/admin/outboxes/webhooks/rows/{late}"' in page and f'/admin/outboxes/webhooks/rows/{early}"' not in page
     assert 'name="delivered_after" value="2030-01-01T10:00:00"' in page
+
+
+def test_without_migration_outboxkit_0004_a_replay_says_which_migration_to_run_and_changes_nothing(admin):
+    add_webhooks(admin.engine, 2, status="done", error=None, status_code=200)
+    old_check = "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now')"
+    new_check = "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay')"
+    constraint = "ck_outboxkit_reset_audit_action"
+
+    def set_check(check: str) -> None:
+        with admin.engine.begin() as connection:
+            connection.execute(text(f"ALTER TABLE outboxkit_reset_audit DROP CONSTRAINT {constraint}"))
+            connection.execute(text(f"ALTER TABLE outboxkit_reset_audit ADD CONSTRAINT {constraint} CHECK ({check})"))
+
+    set_check(old_check)
+    try:
+        before = snapshot(admin.engine)
+        with pytest.raises(ConfigurationError, match="outboxkit_0004"):
+            OperationsService(admin.kit).replays.replay("webhooks", RowFilter(), actor="test", dry_run=False)
+        assert snapshot(admin.engine) == before
+    finally:
+        set_check(new_check)
