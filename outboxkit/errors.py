@@ -7,8 +7,10 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
 
     OutboxKitError
     ├── ConfigurationError          a mistake in how the kit, an outbox, a job or a
-    │                               setting is set up; raised at start-up (or at
-    │                               add_job), the message says how to fix it
+    │   │                           setting is set up; raised at start-up (or at
+    │   │                           add_job), the message says how to fix it
+    │   └── MigrationRequired       (operator) the kit's tables lack a migration that an
+    │                               action needs; the message names it; nothing was changed
     ├── InvalidValueError           (also ValueError) an argument out of range:
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
     │   └── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
@@ -71,6 +73,7 @@ __all__ = [
     "JobFailed",
     "KitClosedError",
     "LifecycleError",
+    "MigrationRequired",
     "NotIdleError",
     "OutboxAssertionError",
     "OutboxKitError",
@@ -90,6 +93,10 @@ class OutboxKitError(Exception):
 
 class ConfigurationError(OutboxKitError):
     """The kit, an outbox class, a job or a setting is configured wrongly; the message says how to fix it."""
+
+
+class MigrationRequired(ConfigurationError):
+    """The kit's tables lack a migration that an operator's action needs; the message names it; nothing was changed."""
 
 
 class InvalidValueError(OutboxKitError, ValueError):

@@ -20,7 +20,7 @@ class RowFilter:
     """Which rows an operator means; every field narrows (AND), None leaves it out.
 
     ``error_contains`` is a substring of ``last_error``, ``status_code`` the
-    exact last code; ``created_*`` and ``updated_*`` are half-open time ranges
+    exact last code; ``created_*``, ``updated_*`` and ``delivered_*`` are half-open time ranges
     (``after`` inclusive, ``before`` exclusive); ``attempts_min``/``_max``
     bound the attempts; ``payload_contains`` is a substring of one of the
     application's columns, ``payload_column``, as text (the caller checks
@@ -33,6 +33,8 @@ class RowFilter:
     created_before: datetime | None = None
     updated_after: datetime | None = None
     updated_before: datetime | None = None
+    delivered_after: datetime | None = None
+    delivered_before: datetime | None = None
     attempts_min: int | None = None
     attempts_max: int | None = None
     payload_column: str | None = None
@@ -80,6 +82,8 @@ _RANGE_CLAUSES = (
     ("created_before", "created_at", "<"),
     ("updated_after", "updated_at", ">="),
     ("updated_before", "updated_at", "<"),
+    ("delivered_after", "delivered_at", ">="),
+    ("delivered_before", "delivered_at", "<"),
     ("attempts_min", "attempts", ">="),
     ("attempts_max", "attempts", "<="),
 )

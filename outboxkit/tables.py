@@ -83,7 +83,9 @@ reset_audit = Table(
     Column("row_count", Integer, nullable=False),
     Column("row_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
     Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    CheckConstraint("action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now')", name="ck_outboxkit_reset_audit_action"),
+    CheckConstraint(
+        "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay')", name="ck_outboxkit_reset_audit_action"
+    ),
     Index("ix_outboxkit_reset_audit_at", "at"),
 )
 

@@ -12,6 +12,8 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
     POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
     POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
+    POST /api/outboxes/{outbox}/replay              {filter..., "dry_run", "batch_size"}: done -> pending, in batches
+    GET  /api/outboxes/{outbox}/export              the rows matching a filter as NDJSON or CSV (outboxkit.admin.export_route)
     GET  /api/audit                                 the reset audit, newest first
     GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
     GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
@@ -41,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidSearch
+from outboxkit.operations.replay import ReplayOutcome, ReplayRequest
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
@@ -160,6 +163,8 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         created_before: Annotated[datetime | None, Query(description="created_at before (ISO 8601).")] = None,
         updated_after: Annotated[datetime | None, Query(description="updated_at at or after (ISO 8601).")] = None,
         updated_before: Annotated[datetime | None, Query(description="updated_at before (ISO 8601).")] = None,
+        delivered_after: Annotated[datetime | None, Query(description="delivered_at at or after (ISO 8601).")] = None,
+        delivered_before: Annotated[datetime | None, Query(description="delivered_at before (ISO 8601).")] = None,
         attempts_min: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         attempts_max: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         payload_column: Annotated[str | None, Query(max_length=63, description="One of the outbox's own columns.")] = None,
@@ -178,6 +183,8 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
                 created_before=_aware(created_before),
                 updated_after=_aware(updated_after),
                 updated_before=_aware(updated_before),
+                delivered_after=_aware(delivered_after),
+                delivered_before=_aware(delivered_before),
                 attempts_min=attempts_min,
                 attempts_max=attempts_max,
                 payload_column=payload_column,
@@ -242,6 +249,16 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         row_filter = RowFilter(error_contains=body.error_contains, status_code=body.status_code)
         with http_errors():
             return await run_in_threadpool(service.reset_matching, outbox, row_filter, dry_run=body.dry_run, actor=who)
+
+    outbox_action(
+        "replay",
+        "Send delivered rows matching a filter again, in batches (dry_run defaults to true)",
+        ReplayRequest,
+        ReplayOutcome,
+        lambda outbox, body, who: service.replays.replay(
+            outbox, body.row_filter(), actor=who, dry_run=body.dry_run, batch_size=body.batch_size
+        ),
+    )
 
     def control(action: str, summary: str, perform: Callable[..., ControlResult]) -> None:
         outbox_action(action, summary, EmptyRequest, ControlResult, lambda outbox, body, who: perform(outbox, actor=who))

@@ -24,7 +24,9 @@ FLASH_COOKIE = "outboxkit_flash"
 FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
-FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already"]
+FlashKind = Literal[
+    "reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already", "replayed"
+]
 _KINDS: tuple[str, ...] = (
     "reset",
     "retry_now",
@@ -35,6 +37,7 @@ _KINDS: tuple[str, ...] = (
     "resumed",
     "drain_now",
     "already",
+    "replayed",
 )
 
 
@@ -69,6 +72,12 @@ class Flash:
             return "Resumed: the drains claim this outbox's due rows again, starting now."
         if self.kind == "already":
             return "Nothing to do: the outbox already was in that state."
+        if self.kind == "replayed":
+            return (
+                f"Replayed {self.count:,} delivered row(s): they are pending and due now, with their idempotency keys."
+                if self.count
+                else "Replayed 0 rows: none matched any more."
+            )
         if self.kind == "drain_now":
             return f"Woke every drain of this outbox; {self.count:,} row(s) were due."
         return "Nothing to do: the row was not in a state this action applies to."

@@ -43,6 +43,8 @@ FILTER_FIELDS = (
     "created_before",
     "updated_after",
     "updated_before",
+    "delivered_after",
+    "delivered_before",
     "attempts_min",
     "attempts_max",
     "payload_column",

@@ -34,6 +34,7 @@ from outboxkit.admin.page_inputs import PAGE_SIZES, ascii_number, form_text, is_
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.errors import PageInputError
+from outboxkit.operations.replay import DEFAULT_REPLAY_BATCH, MAX_REPLAY_BATCH
 from outboxkit.operations.schemas import STATUS_VALUES, ActionResult, ControlResult
 from outboxkit.operations.service import OperationsService
 
@@ -83,6 +84,7 @@ def pages_router(
     add_control_action(routes, "/outboxes/{outbox}/resume", "resume", service.controls.resume, done="resumed")
     add_control_action(routes, "/outboxes/{outbox}/drain-now", "drain_now", service.controls.drain_now, done="drain_now")
     add_bulk_reset(routes)
+    add_replay(routes)
     add_audit(routes)
     add_jobs(routes)
     add_job(routes)
@@ -239,6 +241,35 @@ def add_bulk_reset(routes: PageRoutes) -> None:
             result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who)
             target = frame.url(request, "rows", {"status": "stuck", **row_filter.as_dict()}, outbox=outbox)
             return frame.redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
+
+        return await frame.post_action(request, who, build)
+
+
+def add_replay(routes: PageRoutes) -> None:
+    """Send delivered rows matching a filter again: a confirmation page with the dry-run count, then the replay."""
+    frame, service = routes.frame, routes.service
+    Actor = Annotated[str, Depends(routes.actor)]
+
+    @routes.router.get("/outboxes/{outbox}/replay", name="outboxkit_admin_replay")
+    def replay_confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:
+        def build() -> Response:
+            row_filter = row_filter_from(request.query_params.get)
+            preview = service.replays.replay(outbox, row_filter, actor=who, dry_run=True)
+            return frame.render(
+                request, who, "replay.html", preview=preview, filter_query=row_filter.as_dict(), max_batch=MAX_REPLAY_BATCH
+            )
+
+        return frame.guarded(request, who, build)
+
+    @routes.router.post("/outboxes/{outbox}/replay", name="outboxkit_admin_replay_apply")
+    async def replay_apply(request: Request, outbox: OutboxName, who: Actor) -> Response:
+        def build(form: FormData) -> Response:
+            row_filter = row_filter_from(lambda name: form_text(form, name))
+            size = form_text(form, "batch_size") or str(DEFAULT_REPLAY_BATCH)
+            batch_size = ascii_number(size, low=1, high=MAX_REPLAY_BATCH, what="the batch size")
+            result = service.replays.replay(outbox, row_filter, actor=who, dry_run=False, batch_size=batch_size)
+            target = frame.url(request, "rows", {"status": "pending"}, outbox=outbox)
+            return frame.redirect(request, who, target, Flash(kind="replayed", count=result.replayed))
 
         return await frame.post_action(request, who, build)
 

@@ -14,6 +14,7 @@ from outboxkit.errors import (
     InvalidCursor,
     InvalidSearch,
     InvalidValueError,
+    MigrationRequired,
     OutboxKitError,
     OutboxPaused,
     PageInputError,
@@ -36,6 +37,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     PageInputError: 422,
     InvalidValueError: 422,
     InvalidSearch: 422,
+    MigrationRequired: 503,  # the application's deploy is behind the kit's schema: nothing the operator typed is wrong
 }
 REFUSALS: tuple[type[OutboxKitError], ...] = tuple(REFUSAL_STATUS)  # for ``except REFUSALS``
 

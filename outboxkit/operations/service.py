@@ -35,9 +35,11 @@ from outboxkit.notify import notify_statement
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
+from outboxkit.operations.export import RowExport
 from outboxkit.operations.history import row_attempts
 from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.jobs_table import JobsTable, run_model
+from outboxkit.operations.replay import Replayer
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     STATUS_VALUES,
@@ -86,6 +88,8 @@ class OperationsService:
         self.preview_chars = preview_chars
         self.controls = OutboxControls(kit)  # pause, resume, drain now
         self.jobs_table = JobsTable(kit, job_source)  # the jobs page
+        self.replays = Replayer(kit)  # send delivered rows again (outboxkit.operations.replay)
+        self.exports = RowExport(kit)  # stream rows as NDJSON or CSV (outboxkit.operations.export)
 
     @property
     def outbox_names(self) -> list[str]:
@@ -389,7 +393,7 @@ def _summary(row: RowSummary, now: datetime) -> RowSummaryModel:
 
 def _skip_reason(action: str, state: RowState, now: datetime) -> str:
     if state.status == "done":
-        return "delivered; a delivered row is never sent again"
+        return "delivered; a reset does not send it again (a replay does)"
     if action == "reset":
         return "already pending" if state.status == "pending" else f"status is {state.status}"
     if state.status == "stuck":

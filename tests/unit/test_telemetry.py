@@ -33,9 +33,9 @@ def test_outcome_names_and_status_classes():
 def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
     package = Path(__file__).resolve().parents[2] / "outboxkit"
     source = "\n".join(path.read_text() for path in package.rglob("*.py"))
-    # Event names are string literals of the known families (drain, election, job, worker, metrics), at
+    # Event names are string literals of the known families (drain, election, job, worker, metrics, admin), at
     # log_fields() or _announce(); a file name such as the "job.html" template is not one.
-    literals = re.findall(r'"((?:drain|election|job|worker|metrics)\.[a-z_]+)"', source)
+    literals = re.findall(r'"((?:drain|election|job|worker|metrics|admin)\.[a-z_]+)"', source)
     logged = {name for name in literals if not name.endswith((".html", ".css", ".js"))}
     operations = (package.parent / "docs" / "operations.md").read_text()
     section = operations.split("### Structured logs", 1)[1].split("\n## ", 1)[0]
