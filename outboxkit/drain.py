@@ -28,7 +28,7 @@ A drain works in four steps.  Each step names the invariant it protects.
 
 4. Record (one short transaction per row, guarded by the claim token).  As
    each send finishes, its outcome is decided by the ``RetryPolicy`` and
-   written on its own: one prepared ``UPDATE`` in autocommit mode, so one
+   written on its own: one ``UPDATE`` in autocommit mode, so one
    round trip and one transaction per row.  One row's failure never rolls
    back a neighbour, and a row that was reset or claimed again meanwhile is
    not overwritten.  The write stores the latest attempt's status code and
@@ -300,6 +300,7 @@ class Drainer:
         synchronous_commit: bool = False,
         telemetry: Telemetry | None = None,
         attempt_history_days: float = 7.0,
+        prepared_statements: bool = False,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
@@ -307,7 +308,9 @@ class Drainer:
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
         self.transport = transport
         self.clock = clock or SystemClock()
-        self.queries: OutboxQueries = queries_for(outbox, synchronous_commit=synchronous_commit)
+        self.queries: OutboxQueries = queries_for(
+            outbox, synchronous_commit=synchronous_commit, prepared_statements=prepared_statements
+        )
         self._senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
         self._in_flight = InFlightLimit(self.options.batch_size)
         self._refill_at = _refill_threshold(self.options.batch_size, self.options.concurrency)
@@ -319,7 +322,9 @@ class Drainer:
         self._schema_problems = SchemaProblemLog(logger)
         self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
         # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
-        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days, table=self.queries.table_name)
+        self.attempt_log = AttemptLog(
+            self.job_name, keep_days=attempt_history_days, table=self.queries.table_name, prepared_statements=prepared_statements
+        )
         self.pause_check = PauseCheck(engine, self.job_name)
 
     @property

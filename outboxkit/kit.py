@@ -65,9 +65,9 @@ class OutboxKit:
         clock: Clock | None = None,
         transport: Transport | None = None,
     ) -> None:
-        self.engine = kit_engine(engine)
-        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
+        self.engine = kit_engine(engine, prepared_statements=self.settings.prepared_statements)
+        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.clock = clock or SystemClock()
         self._own_transport = transport is None
         self._transport = transport
@@ -173,6 +173,7 @@ class OutboxKit:
                     synchronous_commit=self.settings.synchronous_commit,
                     telemetry=self.telemetry,
                     attempt_history_days=self.settings.attempt_history_days,
+                    prepared_statements=self.settings.prepared_statements,
                 )
                 self._drainers[job_name] = drainer
         return drainer
