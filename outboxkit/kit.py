@@ -9,6 +9,7 @@ live side by side.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
@@ -23,6 +24,7 @@ from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.sessions import NotASessionError, check_session
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from outboxkit.worker import DrainWorker
 
 __all__ = ["OutboxKit"]
+
+logger = logging.getLogger("outboxkit.kit")
 
 
 class OutboxKit:
@@ -208,6 +212,32 @@ class OutboxKit:
             application_name=application_name,
             keepalive_seconds=keepalive_seconds or self.settings.leader_tick_seconds,
         )
+
+    @property
+    def session_source(self) -> str:
+        """Where the lock and LISTEN connections come from, as a refusal names it (no password)."""
+        if self.settings.lock_database_url:
+            shown = make_url(self.settings.lock_database_url).render_as_string(hide_password=True)
+            return f"OUTBOXKIT_LOCK_DATABASE_URL={shown}"
+        shown = self.engine.url.render_as_string(hide_password=True)
+        return f"the engine's URL {shown}, as OUTBOXKIT_LOCK_DATABASE_URL is unset"
+
+    def check_session(self, application_name: str, *, purpose: str) -> bool:
+        """Prove the lock/LISTEN source gives sessions of their own (``outboxkit.sessions``), before a thread starts.
+
+        A transaction-mode pooler raises ``NotASessionError`` in production;
+        elsewhere it is logged as a warning and False is returned, so the
+        caller goes on without that connection.  An unreachable database is
+        left to the threads' own retries (True: nothing was refused).
+        """
+        try:
+            check_session(self.session_connector(application_name), purpose=purpose, source=self.session_source)
+        except NotASessionError as exc:
+            if self.settings.is_production:
+                raise
+            logger.warning("%s; not in production, so this process goes on without it", exc)
+            return False
+        return True
 
     @property
     def lock_dsn(self) -> str:

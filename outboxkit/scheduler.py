@@ -287,11 +287,14 @@ class OutboxScheduler:
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
                     )
-                connection: dict[str, object] = (
-                    {}
-                    if "dsn" in overrides or "connect" in overrides
-                    else {"connect": self.kit.session_connector(leader_application_name())}
-                )
+                connection: dict[str, object] = {}
+                if "dsn" not in overrides and "connect" not in overrides:
+                    # A transaction-mode pooler is refused here, before any thread (production raises).
+                    self.kit.check_session(leader_application_name(), purpose="the leader lock connection")
+                    connection = {
+                        "connect": self.kit.session_connector(leader_application_name()),
+                        "source": self.kit.session_source,
+                    }
                 options = {
                     **connection,
                     "key": self.settings.advisory_lock_key,
