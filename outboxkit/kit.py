@@ -24,7 +24,7 @@ from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
-from outboxkit.sessions import NotASessionError, check_session
+from outboxkit.sessions import NotASessionError, automatic_prepares_through_a_pool, check_session
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
@@ -94,6 +94,7 @@ class OutboxKit:
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.tracing)
+        self._engine_checked = False
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
@@ -238,6 +239,32 @@ class OutboxKit:
             logger.warning("%s; not in production, so this process goes on without it", exc)
             return False
         return True
+
+    def check_engine(self) -> None:
+        """Refuse an engine that prepares statements by itself through a transaction-mode pooler.
+
+        Run once per kit before draining or scheduling starts: production
+        raises ``ConfigurationError``, elsewhere it is a warning.  Skipped
+        when ``prepared_statements`` says the pooler keeps them (PgBouncer
+        1.21+ with ``max_prepared_statements``) or the connections are direct.
+        """
+        if self._engine_checked or self.settings.prepared_statements:
+            return
+        threshold = automatic_prepares_through_a_pool(self.engine, application_name="outboxkit-engine-check")
+        if threshold is not None:
+            message = (
+                f"the engine connects through a transaction-mode pooler, and psycopg prepares a statement on a "
+                f"connection once it has run {threshold} times (prepare_threshold={threshold}): before PgBouncer 1.21, "
+                "or without max_prepared_statements, the next run lands on a server connection that never saw it "
+                "prepared, so claims and outcomes fail and rows are sent again. Build the engine with "
+                "create_engine(url, connect_args={'prepare_threshold': None}); on PgBouncer 1.21+ with "
+                "max_prepared_statements > 0 set OUTBOXKIT_PREPARED_STATEMENTS=true instead "
+                "(docs/operations.md, 'PgBouncer and other poolers')"
+            )
+            if self.settings.is_production:
+                raise ConfigurationError(message)
+            logger.warning("%s; not in production, so the kit goes on", message)
+        self._engine_checked = True
 
     @property
     def lock_dsn(self) -> str:

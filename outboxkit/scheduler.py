@@ -287,6 +287,7 @@ class OutboxScheduler:
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
                     )
+                self.kit.check_engine()  # an engine that prepares through a transaction pool (production raises)
                 connection: dict[str, object] = {}
                 if "dsn" not in overrides and "connect" not in overrides:
                     # A transaction-mode pooler is refused here, before any thread (production raises).

@@ -44,12 +44,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
-from outboxkit.connections import SessionConnector
+from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import ConfigurationError
 
 __all__ = [
     "NotASessionError",
+    "automatic_prepares_through_a_pool",
     "SessionIdentity",
     "check_session",
     "end_stranded_backend",
@@ -177,3 +180,26 @@ def end_stranded_backend(connection: psycopg.Connection, identity: SessionIdenti
     row = connection.execute(query, [identity.backend_pid, identity.backend_start]).fetchone()
     return bool(row is not None and row[0])
 
+
+def automatic_prepares_through_a_pool(engine: Engine, *, application_name: str) -> int | None:
+    """psycopg's ``prepare_threshold`` on ``engine``'s connections when they go through a transaction-mode
+    pooler and prepare statements by themselves; None when that is not so (or the database is unreachable).
+
+    Before PgBouncer 1.21 (or without ``max_prepared_statements``) such an
+    engine fails at random once a statement has run ``prepare_threshold``
+    times on a connection: the next run goes to a server connection that
+    never saw it prepared.  The kit's own claim runs through the engine.
+    """
+    try:
+        with engine.connect() as connection:
+            threshold = getattr(connection.connection.driver_connection, "prepare_threshold", None)
+    except DBAPIError:
+        return None  # unreachable now: the drain reports it; nothing to say about pooling yet
+    if threshold is None:
+        return None
+    connect = session_connector(engine=engine, dsn=None, application_name=application_name, keepalive_seconds=15)
+    try:
+        check_session(connect, purpose="the engine's connection", source="the engine")
+    except NotASessionError:
+        return int(threshold)
+    return None

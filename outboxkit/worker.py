@@ -83,6 +83,7 @@ class DrainWorker:
         settings = self.kit.settings
         if self.running:
             return
+        self.kit.check_engine()  # an engine that prepares through a transaction pool (production raises)
         # A LISTEN through a transaction-mode pooler hears almost nothing: refused before anything
         # starts (production raises), else the loops run on due times and polling alone.
         listen = settings.listen_enabled and self.kit.check_session(listener_application_name(), purpose="the LISTEN connection")
