@@ -9,8 +9,9 @@ writable for it.  ``url(database)`` is the libpq URL of a database through
 it; ``stop()`` ends exactly the process it started.
 
 Debian's package (``apt-get install pgbouncer``) is what CI installs; the
-binary is looked up on PATH and in /usr/sbin.  Without it ``require()``
-skips the test with the reason.
+binary is looked up on PATH and in /usr/sbin.  Without it
+``require_pgbouncer()`` skips the test with the reason (fails it when
+``OUTBOXKIT_TEST_REQUIRE_PGBOUNCER`` is set, as CI does).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from sqlalchemy.engine import make_url
 __all__ = ["PgBouncer", "pgbouncer_binary", "require_pgbouncer"]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
+# Set by .ci/run: there a missing pgbouncer is a failure, not a skip.
+REQUIRED_VARIABLE = "OUTBOXKIT_TEST_REQUIRE_PGBOUNCER"
 
 
 def pgbouncer_binary() -> str | None:
@@ -39,10 +42,16 @@ def pgbouncer_binary() -> str | None:
 def require_pgbouncer() -> str:
     """The pgbouncer binary, or skip the test saying how to get it."""
     binary = pgbouncer_binary()
+    missing = None
     if binary is None:
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)")
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        pytest.skip("running as root, and setpriv (util-linux) is missing to run pgbouncer as nobody")
+        missing = "pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)"
+    elif os.geteuid() == 0 and shutil.which("setpriv") is None:
+        missing = "running as root, and setpriv (util-linux) is missing to run pgbouncer as nobody"
+    if missing is not None:
+        if os.environ.get(REQUIRED_VARIABLE):
+            pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
+        pytest.skip(missing)
+    assert binary is not None
     return binary
 
 
