@@ -76,7 +76,14 @@ from sqlalchemy import Connection, Engine, text
 
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError, LifecycleError
-from outboxkit.sessions import LOCK_SETTING, NotASessionError, SessionIdentity, end_stranded_backend, prove_session
+from outboxkit.sessions import (
+    LOCK_SETTING,
+    NotASessionError,
+    SessionIdentity,
+    end_stranded_backend,
+    not_a_session,
+    prove_session,
+)
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from outboxkit.telemetry import Telemetry, log_fields
 
@@ -329,7 +336,7 @@ class LeaderElection:
             assert answer is not None  # a SELECT without FROM returns exactly one row
             acquired, backend_pid = answer
             if acquired is None:  # not on the proven backend: nothing was taken
-                raise NotASessionError(f"the leader lock connection ({self.source}) moved to another server backend")
+                raise not_a_session("the leader lock connection", self.source, "it moved to another server backend")
         except Exception as exc:
             connection.close()
             self._campaign_failed(exc)

@@ -9,7 +9,6 @@ live side by side.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
@@ -24,7 +23,6 @@ from outboxkit.database import kit_engine
 from outboxkit.drain import Drainer, DrainResult
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
-from outboxkit.sessions import NotASessionError, automatic_prepares_through_a_pool, check_session
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
@@ -36,8 +34,6 @@ if TYPE_CHECKING:
     from outboxkit.worker import DrainWorker
 
 __all__ = ["OutboxKit"]
-
-logger = logging.getLogger("outboxkit.kit")
 
 
 class OutboxKit:
@@ -94,7 +90,6 @@ class OutboxKit:
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.tracing)
-        self._engine_checked = False
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
@@ -222,49 +217,6 @@ class OutboxKit:
             return f"OUTBOXKIT_LOCK_DATABASE_URL={shown}"
         shown = self.engine.url.render_as_string(hide_password=True)
         return f"the engine's URL {shown}, as OUTBOXKIT_LOCK_DATABASE_URL is unset"
-
-    def check_session(self, application_name: str, *, purpose: str) -> bool:
-        """Prove the lock/LISTEN source gives sessions of their own (``outboxkit.sessions``), before a thread starts.
-
-        A transaction-mode pooler raises ``NotASessionError`` in production;
-        elsewhere it is logged as a warning and False is returned, so the
-        caller goes on without that connection.  An unreachable database is
-        left to the threads' own retries (True: nothing was refused).
-        """
-        try:
-            check_session(self.session_connector(application_name), purpose=purpose, source=self.session_source)
-        except NotASessionError as exc:
-            if self.settings.is_production:
-                raise
-            logger.warning("%s; not in production, so this process goes on without it", exc)
-            return False
-        return True
-
-    def check_engine(self) -> None:
-        """Refuse an engine that prepares statements by itself through a transaction-mode pooler.
-
-        Run once per kit before draining or scheduling starts: production
-        raises ``ConfigurationError``, elsewhere it is a warning.  Skipped
-        when ``prepared_statements`` says the pooler keeps them (PgBouncer
-        1.21+ with ``max_prepared_statements``) or the connections are direct.
-        """
-        if self._engine_checked or self.settings.prepared_statements:
-            return
-        threshold = automatic_prepares_through_a_pool(self.engine, application_name="outboxkit-engine-check")
-        if threshold is not None:
-            message = (
-                f"the engine connects through a transaction-mode pooler, and psycopg prepares a statement on a "
-                f"connection once it has run {threshold} times (prepare_threshold={threshold}): before PgBouncer 1.21, "
-                "or without max_prepared_statements, the next run lands on a server connection that never saw it "
-                "prepared, so claims and outcomes fail and rows are sent again. Build the engine with "
-                "create_engine(url, connect_args={'prepare_threshold': None}); on PgBouncer 1.21+ with "
-                "max_prepared_statements > 0 set OUTBOXKIT_PREPARED_STATEMENTS=true instead "
-                "(docs/operations.md, 'PgBouncer and other poolers')"
-            )
-            if self.settings.is_production:
-                raise ConfigurationError(message)
-            logger.warning("%s; not in production, so the kit goes on", message)
-        self._engine_checked = True
 
     @property
     def lock_dsn(self) -> str:

@@ -42,6 +42,7 @@ from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
+from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.retention import retention_job
 
 if TYPE_CHECKING:
@@ -287,11 +288,11 @@ class OutboxScheduler:
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
                     )
-                self.kit.check_engine()  # an engine that prepares through a transaction pool (production raises)
+                check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
                 connection: dict[str, object] = {}
                 if "dsn" not in overrides and "connect" not in overrides:
                     # A transaction-mode pooler is refused here, before any thread (production raises).
-                    self.kit.check_session(leader_application_name(), purpose="the leader lock connection")
+                    session_source_accepted(self.kit, leader_application_name(), purpose="the leader lock connection")
                     connection = {
                         "connect": self.kit.session_connector(leader_application_name()),
                         "source": self.kit.session_source,

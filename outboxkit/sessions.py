@@ -126,17 +126,18 @@ def on_own_backend(connection: psycopg.Connection, identity: SessionIdentity) ->
 def check_session(connect: SessionConnector, *, purpose: str, source: str) -> bool:
     """Open a connection, prove it, close it.  True when proven; False when the database could not be reached.
 
-    For the start of the election and the drain worker: a misconfigured
-    connection is refused (``NotASessionError``) before any thread starts,
-    while an unreachable database is left to the background retries.
+    For the start of the election and the drain worker
+    (``outboxkit.pooler_checks``): a misconfigured connection is refused
+    (``NotASessionError``) before any thread starts, while a database error
+    (unreachable, a failover) is left to the background retries.
     """
     try:
         connection = connect()
-    except psycopg.OperationalError:
+    except psycopg.Error:
         return False
     try:
         prove_session(connection, connect, purpose=purpose, source=source)
-    except psycopg.OperationalError:
+    except psycopg.Error:
         return False
     finally:
         connection.close()

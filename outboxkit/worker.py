@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, channel_for, listener_application_name
+from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
@@ -83,10 +84,12 @@ class DrainWorker:
         settings = self.kit.settings
         if self.running:
             return
-        self.kit.check_engine()  # an engine that prepares through a transaction pool (production raises)
+        check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
         # A LISTEN through a transaction-mode pooler hears almost nothing: refused before anything
         # starts (production raises), else the loops run on due times and polling alone.
-        listen = settings.listen_enabled and self.kit.check_session(listener_application_name(), purpose="the LISTEN connection")
+        listen = settings.listen_enabled and session_source_accepted(
+            self.kit, listener_application_name(), purpose="the LISTEN connection"
+        )
         with self._lock:
             if self._drainers:
                 return
