@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -76,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= arguments.trace_ratio <= 1.0:
         parser.error(f"--trace-ratio must be between 0 and 1, got {arguments.trace_ratio}")
 
-    engine = create_engine(arguments.database_url, pool_size=5, max_overflow=5)
+    # OUTBOXKIT_BENCH_NO_AUTO_PREPARE=1: the engine docs/operations.md asks for behind a transaction-mode
+    # pooler (psycopg prepares nothing); OUTBOXKIT_PREPARED_STATEMENTS is read by the settings as usual.
+    no_auto_prepare = os.environ.get("OUTBOXKIT_BENCH_NO_AUTO_PREPARE") == "1"
+    connect_args = {"prepare_threshold": None} if no_auto_prepare else {}
+    engine = create_engine(arguments.database_url, pool_size=5, max_overflow=5, connect_args=connect_args)
     overrides = {"concurrency": arguments.concurrency} if arguments.concurrency else {}
     settings = OutboxKitSettings(outboxes={"webhooks": overrides} if overrides else {})
     kit = OutboxKit(engine, [WebhookOutbox], settings=settings)

@@ -130,8 +130,13 @@ class AttemptRecord:
 class AttemptLog:
     """Buffers one outbox's attempt records and writes them in batches (see the module).  Thread-safe."""
 
-    def __init__(self, outbox_name: str, *, keep_days: float, table: str | None = None) -> None:
+    def __init__(
+        self, outbox_name: str, *, keep_days: float, table: str | None = None, prepared_statements: bool = False
+    ) -> None:
         self.outbox_name = outbox_name
+        # psycopg's prepare= for every statement: False never prepares (a transaction-mode pooler
+        # before PgBouncer 1.21 loses prepared statements), True prepares (the operator opted in).
+        self.prepare = prepared_statements
         self.keep = timedelta(days=keep_days)
         self._sample = _SAMPLE.format(table=table) if table else None
         self._lock = threading.Lock()
@@ -182,7 +187,7 @@ class AttemptLog:
         driver = connection.connection.driver_connection
         try:
             if records:
-                driver.execute(_INSERT, self._parameters(records), prepare=True)  # type: ignore[union-attr]
+                driver.execute(_INSERT, self._parameters(records), prepare=self.prepare)  # type: ignore[union-attr]
             if maintenance_due:
                 self._next_maintenance = time.monotonic() + TRIM_INTERVAL_SECONDS
                 self._maintain(driver, now=now)
@@ -221,10 +226,11 @@ class AttemptLog:
         """The retention trim, then this minute's backlog sample."""
         cutoff = now - self.keep
         for _ in range(TRIM_MAX_BATCHES):
-            deleted = driver.execute(_TRIM, {"outbox": self.outbox_name, "cutoff": cutoff, "batch": TRIM_BATCH_ROWS}).rowcount
+            parameters = {"outbox": self.outbox_name, "cutoff": cutoff, "batch": TRIM_BATCH_ROWS}
+            deleted = driver.execute(_TRIM, parameters, prepare=self.prepare).rowcount
             if deleted < TRIM_BATCH_ROWS:
                 break
-        driver.execute(_TRIM_MINUTES, {"outbox": self.outbox_name, "cutoff": cutoff})
+        driver.execute(_TRIM_MINUTES, {"outbox": self.outbox_name, "cutoff": cutoff}, prepare=self.prepare)
         if self._sample is not None:
             minute = now.astimezone(timezone.utc).replace(second=0, microsecond=0)
-            driver.execute(self._sample, {"outbox": self.outbox_name, "minute": minute, "now": now}, prepare=True)
+            driver.execute(self._sample, {"outbox": self.outbox_name, "minute": minute, "now": now}, prepare=self.prepare)

@@ -49,7 +49,9 @@ def session_connector(
 
     def connect() -> psycopg.Connection:
         if dsn is not None:
-            connection = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
+            connection = psycopg.connect(
+                dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)), prepare_threshold=None
+            )
         else:
             assert engine is not None
             connection = _detached_from(engine)
@@ -80,6 +82,7 @@ def _detached_from(engine: Engine) -> psycopg.Connection:
     if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         connection.rollback()
     connection.autocommit = True
+    connection.prepare_threshold = None  # ours alone now; nothing on it is worth preparing
     return connection
 
 

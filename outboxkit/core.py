@@ -55,9 +55,9 @@ class KitCore:
         clock: Clock | None = None,
         transport: Transport | None = None,
     ) -> None:
-        self.engine = kit_engine(engine)
-        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
+        self.engine = kit_engine(engine, prepared_statements=self.settings.prepared_statements)
+        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
         self.clock = clock or SystemClock()
         self._own_transport = transport is None
         self._transport = transport
@@ -159,6 +159,7 @@ class KitCore:
                     synchronous_commit=self.settings.synchronous_commit,
                     telemetry=self.telemetry,
                     attempt_history_days=self.settings.attempt_history_days,
+                    prepared_statements=self.settings.prepared_statements,
                 )
                 self._drainers[job_name] = drainer
         return drainer
@@ -183,6 +184,15 @@ class KitCore:
             application_name=application_name,
             keepalive_seconds=keepalive_seconds or self.settings.leader_tick_seconds,
         )
+
+    @property
+    def session_source(self) -> str:
+        """Where the lock and LISTEN connections come from, as a refusal names it (no password)."""
+        if self.settings.lock_database_url:
+            shown = make_url(self.settings.lock_database_url).render_as_string(hide_password=True)
+            return f"OUTBOXKIT_LOCK_DATABASE_URL={shown}"
+        shown = self.engine.url.render_as_string(hide_password=True)
+        return f"the engine's URL {shown}, as OUTBOXKIT_LOCK_DATABASE_URL is unset"
 
     @property
     def lock_dsn(self) -> str:

@@ -16,7 +16,9 @@ accepted too.  The kit drains
 in threads, so it needs a sync engine: it builds its own psycopg engine on the
 same database (``database_url`` of the async engine's URL) with the same pool
 class, size, overflow, timeout, recycle, pre-ping and echo, and disposes it
-when the kit closes.  ``connect_args``, a ``creator``, event listeners and
+when the kit closes.  Its psycopg connections prepare no statements
+(``prepare_threshold=None``, safe behind any pooler) unless
+``OUTBOXKIT_PREPARED_STATEMENTS`` is on.  ``connect_args``, a ``creator``, event listeners and
 ``isolation_level`` given to ``create_async_engine`` do not carry over; if you
 use them, build the sync engine yourself with the same arguments and pass
 that.  The application's own ``AsyncSession`` keeps its engine and driver;
@@ -81,12 +83,15 @@ def _is_async_engine(engine: object) -> bool:
     return asyncio_extension is not None and isinstance(engine, asyncio_extension.AsyncEngine)
 
 
-def kit_engine(engine: object) -> Engine:
+def kit_engine(engine: object, *, prepared_statements: bool = False) -> Engine:
     """The sync psycopg engine the kit runs on: ``engine`` itself, or one derived from an ``AsyncEngine``.
 
     Refuses, with the URL to use, anything that is not PostgreSQL through
     psycopg 3.  A derived engine is new (it is not ``engine``); the caller
-    owns it and disposes it.
+    owns it and disposes it.  Its psycopg connections prepare nothing
+    (``prepare_threshold=None``) unless ``prepared_statements``; an engine the
+    application passes is used as it is (see docs/operations.md for what it
+    needs behind a transaction-mode pooler).
     """
     derive = _is_async_engine(engine)
     if derive:
@@ -102,7 +107,7 @@ def kit_engine(engine: object) -> Engine:
             f"the engine is {engine.dialect.name!r}. Use a '{DRIVER_NAME}://' URL."
         )
     if derive:
-        return _sync_twin(engine)
+        return _sync_twin(engine, prepared_statements=prepared_statements)
     if engine.dialect.driver != "psycopg" or engine.dialect.is_async:
         shown = engine.url.render_as_string(hide_password=True)
         use = make_url(database_url(engine.url)).render_as_string(hide_password=True)
@@ -116,10 +121,11 @@ def kit_engine(engine: object) -> Engine:
     return engine
 
 
-def _sync_twin(engine: Engine) -> Engine:
+def _sync_twin(engine: Engine, *, prepared_statements: bool) -> Engine:
     """A sync psycopg engine on the same database with the same pool settings (see the module docstring)."""
     pool = engine.pool
     options: dict[str, object] = {
+        "connect_args": {} if prepared_statements else {"prepare_threshold": None},
         "echo": engine.echo,
         "pool_pre_ping": getattr(pool, "_pre_ping", False),
         "pool_recycle": getattr(pool, "_recycle", -1),

@@ -118,20 +118,25 @@ class Drainer:
         synchronous_commit: bool = True,
         telemetry: Telemetry | None = None,
         attempt_history_days: float = 7.0,
+        prepared_statements: bool = False,
     ) -> None:
         self.engine = engine
         self.outbox = outbox
         self.options = options or outbox.__outbox__
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
         self.clock = clock or SystemClock()
-        self.queries: OutboxQueries = queries_for(outbox, synchronous_commit=synchronous_commit)
+        self.queries: OutboxQueries = queries_for(
+            outbox, synchronous_commit=synchronous_commit, prepared_statements=prepared_statements
+        )
         self._lock = threading.Lock()
         self._background: Background[DrainResult] | None = None
         self._closed = False
         self._schema_problems = SchemaProblemLog(logger)
         self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
         # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
-        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days, table=self.queries.table_name)
+        self.attempt_log = AttemptLog(
+            self.job_name, keep_days=attempt_history_days, table=self.queries.table_name, prepared_statements=prepared_statements
+        )
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.
         self.claimer = Claimer(

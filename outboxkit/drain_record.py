@@ -1,8 +1,9 @@
 """Step 4 of the drain: record each outcome in its own short transaction, guarded by the claim token.
 
 As each send finishes, its outcome is decided by the ``RetryPolicy`` and
-written on its own: one prepared ``UPDATE`` in autocommit mode, so one round
-trip and one transaction per row.  One row's failure never rolls back a
+written on its own: one ``UPDATE`` in autocommit mode (a server-side prepared
+statement only with ``OUTBOXKIT_PREPARED_STATEMENTS``), so one round trip and
+one transaction per row.  One row's failure never rolls back a
 neighbour, and a row that was reset or claimed again meanwhile is not
 overwritten.  The write stores the latest attempt's status code and error (a
 delivered row keeps no stale error).

@@ -7,7 +7,11 @@ machine, and the invariant each step protects:
 
 ``STANDBY`` -- campaign.  Open a *new* connection in AUTOCOMMIT, name it
     ``outboxkit-leader:<host>:<pid>`` (so ``pg_stat_activity`` and the admin
-    show who leads) and ``SELECT pg_try_advisory_lock(KEY)``.  False: close it
+    show who leads), prove it is a session of its own (``outboxkit.sessions``:
+    behind a transaction-mode pooler the lock would stay on a shared server
+    connection and could be granted twice; a failed proof is a failed
+    campaign, see ``UNELECTED``) and ``SELECT pg_try_advisory_lock(KEY)`` on
+    the proven backend only.  False: close it
     and probe again after ``standby_probe_seconds``.  True: keep the connection
     for the whole leadership and remember its ``pg_backend_pid()``.  A session
     lock lives exactly as long as its server session, so holding the
@@ -30,10 +34,13 @@ machine, and the invariant each step protects:
 ``LEADER`` -- tick.  Every ``leader_tick_seconds``, on the lock connection,
     ask ``pg_locks`` whether this backend still holds the key *in this
     database* (advisory keys are per database, ``pg_locks`` is cluster-wide,
-    so every query carries the database predicate).  An error or no row
-    means the lock is gone (server restart, failover, ``pg_terminate_backend``,
-    an idle timeout): stop the scheduler at once without waiting for running
-    jobs, close the connection, become ``STANDBY``.  The run-history fence
+    so every query carries the database predicate), and whether the
+    statement still runs on the backend that took the lock.  An error or no
+    row means the lock is gone (server restart, failover, ``pg_terminate_backend``,
+    an idle timeout) or out of reach (a pooler moved the connection): stop
+    the scheduler at once without waiting for running jobs, release what is
+    still ours (an unlock on the backend that took it, or ending that backend
+    if a pooler stranded it there), close the connection, become ``STANDBY``.  The run-history fence
     (``outboxkit_job_runs``) covers the short window in which a job already
     running finishes after the demotion.
 
@@ -76,13 +83,22 @@ from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError, LifecycleError
 from outboxkit.leader_lock import (
     APPLICATION_NAME_PREFIX,
-    TRY_ACQUIRE,
-    UNLOCK,
     LockHolder,
     current_leader,
+    key_predicate,
     leader_application_name,
     lock_holders,
     still_held_query,
+    try_acquire_query,
+    unlock_query,
+)
+from outboxkit.sessions import (
+    LOCK_SETTING,
+    NotASessionError,
+    SessionIdentity,
+    end_stranded_backend,
+    not_a_session,
+    prove_session,
 )
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from outboxkit.telemetry import Telemetry, log_fields
@@ -139,6 +155,7 @@ class LeaderElection:
         connect_timeout: float = 5.0,
         sleep: Sleep = wait_on_event,
         telemetry: Telemetry | None = None,
+        source: str | None = None,
     ) -> None:
         if leader_tick_seconds <= 0 or standby_probe_seconds <= 0:
             raise InvalidValueError("leader_tick_seconds and standby_probe_seconds must be positive")
@@ -147,6 +164,8 @@ class LeaderElection:
         if (dsn is None) == (connect is None):
             raise InvalidValueError("LeaderElection needs exactly one of dsn= or connect= (outboxkit.connections)")
         self.dsn = dsn
+        # Where the lock connection comes from, for a refusal's message (the kit names its setting).
+        self.source = source or ("the dsn= given to LeaderElection" if dsn is not None else "its connect= function")
         self.key = key
         self.leader_tick_seconds = leader_tick_seconds
         self.standby_probe_seconds = standby_probe_seconds
@@ -171,6 +190,8 @@ class LeaderElection:
         self._stopping = threading.Event()
         self._connection: psycopg.Connection | None = None
         self._backend_pid: int | None = None
+        self._identity: SessionIdentity | None = None  # the proven backend the lock was taken on
+        self.refusal: NotASessionError | None = None  # the last campaign's refusal of a non-session connection
         self._announced: str | None = None  # the last standby/error message logged, to log changes only
         self._thread: threading.Thread | None = None
         self.campaigns = 0  # campaigns finished so far (won, lost or failed); for monitoring and tests
@@ -225,7 +246,7 @@ class LeaderElection:
                     if self._sleep(self.leader_tick_seconds, self._stopping):
                         break
                     if not self._still_held():
-                        self._demote("the leader lock is gone (connection lost or terminated)")
+                        self._demote("the leader lock is gone or out of reach (connection lost, terminated or moved)")
                 if self.state in (ElectionState.STANDBY, ElectionState.UNELECTED):
                     if self._sleep(self.standby_probe_seconds, self._stopping):
                         break
@@ -251,18 +272,22 @@ class LeaderElection:
             self._campaign_failed(exc)
             return
         try:
-            answer = connection.execute(TRY_ACQUIRE, [self.key]).fetchone()
+            identity = prove_session(connection, self._connect, purpose="the leader lock connection", source=self.source)
+            answer = connection.execute(try_acquire_query(identity.predicate()), [self.key]).fetchone()
             assert answer is not None  # a SELECT without FROM returns exactly one row
             acquired, backend_pid = answer
+            if acquired is None:  # not on the proven backend: nothing was taken
+                raise not_a_session("the leader lock connection", self.source, "it moved to another server backend")
         except Exception as exc:
             connection.close()
             self._campaign_failed(exc)
             return
+        self.refusal = None
         if not acquired:
             connection.close()
             self._campaign_lost()
             return
-        self._connection, self._backend_pid = connection, backend_pid
+        self._connection, self._backend_pid, self._identity = connection, backend_pid, identity
         self._announced = None
         if self.state is ElectionState.UNELECTED:
             logger.info("acquired leadership as %s (backend %s); the scheduler already runs", self.identity, backend_pid,
@@ -286,6 +311,7 @@ class LeaderElection:
         self._announce(logging.INFO, "standby: another process holds the leader lock", "election.standby")
 
     def _campaign_failed(self, exc: Exception) -> None:
+        self.refusal = exc if isinstance(exc, NotASessionError) else None
         reason = f"{type(exc).__name__}: {str(exc).strip()}"
         if self.state is ElectionState.UNELECTED:
             return
@@ -317,7 +343,7 @@ class LeaderElection:
                        extra=log_fields("election.lost", leader=self.identity))
         if self.state is ElectionState.LEADER:
             self._call_demoted(wait=False)
-        self._close_connection()
+        self._release()
         self._set_state(ElectionState.STANDBY)
 
     def _resign(self) -> None:
@@ -332,25 +358,41 @@ class LeaderElection:
     # -- helpers -------------------------------------------------------------
 
     def _still_held(self) -> bool:
-        if self._connection is None:
+        if self._connection is None or self._identity is None:
             return False
         try:
-            query = still_held_query(self.key)
+            query = still_held_query(self.key, self._identity.predicate())
             return self._connection.execute(query).fetchone() is not None
         except Exception as exc:
             logger.debug("leader tick failed: %s", exc)
             return False
 
     def _release(self) -> None:
-        if self._connection is not None and not self._connection.closed:
+        connection, identity = self._connection, self._identity
+        if connection is not None and not connection.closed and identity is not None:
             try:
-                self._connection.execute(UNLOCK, [self.key])
+                # Unlock only on the backend that took the lock: elsewhere it could pop another holder's lock.
+                row = connection.execute(unlock_query(identity.predicate()), [self.key]).fetchone()
+                if row is not None and row[0] is None:
+                    self._end_stranded(connection, identity)
             except Exception as exc:  # the lock dies with the session anyway
                 logger.debug("advisory unlock failed (the session is gone): %s", exc)
         self._close_connection()
 
+    def _end_stranded(self, connection: psycopg.Connection, identity: SessionIdentity) -> None:
+        ended = end_stranded_backend(connection, identity, lock_predicate=key_predicate(self.key))
+        logger.error(
+            "the leader lock connection (%s) moved off backend %s, which holds the lock; %s. "
+            "A transaction-mode pooler does this: point %s at a direct connection or a session-mode pool",
+            self.source,
+            identity.backend_pid,
+            "ended that backend to release it" if ended else "it could not be ended now (busy, or gone already)",
+            LOCK_SETTING,
+            extra=log_fields("election.stranded", leader=self.identity),
+        )
+
     def _close_connection(self) -> None:
-        connection, self._connection, self._backend_pid = self._connection, None, None
+        connection, self._connection, self._backend_pid, self._identity = self._connection, None, None, None
         if connection is not None:
             try:
                 connection.close()

@@ -1,10 +1,12 @@
 """The leader lock: the PostgreSQL session advisory lock the election campaigns for.
 
 What ``outboxkit.election`` runs on its lock connection, and who holds the
-lock, in one place: the campaign's ``TRY_ACQUIRE`` (which also returns the
-session's ``pg_backend_pid()``), the leader tick's ``still_held_query``, the
-shutdown's ``UNLOCK``, and ``lock_holders`` / ``current_leader`` for the
-admin and the CLI.  The lock connection is named
+lock, in one place: the campaign's ``try_acquire_query`` (which also returns
+the session's ``pg_backend_pid()``), the leader tick's ``still_held_query``,
+the shutdown's ``unlock_query``, and ``lock_holders`` / ``current_leader``
+for the admin and the CLI.  The campaign, the tick and the unlock each take
+the predicate of the proven backend (``outboxkit.sessions``), so none of them
+acts on a backend a pooler swapped in.  The lock connection is named
 ``outboxkit-leader:<host>:<pid>`` (``leader_application_name``), so
 ``pg_stat_activity`` says which process leads.
 
@@ -25,13 +27,14 @@ from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 
 __all__ = [
     "APPLICATION_NAME_PREFIX",
-    "TRY_ACQUIRE",
-    "UNLOCK",
     "LockHolder",
     "current_leader",
+    "key_predicate",
     "leader_application_name",
     "lock_holders",
     "still_held_query",
+    "try_acquire_query",
+    "unlock_query",
 ]
 
 APPLICATION_NAME_PREFIX = "outboxkit-leader:"
@@ -57,13 +60,8 @@ WHERE {predicate}
 ORDER BY a.backend_start
 """
 
-# The campaign, on a fresh AUTOCOMMIT connection: take the lock if it is free, and say which backend holds it.
-TRY_ACQUIRE = "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()"
-# The shutdown: give the lock back (it also dies with the session).
-UNLOCK = "SELECT pg_advisory_unlock(%s::bigint)"
-
-
-def _key_predicate(key: int) -> str:
+def key_predicate(key: int) -> str:
+    """The ``pg_locks`` predicate for ``key`` in this database (a 64-bit key as PostgreSQL splits it)."""
     unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
     return _KEY_PREDICATE.format(classid=unsigned >> 32, objid=unsigned & 0xFFFF_FFFF)
 
@@ -76,9 +74,21 @@ def leader_application_name(host: str | None = None, pid: int | None = None) -> 
     return f"{APPLICATION_NAME_PREFIX}{host.encode()[:room].decode(errors='ignore')}:{pid}"
 
 
-def still_held_query(key: int) -> str:
-    """The leader tick: one row while this session still holds ``key`` in this database, none once it lost it."""
-    return _STILL_HELD.format(predicate=_key_predicate(key))
+def try_acquire_query(backend_predicate: str) -> str:
+    """The campaign (one parameter, the key): the lock if it is free and the statement runs on the proven backend
+    (NULL elsewhere: nothing taken), and the backend's pid."""
+    return f"SELECT CASE WHEN {backend_predicate} THEN pg_try_advisory_lock(%s::bigint) END, pg_backend_pid()"
+
+
+def still_held_query(key: int, backend_predicate: str) -> str:
+    """The leader tick: one row while this session, on the proven backend, still holds ``key`` in this database."""
+    return _STILL_HELD.format(predicate=key_predicate(key)) + f" AND {backend_predicate}"
+
+
+def unlock_query(backend_predicate: str) -> str:
+    """The shutdown (one parameter, the key): give the lock back on the backend that took it only (NULL elsewhere:
+    an unlock on another backend could pop another holder's lock); it also dies with the session."""
+    return f"SELECT CASE WHEN {backend_predicate} THEN pg_advisory_unlock(%s::bigint) END"
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ class LockHolder:
 
 def lock_holders(connection: Connection, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> list[LockHolder]:
     """Every session holding ``key`` in the connection's database (normally zero or one)."""
-    rows = connection.execute(text(_HOLDERS.format(predicate=_key_predicate(key)))).all()
+    rows = connection.execute(text(_HOLDERS.format(predicate=key_predicate(key)))).all()
     return [_holder(backend_pid, name, since) for backend_pid, name, since in rows]
 
 

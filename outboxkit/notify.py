@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import psycopg
@@ -39,6 +40,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import Outbox
+from outboxkit.sessions import NotASessionError, SessionIdentity, not_a_session, on_own_backend, prove_session
 
 __all__ = [
     "NotifyListener",
@@ -124,6 +126,13 @@ class NotifyListener:
     sent while nobody listened are gone.  After a dropped connection it
     reconnects with jittered exponential backoff (tenacity) and LISTENs again.
     ``generation`` counts successful (re)connections; tests wait on it.
+
+    Each connection is proven a session of its own before it LISTENs
+    (``outboxkit.sessions``), and every ``session_check_seconds`` while it
+    listens it checks it is still on that backend.  A connection through a
+    transaction-mode pooler is refused: ``refusal`` holds the
+    ``NotASessionError``, it is logged, and the listener stops (the drain
+    loops go on at due times and polls).
     """
 
     def __init__(
@@ -134,6 +143,8 @@ class NotifyListener:
         channels: Mapping[str, Callable[[], None]],
         poll_seconds: float = 0.25,
         max_backoff_seconds: float = 10.0,
+        source: str = "the LISTEN connection's source",
+        session_check_seconds: float = 15.0,
     ) -> None:
         if not channels:
             raise InvalidValueError("NotifyListener needs at least one channel")
@@ -143,6 +154,10 @@ class NotifyListener:
         self.channels = dict(channels)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
+        self.source = source
+        self.session_check_seconds = session_check_seconds
+        self.refusal: NotASessionError | None = None
+        self._identity: SessionIdentity | None = None
         self.application_name = listener_application_name()
         self._open = connect or session_connector(
             engine=None, dsn=dsn, application_name=self.application_name, keepalive_seconds=15
@@ -168,17 +183,30 @@ class NotifyListener:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            connection = self._connect()
+            try:
+                connection = self._connect()
+            except NotASessionError as exc:
+                self._refuse(exc)
+                return
             if connection is None:
                 return
             try:
                 self._listen(connection)
+            except NotASessionError as exc:
+                self._refuse(exc)
+                return
             except psycopg.Error as exc:
                 if not self._stopping.is_set():
                     logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__)
             finally:
                 self.backend_pid = None
                 connection.close()
+
+    def _refuse(self, exc: NotASessionError) -> None:
+        logger.error("the listener stops: %s; the drain loops go on at due times and polls", exc)
+        with self._changed:
+            self.refusal = exc
+            self._changed.notify_all()
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop cuts the backoff short
@@ -204,8 +232,11 @@ class NotifyListener:
         """One attempt: a new connection that LISTENs on every channel (closed again if a LISTEN fails)."""
         connection = self._open()
         try:
+            identity = prove_session(connection, self._open, purpose="the LISTEN connection", source=self.source)
             for channel in self.channels:
                 connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self._check_backend(connection, identity)
+            self._identity = identity
         except BaseException:
             connection.close()
             raise
@@ -223,8 +254,17 @@ class NotifyListener:
         # while disconnected) are gone: one drain each picks up what they announced.
         for callback in self.channels.values():
             callback()
+        next_check = time.monotonic() + self.session_check_seconds
         while not self._stopping.is_set():
             for notification in connection.notifies(timeout=self.poll_seconds):
                 woken = self.channels.get(notification.channel)
                 if woken is not None:
                     woken()
+            if self._identity is not None and time.monotonic() >= next_check:
+                self._check_backend(connection, self._identity)
+                next_check = time.monotonic() + self.session_check_seconds
+
+    def _check_backend(self, connection: psycopg.Connection, identity: SessionIdentity) -> None:
+        """Raise ``NotASessionError`` when the connection's statements no longer run on the proven backend."""
+        if not on_own_backend(connection, identity):
+            raise not_a_session("the LISTEN connection", self.source, "its statements moved to another server backend")

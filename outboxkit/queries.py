@@ -9,9 +9,13 @@ pauses, audit) are written by their modules.  Statements are plain SQL over
 the table's quoted name, compiled once per outbox class.
 
 The outcome write is the drain's hot path (one per delivered row), so it
-skips SQLAlchemy's statement layer: it runs as one prepared statement on the
-psycopg connection of an AUTOCOMMIT pooled connection (``outcome_connection``),
-which makes it one round trip and one transaction of its own.
+skips SQLAlchemy's statement layer: it runs as one statement on the psycopg
+connection of an AUTOCOMMIT pooled connection (``outcome_connection``), which
+makes it one round trip and one transaction of its own.  It is a server-side
+prepared statement only when the operator opts in
+(``OutboxKitSettings.prepared_statements``): a transaction-mode pooler before
+PgBouncer 1.21 hands the next execution to a server connection that never
+saw the PREPARE (docs/operations.md, "PgBouncer and other poolers").
 """
 
 from __future__ import annotations
@@ -155,9 +159,10 @@ class OutboxQueries:
     wait for the WAL flush (see "Commit durability" above).
     """
 
-    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = True) -> None:
+    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = True, prepared_statements: bool = False) -> None:
         self.outbox = outbox
         self.synchronous_commit = synchronous_commit
+        self.prepared_statements = prepared_statements
         table = outbox.__table__  # type: ignore[attr-defined]
         quoted = quote_table(table)
         self.table_name = quoted
@@ -217,7 +222,7 @@ class OutboxQueries:
             "error": outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None,
             "now": now,
         }
-        cursor = driver.execute(self._record, params, prepare=True)
+        cursor = driver.execute(self._record, params, prepare=self.prepared_statements)
         return bool(cursor.rowcount == 1)
 
 
@@ -228,13 +233,14 @@ def quote_table(table: Any) -> str:
     return str(preparer.format_table(table))
 
 
-_COMPILED: dict[tuple[type[Outbox], bool], OutboxQueries] = {}
+_COMPILED: dict[tuple[type[Outbox], bool, bool], OutboxQueries] = {}
 
 
-def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = True) -> OutboxQueries:
-    """The statements for ``outbox``, compiled once per class and commit mode."""
-    key = (outbox, synchronous_commit)
+def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = True, prepared_statements: bool = False) -> OutboxQueries:
+    """The statements for ``outbox``, compiled once per class, commit mode and prepare mode."""
+    key = (outbox, synchronous_commit, prepared_statements)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED.setdefault(key, OutboxQueries(outbox, synchronous_commit=synchronous_commit))
+        options = {"synchronous_commit": synchronous_commit, "prepared_statements": prepared_statements}
+        compiled = _COMPILED.setdefault(key, OutboxQueries(outbox, **options))
     return compiled

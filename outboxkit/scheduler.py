@@ -41,6 +41,7 @@ from apscheduler.triggers.base import BaseTrigger
 from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.model import Outbox
+from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.results import RunRecord
 from outboxkit.retention import retention_job
 from outboxkit.scheduled_jobs import JobFailed, JobFunction, JobRunner, ScheduledJob, every
@@ -288,11 +289,15 @@ class OutboxScheduler:
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
                     )
-                connection: dict[str, object] = (
-                    {}
-                    if "dsn" in overrides or "connect" in overrides
-                    else {"connect": self.kit.session_connector(leader_application_name())}
-                )
+                check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
+                connection: dict[str, object] = {}
+                if "dsn" not in overrides and "connect" not in overrides:
+                    # A transaction-mode pooler is refused here, before any thread (production raises).
+                    session_source_accepted(self.kit, leader_application_name(), purpose="the leader lock connection")
+                    connection = {
+                        "connect": self.kit.session_connector(leader_application_name()),
+                        "source": self.kit.session_source,
+                    }
                 options = {
                     **connection,
                     "key": self.settings.advisory_lock_key,

@@ -34,6 +34,7 @@ Drain work (see docs/operations.md, "Drains and workers")::
     OUTBOXKIT_DRAIN_ENABLED=true        # this process drains (NOTIFY, due times), leader or not
     OUTBOXKIT_LISTEN_ENABLED=true
     OUTBOXKIT_SYNCHRONOUS_COMMIT=true   # false: claims and outcomes do not wait for the WAL flush
+    OUTBOXKIT_PREPARED_STATEMENTS=false # true: server-side prepared statements (direct, or PgBouncer 1.21+)
 
 A variable that starts with ``OUTBOXKIT_`` but names no setting (a typo such
 as ``OUTBOXKIT_LEADER_TICK``, or ``OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS``)
@@ -156,6 +157,15 @@ class OutboxKitSettings(BaseSettings):
     # server within ~600 ms may forget them, so a row may be sent once more
     # than its attempts say (with the same Idempotency-Key; never lost).
     synchronous_commit: bool = True
+    # Server-side prepared statements for the kit's hot statements (the
+    # outcome write, the attempt history) and psycopg's automatic preparing
+    # on an engine the kit builds.  Off (the default): nothing is prepared,
+    # which works through every pooler; a transaction-mode pooler before
+    # PgBouncer 1.21 (or without max_prepared_statements) loses prepared
+    # statements between transactions.  On: for direct connections, a
+    # session-mode pool, or PgBouncer 1.21+ with max_prepared_statements > 0
+    # (docs/performance.md has what it is worth).
+    prepared_statements: bool = False
     # Run history kept per job in outboxkit_job_runs (older rows are trimmed).
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
     # Attempt history kept per outbox in outboxkit_attempts, in days (the

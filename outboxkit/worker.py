@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, channel_for, listener_application_name
+from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
@@ -81,6 +82,14 @@ class DrainWorker:
     def start(self) -> None:
         """Start every loop (each claims at once) and the listener.  Idempotent."""
         settings = self.kit.settings
+        if self.running:
+            return
+        check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
+        # A LISTEN through a transaction-mode pooler hears almost nothing: refused before anything
+        # starts (production raises), else the loops run on due times and polling alone.
+        listen = settings.listen_enabled and session_source_accepted(
+            self.kit, listener_application_name(), purpose="the LISTEN connection"
+        )
         with self._lock:
             if self._drainers:
                 return
@@ -89,16 +98,18 @@ class DrainWorker:
             for drainer in drainers:
                 drainer.start(poll_seconds=settings.drain_interval_seconds)
             self._drainers = drainers
-            if settings.listen_enabled:
+            if listen:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
                 self._listener = NotifyListener(
-                    connect=self.kit.session_connector(listener_application_name()), channels=channels
+                    connect=self.kit.session_connector(listener_application_name()),
+                    channels=channels,
+                    source=self.kit.session_source,
                 )
                 self._listener.start()
         logger.info(
             "draining %s in this process%s",
             ", ".join(drainer.job_name for drainer in drainers),
-            " (woken by NOTIFY)" if settings.listen_enabled else " (NOTIFY disabled: due times and polling only)",
+            " (woken by NOTIFY)" if listen else " (no NOTIFY: due times and polling only)",
             extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
 

@@ -80,6 +80,7 @@ class DatabaseFactory:
             for metadata in metadatas:
                 metadata.create_all(engine)
 
+        self.server = server
         self._template = TemplateDatabase(server, create_schema)
 
     def create(self) -> str:
