@@ -2,7 +2,8 @@
 
 A refusal is an ``OutboxKitError`` the operator's service (or the admin's own
 input checks) raises when nothing was done: an unknown name, a held row, a
-paused outbox, a bad cursor or field, a body over the cap.  The API answers
+paused outbox, a bad cursor or field, a body over the cap, a query over the
+admin's time limit or a wait over its pool timeout.  The API answers
 it as JSON (``outboxkit.admin.api.http_errors``), the pages as an error page
 (``outboxkit.admin.pages``); both look the status up here.
 """
@@ -14,6 +15,8 @@ from outboxkit.errors import (
     InvalidCursor,
     InvalidSearch,
     InvalidValueError,
+    OperatorPoolBusy,
+    OperatorQueryTimeout,
     OutboxKitError,
     OutboxPaused,
     PageInputError,
@@ -36,6 +39,9 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     PageInputError: 422,
     InvalidValueError: 422,
     InvalidSearch: 422,
+    # The admin's own limits (outboxkit.operator_database): the request was too heavy for now, nothing changed.
+    OperatorQueryTimeout: 503,
+    OperatorPoolBusy: 503,
 }
 REFUSALS: tuple[type[OutboxKitError], ...] = tuple(REFUSAL_STATUS)  # for ``except REFUSALS``
 

@@ -67,7 +67,7 @@ class OutboxControls:
 
     def pause(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)  # UnknownOutboxError for a bad name
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             changed = pause(connection, outbox.__outbox__.job_name, actor=actor, now=self.kit.clock.now())
             audit_id = (
                 record_audit(connection, actor=actor, outbox_name=outbox_name, action="pause", ids=[], row_filter={})
@@ -79,7 +79,7 @@ class OutboxControls:
 
     def resume(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             changed = resume(connection, outbox.__outbox__.job_name)
             audit_id = None
             if changed:
@@ -91,7 +91,7 @@ class OutboxControls:
     def drain_now(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)
         queries = admin_queries_for(outbox)
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             if is_paused(connection, outbox.__outbox__.job_name):
                 raise OutboxPaused(outbox_name)
             due = queries.count_due(connection, now=self.kit.clock.now())

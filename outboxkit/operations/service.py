@@ -1,9 +1,11 @@
 """What an operator does, independent of HTTP: the one service behind the admin (API and pages) and the CLI.
 
 ``OperationsService`` reads counts, pages and rows, and performs resets, through
-the named statements in ``outboxkit.queries``; it records every change in
+the named statements in ``outboxkit.operator_queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
-API and the pages are thin layers over it.
+API and the pages are thin layers over it.  It works on the kit's operator
+database (``outboxkit.operator_database``): a small pool of its own, never the
+application's connections, and a time limit on every transaction.
 
 Action rules (the same for one id, a list, or a filter):
 
@@ -104,7 +106,7 @@ class OperationsService:
         """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's last hour."""
         now = self.kit.clock.now()
         names = self.outbox_names
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
             pauses = paused_outboxes(connection)
             entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
@@ -117,7 +119,7 @@ class OperationsService:
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:
         """One outbox's counts and heartbeat."""
         self._queries(outbox_name)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
             pauses = paused_outboxes(connection)
             return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
@@ -166,7 +168,7 @@ class OperationsService:
             except InvalidCursor:
                 before = decode_cursor(cursor, scope=scope + ":before", with_time=with_time)
         now = self.kit.clock.now()
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             found = queries.page(connection, status=status, row_filter=row_filter, after=after, before=before, limit=limit + 1)
             counts = self._tab_counts(connection, queries, row_filter, now) if with_counts else None
         more = len(found) > limit
@@ -239,7 +241,7 @@ class OperationsService:
         names = [outbox_name] if outbox_name is not None else self.outbox_names
         now = self.kit.clock.now()
         found = []
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             for name in names:
                 row = self._queries(name).find(connection, row_id=row_id, idempotency_key=key)
                 if row is not None:
@@ -248,7 +250,7 @@ class OperationsService:
 
     def row(self, outbox_name: str, row_id: int) -> RowDetailModel:
         queries = self._queries(outbox_name)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             detail = queries.detail(connection, row_id, preview_chars=self.preview_chars)
             if detail is None:
                 raise RowsNotFound(outbox_name, [row_id])
@@ -277,7 +279,7 @@ class OperationsService:
         if cursor:
             (after,) = decode_cursor(cursor, scope="audit", with_time=False)
             statement = statement.where(reset_audit.c.id < after)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             found = [AuditEntry.model_validate(dict(row._mapping)) for row in connection.execute(statement)]
         entries = found[:limit]
         next_cursor = encode_cursor("audit", (entries[-1].id,)) if len(found) > limit else None
@@ -304,7 +306,7 @@ class OperationsService:
     def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
         queries = self._queries(outbox_name)
         wanted = sorted(set(ids))
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             states = queries.lock_row_states(connection, wanted)
             missing = [row_id for row_id in wanted if row_id not in states]
             if missing:
@@ -337,7 +339,7 @@ class OperationsService:
         queries = self._queries(outbox_name)
         changed: list[int] = []
         audit_id = None
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             matched, sample = queries.count_stuck_matching(connection, row_filter, sample_size=SAMPLE_SIZE)
             if not dry_run:
                 changed = queries.reset_stuck_matching(connection, row_filter, now=self.kit.clock.now())
