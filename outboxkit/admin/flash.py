@@ -17,6 +17,7 @@ from typing import Literal
 
 from outboxkit.admin.signing import Signer
 from outboxkit.clock import Clock
+from outboxkit.operations.controls import DUE_COUNT_CAP
 
 __all__ = ["FLASH_COOKIE", "FLASH_SECONDS", "Flash", "FlashNotices"]
 
@@ -24,7 +25,9 @@ FLASH_COOKIE = "outboxkit_flash"
 FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
-FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already"]
+FlashKind = Literal[
+    "reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already", "reset_partial"
+]
 _KINDS: tuple[str, ...] = (
     "reset",
     "retry_now",
@@ -35,6 +38,7 @@ _KINDS: tuple[str, ...] = (
     "resumed",
     "drain_now",
     "already",
+    "reset_partial",
 )
 
 
@@ -70,7 +74,14 @@ class Flash:
         if self.kind == "already":
             return "Nothing to do: the outbox already was in that state."
         if self.kind == "drain_now":
+            if self.count >= DUE_COUNT_CAP:  # the count stops there
+                return f"Woke every drain of this outbox; at least {DUE_COUNT_CAP:,} rows were due (the count stops there)."
             return f"Woke every drain of this outbox; {self.count:,} row(s) were due."
+        if self.kind == "reset_partial":
+            return (
+                f"Reset {self.count:,} row(s), in batches; more rows may match: the request stopped at its time share. "
+                "Reset all matching again to go on (rows already reset are not touched twice)."
+            )
         return "Nothing to do: the row was not in a state this action applies to."
 
 

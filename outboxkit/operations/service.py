@@ -34,6 +34,7 @@ from sqlalchemy import Connection, select
 from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
+from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
@@ -71,7 +72,6 @@ from outboxkit.tables import reset_audit
 
 __all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
-SAMPLE_SIZE = 20
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
 FILTERED_COUNT_CAP = 10_000
 
@@ -88,6 +88,7 @@ class OperationsService:
         self.preview_chars = preview_chars
         self.controls = OutboxControls(kit)  # pause, resume, drain now
         self.jobs_table = JobsTable(kit, job_source)  # the jobs page
+        self.bulk_reset = BulkReset(kit)  # reset all matching, in batches
 
     @property
     def outbox_names(self) -> list[str]:
@@ -334,28 +335,21 @@ class OperationsService:
             audit_id=audit_id,
         )
 
-    def reset_matching(self, outbox_name: str, row_filter: RowFilter, *, dry_run: bool, actor: str) -> MatchOutcome:
-        """Count (dry run) or reset every stuck row that matches ``row_filter``."""
-        queries = self._queries(outbox_name)
-        changed: list[int] = []
-        audit_id = None
-        with self.kit.operator_database.begin() as connection:
-            matched, sample = queries.count_stuck_matching(connection, row_filter, sample_size=SAMPLE_SIZE)
-            if not dry_run:
-                changed = queries.reset_stuck_matching(connection, row_filter, now=self.kit.clock.now())
-                audit_id = self._record(
-                    connection, actor=actor, outbox_name=outbox_name, action="reset", ids=changed, row_filter=row_filter.as_dict()
-                )
-                self._wake_drain(connection, outbox_name, changed)
-        return MatchOutcome(
-            outbox=outbox_name,
-            filter=row_filter,
-            dry_run=dry_run,
-            matched=matched,
-            sample_ids=sample,
-            changed=len(changed),
-            audit_id=audit_id,
-        )
+    def reset_matching(
+        self,
+        outbox_name: str,
+        row_filter: RowFilter,
+        *,
+        dry_run: bool,
+        actor: str,
+        max_seconds: float | None = REQUEST_SECONDS,
+    ) -> MatchOutcome:
+        """Count (dry run, capped) or reset every stuck row that matches ``row_filter``, in bounded batches.
+
+        See ``outboxkit.operations.bulk_reset``: a run stops after ``max_seconds``
+        (``None``: at the end) and says so with ``complete: false``; run it again for the rest.
+        """
+        return self.bulk_reset.run(outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds)
 
     def _wake_drain(self, connection: Connection, outbox_name: str, changed: list[int]) -> None:
         if changed:
