@@ -91,7 +91,10 @@ def test_every_operator_transaction_runs_under_the_time_limit_and_the_applicatio
         limit = connection.execute(text("SHOW statement_timeout")).scalar_one()
         workers = connection.execute(text("SHOW max_parallel_workers_per_gather")).scalar_one()
         name = connection.execute(text("SELECT current_setting('application_name')")).scalar_one()
+        connection.execute(text("SELECT pg_sleep(0.2)"))
+        later = connection.execute(text("SHOW statement_timeout")).scalar_one()
     assert limit.endswith("ms") and 0 < int(limit[:-2]) <= TIME_LIMIT * 1000
+    assert int(later[:-2]) <= int(limit[:-2]) - 200  # one budget for the whole transaction, not one per statement
     assert workers == "0" and name == APPLICATION_NAME
     with admin.engine.connect() as connection:  # the application's own engine keeps its settings
         assert connection.execute(text("SHOW statement_timeout")).scalar_one() == "0"
