@@ -43,7 +43,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -52,12 +51,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
-from exampleapp.models import Base  # noqa: E402
-from sqlalchemy import create_engine  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 
+from bench.admin_overview import example_database  # noqa: E402
 from outboxkit import OutboxKitSettings  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
 
 PASSWORD = "bench"
 HEAVY_FILTER = "/admin/api/outboxes/webhooks/rows?status=done&payload_column=payload&payload_contains=zq"
@@ -184,42 +180,30 @@ def main() -> None:
     parser.add_argument("--admin-pool-timeout", type=float, default=defaults.admin_pool_timeout_seconds)
     arguments = parser.parse_args()
 
-    server = os.environ.get("OUTBOXKIT_BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
-    scratch = f"outboxkit_bench_isolation_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{scratch}"')
-    url = make_url(server).set(database=scratch).render_as_string(hide_password=False)
     process = None
-    try:
-        engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"))
+    with example_database("isolation") as url:
         try:
-            Base.metadata.create_all(engine)
-            kit_metadata.create_all(engine)
-        finally:
-            engine.dispose()
-        started = time.perf_counter()
-        with psycopg.connect(url, autocommit=True) as connection:
-            connection.execute(FILL, {"done": arguments.done})
-            connection.execute("VACUUM ANALYZE")
-        print(f"filled {arguments.done:,} done rows in {time.perf_counter() - started:.1f}s")
+            started = time.perf_counter()
+            with psycopg.connect(url, autocommit=True) as connection:
+                connection.execute(FILL, {"done": arguments.done})
+                connection.execute("VACUUM ANALYZE")
+            print(f"filled {arguments.done:,} done rows in {time.perf_counter() - started:.1f}s")
 
-        port = free_port()
-        process = serve(url, port, arguments)
-        base_url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base_url, timeout=120) as client:
-            time_writes(client, 20)  # warm the pool and the statement caches
-            alone, during, loads = [], [], []
-            for _ in range(arguments.rounds):
-                alone.append(time_writes(client, arguments.writes))
-                with AdminLoad(base_url, arguments.admin_clients, arguments.admin_path) as load:
-                    during.append(time_writes(client, arguments.writes))
-                loads.append(load)
-    finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=60)
-        with psycopg.connect(server, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+            port = free_port()
+            process = serve(url, port, arguments)
+            base_url = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=base_url, timeout=120) as client:
+                time_writes(client, 20)  # warm the pool and the statement caches
+                alone, during, loads = [], [], []
+                for _ in range(arguments.rounds):
+                    alone.append(time_writes(client, arguments.writes))
+                    with AdminLoad(base_url, arguments.admin_clients, arguments.admin_path) as load:
+                        during.append(time_writes(client, arguments.writes))
+                    loads.append(load)
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=60)
 
     def median_of(rounds: list[list[float]], fraction: float) -> float:
         return statistics.median(percentile(samples, fraction) for samples in rounds)
