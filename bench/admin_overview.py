@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -115,17 +117,14 @@ def time_charts_query(kit, count: int) -> list[float]:
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--done", type=int, default=10_000_000)
-    parser.add_argument("--stuck", type=int, default=100_000)
-    parser.add_argument("--pending", type=int, default=1_000_000)
-    parser.add_argument("--attempts", type=int, default=60_000, help="attempt history rows in the last hour")
-    parser.add_argument("--requests", type=int, default=200)
-    arguments = parser.parse_args()
+@contextmanager
+def example_database(purpose: str) -> Iterator[str]:
+    """A scratch database with the example service's and the kit's tables; its libpq URL.  Dropped at the end.
 
+    On ``OUTBOXKIT_BENCH_DATABASE_URL``'s server, else 127.0.0.1:5432 (shared with ``bench/admin_isolation.py``).
+    """
     server = os.environ.get("OUTBOXKIT_BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
-    scratch = f"outboxkit_bench_admin_{uuid.uuid4().hex[:8]}"
+    scratch = f"outboxkit_bench_{purpose}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{scratch}"')
     url = make_url(server).set(database=scratch).render_as_string(hide_password=False)
@@ -136,6 +135,22 @@ def main() -> None:
             kit_metadata.create_all(engine)
         finally:
             engine.dispose()
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--done", type=int, default=10_000_000)
+    parser.add_argument("--stuck", type=int, default=100_000)
+    parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--attempts", type=int, default=60_000, help="attempt history rows in the last hour")
+    parser.add_argument("--requests", type=int, default=200)
+    arguments = parser.parse_args()
+
+    with example_database("admin") as url:
         started = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as connection:
             for statement in FILL:
@@ -165,9 +180,6 @@ def main() -> None:
             overview_samples = time_requests(client, "/admin/api/outboxes", arguments.requests)
             charts_query_samples = time_charts_query(app.state.outboxkit, arguments.requests)
             stuck_samples = time_requests(client, "/admin/api/outboxes/webhooks/rows?status=stuck&limit=50", arguments.requests)
-    finally:
-        with psycopg.connect(server, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
     result = {
         "overview_charts_p50_ms": round(statistics.median(charts_samples), 2),

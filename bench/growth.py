@@ -16,8 +16,8 @@ tests/support/database.py) and drops at the end, with the example service's
    times, drained by a real drainer process (``bench/drain_worker.py``, an
    ``OutboxKit.drain`` loop) against the fast local receiver
    (``bench/receiver.py``); then as many ``stuck`` rows put back by the
-   admin's bulk reset (``AdminQueries.reset_stuck_matching``: one ``now`` on
-   every row) and drained the same way;
+   admin's bulk reset (``AdminQueries.reset_stuck_batch`` in batches of 1,000,
+   as the admin runs it, with one ``now`` on every row) and drained the same way;
 3. **overview**: ``--done-rows`` done rows (default 10,000,000), ``--pending-rows``
    pending (default 1,000,000: half due, half in backoff, 1,000 in flight) and
    10,000 stuck; ``VACUUM ANALYZE``; the admin's overview API
@@ -226,11 +226,17 @@ def measure_drains(scratch: Scratch, rows: int) -> dict[str, float]:
         )
         scratch.refill((stuck, {"count": rows, "url": target}))
         engine = create_engine(scratch.sqlalchemy_url, pool_size=1)
+        reset: list[int] = []
+        now = datetime.now(timezone.utc)
         try:
-            with engine.begin() as connection:
-                reset = admin_queries_for(WebhookOutbox).reset_stuck_matching(
-                    connection, RowFilter(), now=datetime.now(timezone.utc)
-                )
+            while True:
+                with engine.begin() as connection:
+                    batch = admin_queries_for(WebhookOutbox).reset_stuck_batch(
+                        connection, RowFilter(), after_id=reset[-1] if reset else 0, limit=1_000, now=now
+                    )
+                reset += batch
+                if len(batch) < 1_000:
+                    break
         finally:
             engine.dispose()
         if len(reset) != rows:

@@ -27,6 +27,7 @@ from outboxkit.drain import Drainer
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.http_transport import HttpTransport
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.operator_database import OperatorDatabase
 from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
@@ -77,6 +78,7 @@ class KitCore:
                 f"registered: {known}. The key is an outbox's job_name with '-' written as '_'"
             )
         self._drainers: dict[str, Drainer] = {}
+        self._operator_database: OperatorDatabase | None = None
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.tracing)
 
     def _register(self, outbox: type[Outbox]) -> None:
@@ -195,6 +197,17 @@ class KitCore:
         return f"the engine's URL {shown}, as OUTBOXKIT_LOCK_DATABASE_URL is unset"
 
     @property
+    def operator_database(self) -> OperatorDatabase:
+        """The admin's and the CLI's own small pool with its time limit (``outboxkit.operator_database``).
+
+        Built on first use from the engine's URL; its connections are never the application's.
+        """
+        with self._lock:
+            if self._operator_database is None:
+                self._operator_database = OperatorDatabase(self.engine, self.settings)
+            return self._operator_database
+
+    @property
     def lock_dsn(self) -> str:
         """A libpq URL of the lock database: ``lock_database_url``, else the engine's (the admin's and CLI's view)."""
         # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
@@ -202,7 +215,7 @@ class KitCore:
         return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     def close(self) -> None:
-        """Close the drainers (sends in flight finish first), the own transport and a derived engine.
+        """Close the drainers (sends in flight finish first), the own transport, the operator's pool and a derived engine.
 
         Like ``Engine.dispose()``, it leaves the kit usable: the next drain
         builds fresh drainers and a fresh transport.
@@ -212,9 +225,12 @@ class KitCore:
             transport = self._transport if self._own_transport else None
             if self._own_transport:
                 self._transport = None
+            operator_database = self._operator_database
         for drainer in drainers:
             drainer.close()
         if transport is not None:
             transport.close()
+        if operator_database is not None:
+            operator_database.dispose()
         if self._derived_engine is not None:  # dispose() leaves it usable, like the rest of the kit
             self._derived_engine.dispose()

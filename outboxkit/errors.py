@@ -36,6 +36,11 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     ├── OutboxPaused                (operator) drain now or retry an outbox whose
     │                               drains are paused; nothing was done
     ├── BodyTooLarge                (admin) a request body over the admin's cap
+    ├── OperatorQueryTimeout        (operator) a transaction of the admin or the CLI ran
+    │                               past OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS and was
+    │                               cancelled; it changed nothing: narrow the filter
+    ├── OperatorPoolBusy            (operator) every connection of the admin's own pool
+    │                               stayed in use for OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS
     ├── LifecycleError              (also RuntimeError) an object used out of order:
     │   │                           started twice, used before it started
     │   └── KitClosedError          a drainer used after ``close()``
@@ -75,6 +80,8 @@ __all__ = [
     "LifecycleError",
     "MigrationRequired",
     "NotIdleError",
+    "OperatorPoolBusy",
+    "OperatorQueryTimeout",
     "OutboxAssertionError",
     "OutboxKitError",
     "OutboxPaused",
@@ -195,6 +202,28 @@ class BodyTooLarge(OutboxKitError):
     def __init__(self, limit: int) -> None:
         self.limit = limit
         super().__init__(f"the request body is larger than {limit:,} bytes; nothing was changed")
+
+
+class OperatorQueryTimeout(OutboxKitError):
+    """An operator's transaction (admin or CLI) ran past its time limit and was cancelled; it changed nothing."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(
+            f"the query took longer than the admin's time limit of {seconds:g} s "
+            "(OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS) and was cancelled; nothing was changed. "
+            "Narrow the filter (a longer text, a status code, a time range) and try again"
+        )
+
+
+class OperatorPoolBusy(OutboxKitError):
+    """Every connection of the admin's own pool stayed in use for the pool timeout; nothing was done."""
+
+    def __init__(self, pool_size: int, seconds: float) -> None:
+        super().__init__(
+            f"all {pool_size} of the admin's database connections (OUTBOXKIT_ADMIN_POOL_SIZE) stayed busy for "
+            f"{seconds:g} s; nothing was done. Try again in a moment, or narrow the filter of the slow requests"
+        )
 
 
 # -- raised by the testing kit (outboxkit.testing) ------------------------------------------------

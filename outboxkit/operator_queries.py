@@ -150,10 +150,15 @@ class AdminQueries:
         )
         return int(connection.execute(statement, {**params, "status": status, "cap": cap + 1}).scalar_one())
 
-    def count_due(self, connection: Connection, *, now: datetime) -> int:
-        """Pending rows due at ``now`` (what "drain now" reports it found)."""
-        statement = text(self._sql("SELECT count(*) FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now"))
-        return int(connection.execute(statement, {"now": now}).scalar_one())
+    def count_due(self, connection: Connection, *, now: datetime, cap: int) -> int:
+        """Pending rows due at ``now`` (what "drain now" reports it found), counted up to ``cap + 1``."""
+        statement = text(
+            self._sql(
+                "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now "
+                "LIMIT :cap) AS capped"
+            )
+        )
+        return int(connection.execute(statement, {"now": now, "cap": cap + 1}).scalar_one())
 
     def find(
         self, connection: Connection, *, row_id: int | None = None, idempotency_key: uuid.UUID | None = None
@@ -296,17 +301,21 @@ class AdminQueries:
         )
         return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
 
-    def count_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, sample_size: int) -> tuple[int, list[int]]:
-        """How many stuck rows match, and the newest ``sample_size`` of their ids."""
+    def count_stuck_matching(
+        self, connection: Connection, row_filter: RowFilter, *, sample_size: int, cap: int
+    ) -> tuple[int, list[int]]:
+        """How many stuck rows match, counted up to ``cap + 1`` (more than ``cap`` means "over cap"), and the newest
+        ``sample_size`` of their ids."""
         filter_sql, params = self.filter_clauses(row_filter)
         count = connection.execute(
-            text(self._sql(f"SELECT count(*) FROM {{table}} WHERE status = 'stuck'{filter_sql}")), params
+            text(self._sql(f"SELECT count(*) FROM (SELECT 1 FROM {{table}} WHERE status = 'stuck'{filter_sql} LIMIT :cap) AS c")),
+            {**params, "cap": cap + 1},
         ).scalar_one()
         sample = connection.execute(
             text(self._sql(f"SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} ORDER BY id DESC LIMIT :sample")),
             {**params, "sample": sample_size},
         ).scalars()
-        return count, list(sample)
+        return int(count), list(sample)
 
     def delete_delivered_batch(self, connection: Connection, *, cutoff: datetime, after_id: int, window: int) -> DeletedBatch:
         """Delete the ``done`` rows delivered before ``cutoff`` among the ``window`` rows after ``after_id``."""
@@ -315,18 +324,25 @@ class AdminQueries:
         ).one()
         return DeletedBatch(deleted=row.deleted, last_id=row.last_id, created_before_cutoff=row.created_before_cutoff)
 
-    def reset_stuck_matching(self, connection: Connection, row_filter: RowFilter, *, now: datetime) -> list[int]:
-        """Reset every stuck row matching the filter.  Stuck rows carry no lease, so none is held."""
+    def reset_stuck_batch(
+        self, connection: Connection, row_filter: RowFilter, *, after_id: int, limit: int, now: datetime
+    ) -> list[int]:
+        """Reset up to ``limit`` stuck rows matching the filter with ids above ``after_id``, in id order.
+
+        Returns the ids reset, ascending: fewer than ``limit`` means no matching row is left past ``after_id``.
+        Stuck rows carry no lease, so none is held; a row another transaction has locked (another reset of
+        it) is skipped, never waited for, and the filter is re-checked on each row under its lock.
+        """
         filter_sql, params = self.filter_clauses(row_filter)
-        # Lock in id order first, so two bulk resets at once queue instead of deadlocking.
         statement = text(
             self._sql(
-                f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} ORDER BY id FOR UPDATE) "
+                f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} AND id > :after_id "
+                "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
                 + _RESET
                 + " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
             )
         )
-        return sorted(connection.execute(statement, {**params, "now": now}).scalars())
+        return sorted(connection.execute(statement, {**params, "after_id": after_id, "limit": limit, "now": now}).scalars())
 
 
 def _capped(count: int, estimate: float | None) -> tuple[int, bool]:

@@ -20,6 +20,9 @@ The admin (see docs/admin.md)::
 
     OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
     OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
+    OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS=5 # time limit of each admin transaction (then "narrow the filter")
+    OUTBOXKIT_ADMIN_POOL_SIZE=1                 # the admin's own connections (none taken from the application's pool)
+    OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS=3      # how long a request waits for one of them (then 503)
 
 The election and the scheduler (see docs/election.md)::
 
@@ -129,6 +132,16 @@ class OutboxKitSettings(BaseSettings):
     # How long a CSRF token of the admin's pages is valid; a page always hands
     # out one with at least half of this left.
     admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
+    # The admin (and the CLI's row commands) run on their own small pool, built
+    # from the kit engine's URL, so no admin request can take a connection the
+    # application needs.  Each of their transactions, its wait for a connection
+    # included, is cancelled after this many seconds (outboxkit.operator_database).
+    # One connection by default: one admin scan at a time takes at most one of
+    # the database's CPUs; other admin requests queue for it (the wait counts
+    # against their time limit) and get 503 "busy" after the pool timeout.
+    admin_statement_timeout_seconds: float = Field(default=5.0, ge=0.1, le=3600, allow_inf_nan=False)
+    admin_pool_size: int = Field(default=1, ge=1, le=100)
+    admin_pool_timeout_seconds: float = Field(default=3.0, gt=0, le=3600, allow_inf_nan=False)
 
     # -- election and scheduler ------------------------------------------------
     # The lock connection and the LISTEN connection hold session state (an

@@ -23,7 +23,8 @@ changed), 400 a cursor or body that does not decode, 413 a body over the cap,
 415 a POST that is not JSON, 422 anything else malformed (ids out of range or
 not JSON integers, ``dry_run`` not a JSON boolean, page size outside 1..200, a
 filter with NUL characters, more than 500 ids), 503 the database is
-unreachable.  Page sizes are refused, not clamped.
+unreachable, the request ran past the admin's time limit ("narrow the
+filter") or found the admin's own connections busy.  Page sizes are refused, not clamped.
 
 A POST body is read by the endpoint itself, after the auth dependency has
 admitted the request (FastAPI reads a declared body parameter before any
@@ -76,7 +77,11 @@ class ErrorBody(BaseModel):
 
 _NOT_FOUND: dict[str, Any] = {"model": ErrorBody, "description": "Unknown outbox or row."}
 _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
-    503: {"model": ErrorBody, "description": "The database is unreachable; nothing was read or changed."}
+    503: {
+        "model": ErrorBody,
+        "description": "The database is unreachable, the request ran past the admin's time limit (narrow the filter) "
+        "or the admin's connections stayed busy; nothing was changed.",
+    }
 }
 READ_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The cursor does not decode."},

@@ -17,6 +17,7 @@ from typing import Literal
 
 from outboxkit.admin.signing import Signer
 from outboxkit.clock import Clock
+from outboxkit.operations.controls import DUE_COUNT_CAP
 
 __all__ = ["FLASH_COOKIE", "FLASH_SECONDS", "Flash", "FlashNotices"]
 
@@ -25,7 +26,8 @@ FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
 FlashKind = Literal[
-    "reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already", "replayed"
+    "reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already", "replayed",
+    "reset_partial",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -38,6 +40,7 @@ _KINDS: tuple[str, ...] = (
     "drain_now",
     "already",
     "replayed",
+    "reset_partial",
 )
 
 
@@ -79,7 +82,14 @@ class Flash:
                 else "Replayed 0 rows: none matched any more."
             )
         if self.kind == "drain_now":
+            if self.count >= DUE_COUNT_CAP:  # the count stops there
+                return f"Woke every drain of this outbox; at least {DUE_COUNT_CAP:,} rows were due (the count stops there)."
             return f"Woke every drain of this outbox; {self.count:,} row(s) were due."
+        if self.kind == "reset_partial":
+            return (
+                f"Reset {self.count:,} row(s), in batches; more rows may match: the request stopped at its time share. "
+                "Reset all matching again to go on (rows already reset are not touched twice)."
+            )
         return "Nothing to do: the row was not in a state this action applies to."
 
 

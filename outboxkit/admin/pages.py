@@ -240,7 +240,8 @@ def add_bulk_reset(routes: PageRoutes) -> None:
             row_filter = row_filter_from(lambda name: form_text(form, name))
             result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who)
             target = frame.url(request, "rows", {"status": "stuck", **row_filter.as_dict()}, outbox=outbox)
-            return frame.redirect(request, who, target, Flash(kind="reset_many", count=result.changed))
+            kind: FlashKind = "reset_many" if result.complete else "reset_partial"
+            return frame.redirect(request, who, target, Flash(kind=kind, count=result.changed))
 
         return await frame.post_action(request, who, build)
 

@@ -2,7 +2,8 @@
 
 A refusal is an ``OutboxKitError`` the operator's service (or the admin's own
 input checks) raises when nothing was done: an unknown name, a held row, a
-paused outbox, a bad cursor or field, a body over the cap.  The API answers
+paused outbox, a bad cursor or field, a body over the cap, a query over the
+admin's time limit or a wait over its pool timeout.  The API answers
 it as JSON (``outboxkit.admin.api.http_errors``), the pages as an error page
 (``outboxkit.admin.pages``); both look the status up here.
 """
@@ -15,6 +16,8 @@ from outboxkit.errors import (
     InvalidSearch,
     InvalidValueError,
     MigrationRequired,
+    OperatorPoolBusy,
+    OperatorQueryTimeout,
     OutboxKitError,
     OutboxPaused,
     PageInputError,
@@ -38,6 +41,9 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     InvalidValueError: 422,
     InvalidSearch: 422,
     MigrationRequired: 503,  # the application's deploy is behind the kit's schema: nothing the operator typed is wrong
+    # The admin's own limits (outboxkit.operator_database): the request was too heavy for now, nothing changed.
+    OperatorQueryTimeout: 503,
+    OperatorPoolBusy: 503,
 }
 REFUSALS: tuple[type[OutboxKitError], ...] = tuple(REFUSAL_STATUS)  # for ``except REFUSALS``
 

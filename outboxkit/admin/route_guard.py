@@ -18,8 +18,9 @@ It guarantees, whatever the application's own handlers and middleware do:
   cap.  Either way the answer is 413 and nothing changes.
 * **Clear errors**: malformed input gets 422 (written ASCII-escaped, so input
   FastAPI's default handler cannot echo, such as a lone surrogate, still gets
-  its 422), and a database that cannot be reached gets 503 with a message that
-  says so, not a bare 500.  The pages answer both with the admin's own error
+  its 422), a database that cannot be reached gets 503 with a message that
+  says so, not a bare 500, and so does a request over the admin's time limit
+  ("narrow the filter") or its pool timeout.  The pages answer both with the admin's own error
   page before this fallback is reached.
 """
 
@@ -39,6 +40,7 @@ from sqlalchemy import exc as sqlalchemy_errors
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.errors import BodyTooLarge
 
 __all__ = [
@@ -152,6 +154,8 @@ class AdminRoute(APIRoute):
                 return _json_error(422, exc.errors())
             except BodyTooLarge as exc:
                 return _json_error(413, str(exc))
+            except REFUSALS as exc:  # e.g. the admin's time limit on a route that does not map refusals itself
+                return _json_error(refusal_status(exc), str(exc))
             except DATABASE_UNAVAILABLE_ERRORS as exc:
                 return _json_error(503, report_database_unavailable(exc))
 

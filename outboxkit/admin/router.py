@@ -77,6 +77,10 @@ def create_admin_router(
     From the kit's settings: ``admin_max_body_bytes`` caps every POST body
     (413 above it; bodies are read only after ``dependencies`` admitted the
     request) and ``admin_csrf_token_seconds`` is the form tokens' lifetime.
+    The admin reads and writes on the kit's ``operator_database``: its own
+    pool of ``admin_pool_size`` connections (never the application's) and a
+    time limit of ``admin_statement_timeout_seconds`` on each transaction
+    (503 "narrow the filter" past it; see docs/admin.md).
 
     ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
     200); ``preview_chars`` caps each payload column in the row detail.

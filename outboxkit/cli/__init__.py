@@ -186,19 +186,21 @@ def reset(
             return
         filters = row_filter(error_contains, status_code)
         preview = service.reset_matching(outbox, filters, dry_run=True, actor=actor())
+        matched = f"{preview.matched}{'+' if preview.matched_at_least else ''}"  # counted up to 10,000
         if dry_run:
-            output.emit(preview.model_dump(mode="json"), [{"matched": preview.matched,
+            output.emit(preview.model_dump(mode="json"), [{"matched": matched,
                         "sample_ids": " ".join(map(str, preview.sample_ids))}], ["matched", "sample_ids"])
             return
         if not yes:
             if not sys.stdin.isatty():
-                raise CommandError(f"{preview.matched} stuck row(s) match; pass --yes to reset them without a prompt")
-            if not typer.confirm(f"reset {preview.matched} stuck row(s) of {outbox}?", default=False):
+                raise CommandError(f"{matched} stuck row(s) match; pass --yes to reset them without a prompt")
+            if not typer.confirm(f"reset {matched} stuck row(s) of {outbox}?", default=False):
                 output.say("nothing changed")
                 raise typer.Exit(1)
-        outcome = service.reset_matching(outbox, filters, dry_run=False, actor=actor())
-        output.emit(outcome.model_dump(mode="json"), [{"matched": outcome.matched, "reset": outcome.changed,
-                    "audit_id": outcome.audit_id}], ["matched", "reset", "audit_id"])
+        # In batches of 1,000, each its own transaction; a shell has no request to keep short, so it runs to the end.
+        outcome = service.reset_matching(outbox, filters, dry_run=False, actor=actor(), max_seconds=None)
+        output.emit(outcome.model_dump(mode="json"), [{"matched": matched, "reset": outcome.changed,
+                    "batches": outcome.batches, "audit_id": outcome.audit_id}], ["matched", "reset", "batches", "audit_id"])
 
 
 app.command("replay")(bulk_commands.replay)

@@ -6,7 +6,8 @@
   nothing is lost or changed; inserts keep waiting as ``pending``.
 * **Resume** removes it and notifies the outbox's channel in the same
   transaction, so listening drainers claim the due rows as soon as it commits.
-* **Drain now** notifies the channel, which wakes every listening drainer,
+* **Drain now** notifies the channel, which wakes every listening drainer
+  (and says how many rows were due, counted up to ``DUE_COUNT_CAP``),
   and, when this process runs no drain loop for the outbox, also starts one
   bounded drain here (in a thread, so the request does not wait for
   deliveries).  A paused outbox is refused (``OutboxPaused``): resume it.
@@ -31,13 +32,16 @@ from outboxkit.operator_queries import admin_queries_for
 from outboxkit.pauses import is_paused, pause, resume
 from outboxkit.tables import reset_audit
 
-__all__ = ["AUDIT_IDS_LIMIT", "OutboxControls", "OutboxPaused", "record_audit"]
+__all__ = ["AUDIT_IDS_LIMIT", "DUE_COUNT_CAP", "OutboxControls", "OutboxPaused", "record_audit"]
 
 # A filter reset may touch many rows; the audit keeps this many of their ids
 # (and the exact count, and the filter that selected them).
 AUDIT_IDS_LIMIT = 10_000
 # "Drain now" in a process without drain loops: one drain, bounded in time.
 DRAIN_NOW_SECONDS = 30.0
+# "Drain now" says how many rows were due, counted up to this many ("10,000+" beyond): an
+# exact count of a big backlog would read all of it on every click.
+DUE_COUNT_CAP = 10_000
 
 
 def record_audit(
@@ -67,7 +71,7 @@ class OutboxControls:
 
     def pause(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)  # UnknownOutboxError for a bad name
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             changed = pause(connection, outbox.__outbox__.job_name, actor=actor, now=self.kit.clock.now())
             audit_id = (
                 record_audit(connection, actor=actor, outbox_name=outbox_name, action="pause", ids=[], row_filter={})
@@ -79,7 +83,7 @@ class OutboxControls:
 
     def resume(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             changed = resume(connection, outbox.__outbox__.job_name)
             audit_id = None
             if changed:
@@ -91,10 +95,10 @@ class OutboxControls:
     def drain_now(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)
         queries = admin_queries_for(outbox)
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             if is_paused(connection, outbox.__outbox__.job_name):
                 raise OutboxPaused(outbox_name)
-            due = queries.count_due(connection, now=self.kit.clock.now())
+            due = queries.count_due(connection, now=self.kit.clock.now(), cap=DUE_COUNT_CAP)
             audit_id = record_audit(connection, actor=actor, outbox_name=outbox_name, action="drain_now", ids=[], row_filter={})
             connection.execute(notify_statement(outbox))
         drainer = self.kit.drainer(outbox)
@@ -105,7 +109,15 @@ class OutboxControls:
                 name=f"outboxkit-drain-now-{outbox_name}",
                 daemon=True,
             ).start()
-        return ControlResult(action="drain_now", outbox=outbox_name, changed=True, paused=False, due_rows=due, audit_id=audit_id)
+        return ControlResult(
+            action="drain_now",
+            outbox=outbox_name,
+            changed=True,
+            paused=False,
+            due_rows=min(due, DUE_COUNT_CAP),
+            due_rows_at_least=due > DUE_COUNT_CAP,
+            audit_id=audit_id,
+        )
 
     def _forget_local(self, outbox_name: str) -> None:
         """This process's drainer sees the change at once (others within their cache time, or on the NOTIFY)."""

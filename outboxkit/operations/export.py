@@ -73,7 +73,7 @@ class RowExport:
         header = _csv_lines(names, [names]) if format == "csv" else b""
         after_id = 0
         while True:
-            with self.kit.engine.connect() as connection:
+            with self.kit.operator_database.connect() as connection:
                 rows = queries.batch(connection, status=status, row_filter=row_filter, after_id=after_id, limit=self.batch_rows)
             chunk = header + encode(names, rows)
             header = b""

@@ -44,7 +44,7 @@ class JobsTable:
                 scheduled = [_job_info(job) for job in self.job_source.jobs()]
             except Exception as exc:  # a scheduler's trouble must not take the page down
                 source_error = f"{type(exc).__name__}: {exc}"
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
             holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
             pauses = paused_outboxes(connection)
@@ -107,7 +107,7 @@ class JobsTable:
 
     def job_runs(self, job_id: str, *, limit: int) -> JobRunsView:
         """One job's last ``limit`` runs, newest first."""
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = [RunModel.model_validate(JobRun(**run)) for run in job_run_history(connection, job_id, limit=limit)]
         name = runs[0].job_name if runs else None
         if not runs and not any(job_id == drain_job_id(outbox) for outbox in self.outbox_names):

@@ -160,7 +160,7 @@ class Replayer:
         queries.check(row_filter)  # InvalidValueError for a payload column the outbox lacks
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_REPLAY_BATCH:
             raise InvalidValueError(f"batch_size must be a whole number from 1 to {MAX_REPLAY_BATCH}, got {batch_size!r}")
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             matched = queries.count(connection, row_filter, cap=REPLAY_COUNT_CAP)
             sample = queries.sample(connection, row_filter, size=SAMPLE_SIZE)
         outcome = ReplayOutcome(
@@ -181,7 +181,7 @@ class Replayer:
         replay_id = str(uuid.uuid4())
         replayed, audit_ids, after_id = 0, list[int](), 0
         while True:
-            with self.kit.engine.begin() as connection:
+            with self.kit.operator_database.begin() as connection:
                 batch = queries.replay_batch(
                     connection, row_filter, after_id=after_id, limit=batch_size, now=self.kit.clock.now()
                 )

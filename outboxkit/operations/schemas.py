@@ -277,7 +277,10 @@ class ControlResult(_Model):
     outbox: str
     changed: bool = Field(description="False when the outbox already was in the asked state (nothing recorded).")
     paused: bool = Field(description="Whether the outbox's drains are paused now.")
-    due_rows: int | None = Field(description="drain_now: the rows due when the drains were woken.")
+    due_rows: int | None = Field(
+        description="drain_now: the rows due when the drains were woken, counted up to 10,000 (see due_rows_at_least)."
+    )
+    due_rows_at_least: bool = Field(default=False, description="due_rows stopped at its cap: at least that many were due.")
     audit_id: int | None
 
 
@@ -291,10 +294,19 @@ class MatchOutcome(_Model):
     outbox: str
     filter: RowFilter
     dry_run: bool
-    matched: int = Field(description="Stuck rows matching the filter (before the reset, for a real run).")
+    matched: int = Field(
+        description="Stuck rows matching the filter (before the reset, for a real run), counted up to 10,000."
+    )
+    matched_at_least: bool = Field(description="The count stopped at its cap (10,000): at least this many match.")
     sample_ids: list[int] = Field(description="Up to 20 of the matching ids, newest first.")
-    changed: int
-    audit_id: int | None
+    changed: int = Field(description="Rows reset, over all batches.")
+    batches: int = Field(description="Transactions the reset ran, each of at most 1,000 rows, committed and audited alone.")
+    complete: bool = Field(
+        description="False when the reset stopped before reaching every matching row (its time share or the admin's "
+        "time limit ran out); the rows it reset stay reset. Run it again for the rest: it is idempotent."
+    )
+    audit_id: int | None = Field(description="The first batch's audit record; null when nothing changed.")
+    audit_ids: list[int] = Field(description="Every batch's audit record.")
 
 
 class AuditEntry(_Model):

@@ -1,9 +1,11 @@
 """What an operator does, independent of HTTP: the one service behind the admin (API and pages) and the CLI.
 
 ``OperationsService`` reads counts, pages and rows, and performs resets, through
-the named statements in ``outboxkit.queries``; it records every change in
+the named statements in ``outboxkit.operator_queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
-API and the pages are thin layers over it.
+API and the pages are thin layers over it.  It works on the kit's operator
+database (``outboxkit.operator_database``): a small pool of its own, never the
+application's connections, and a time limit on every transaction.
 
 Action rules (the same for one id, a list, or a filter):
 
@@ -32,6 +34,7 @@ from sqlalchemy import Connection, select
 from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
+from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
@@ -71,7 +74,6 @@ from outboxkit.tables import reset_audit
 
 __all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
-SAMPLE_SIZE = 20
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
 FILTERED_COUNT_CAP = 10_000
 
@@ -90,6 +92,7 @@ class OperationsService:
         self.jobs_table = JobsTable(kit, job_source)  # the jobs page
         self.replays = Replayer(kit)  # send delivered rows again (outboxkit.operations.replay)
         self.exports = RowExport(kit)  # stream rows as NDJSON or CSV (outboxkit.operations.export)
+        self.bulk_reset = BulkReset(kit)  # reset all matching, in batches
 
     @property
     def outbox_names(self) -> list[str]:
@@ -108,7 +111,7 @@ class OperationsService:
         """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's last hour."""
         now = self.kit.clock.now()
         names = self.outbox_names
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
             pauses = paused_outboxes(connection)
             entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
@@ -121,7 +124,7 @@ class OperationsService:
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:
         """One outbox's counts and heartbeat."""
         self._queries(outbox_name)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
             pauses = paused_outboxes(connection)
             return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
@@ -170,7 +173,7 @@ class OperationsService:
             except InvalidCursor:
                 before = decode_cursor(cursor, scope=scope + ":before", with_time=with_time)
         now = self.kit.clock.now()
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             found = queries.page(connection, status=status, row_filter=row_filter, after=after, before=before, limit=limit + 1)
             counts = self._tab_counts(connection, queries, row_filter, now) if with_counts else None
         more = len(found) > limit
@@ -243,7 +246,7 @@ class OperationsService:
         names = [outbox_name] if outbox_name is not None else self.outbox_names
         now = self.kit.clock.now()
         found = []
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             for name in names:
                 row = self._queries(name).find(connection, row_id=row_id, idempotency_key=key)
                 if row is not None:
@@ -252,7 +255,7 @@ class OperationsService:
 
     def row(self, outbox_name: str, row_id: int) -> RowDetailModel:
         queries = self._queries(outbox_name)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             detail = queries.detail(connection, row_id, preview_chars=self.preview_chars)
             if detail is None:
                 raise RowsNotFound(outbox_name, [row_id])
@@ -281,7 +284,7 @@ class OperationsService:
         if cursor:
             (after,) = decode_cursor(cursor, scope="audit", with_time=False)
             statement = statement.where(reset_audit.c.id < after)
-        with self.kit.engine.connect() as connection:
+        with self.kit.operator_database.connect() as connection:
             found = [AuditEntry.model_validate(dict(row._mapping)) for row in connection.execute(statement)]
         entries = found[:limit]
         next_cursor = encode_cursor("audit", (entries[-1].id,)) if len(found) > limit else None
@@ -308,7 +311,7 @@ class OperationsService:
     def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
         queries = self._queries(outbox_name)
         wanted = sorted(set(ids))
-        with self.kit.engine.begin() as connection:
+        with self.kit.operator_database.begin() as connection:
             states = queries.lock_row_states(connection, wanted)
             missing = [row_id for row_id in wanted if row_id not in states]
             if missing:
@@ -336,28 +339,21 @@ class OperationsService:
             audit_id=audit_id,
         )
 
-    def reset_matching(self, outbox_name: str, row_filter: RowFilter, *, dry_run: bool, actor: str) -> MatchOutcome:
-        """Count (dry run) or reset every stuck row that matches ``row_filter``."""
-        queries = self._queries(outbox_name)
-        changed: list[int] = []
-        audit_id = None
-        with self.kit.engine.begin() as connection:
-            matched, sample = queries.count_stuck_matching(connection, row_filter, sample_size=SAMPLE_SIZE)
-            if not dry_run:
-                changed = queries.reset_stuck_matching(connection, row_filter, now=self.kit.clock.now())
-                audit_id = self._record(
-                    connection, actor=actor, outbox_name=outbox_name, action="reset", ids=changed, row_filter=row_filter.as_dict()
-                )
-                self._wake_drain(connection, outbox_name, changed)
-        return MatchOutcome(
-            outbox=outbox_name,
-            filter=row_filter,
-            dry_run=dry_run,
-            matched=matched,
-            sample_ids=sample,
-            changed=len(changed),
-            audit_id=audit_id,
-        )
+    def reset_matching(
+        self,
+        outbox_name: str,
+        row_filter: RowFilter,
+        *,
+        dry_run: bool,
+        actor: str,
+        max_seconds: float | None = REQUEST_SECONDS,
+    ) -> MatchOutcome:
+        """Count (dry run, capped) or reset every stuck row that matches ``row_filter``, in bounded batches.
+
+        See ``outboxkit.operations.bulk_reset``: a run stops after ``max_seconds``
+        (``None``: at the end) and says so with ``complete: false``; run it again for the rest.
+        """
+        return self.bulk_reset.run(outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds)
 
     def _wake_drain(self, connection: Connection, outbox_name: str, changed: list[int]) -> None:
         if changed:

@@ -111,7 +111,7 @@ def test_the_documented_trigram_index_serves_the_payload_filter(admin):
             "CREATE INDEX webhook_outbox_payload_trgm ON webhook_outbox USING gin ((CAST(payload AS text)) gin_trgm_ops)"
         ))
         connection.execute(text("ANALYZE webhook_outbox"))
-    event.listen(admin.engine, "before_cursor_execute", capture)
+    event.listen(admin.kit.operator_database.engine, "before_cursor_execute", capture)
     try:
         page = admin.client.get(
             "/admin/api/outboxes/webhooks/rows",
@@ -134,7 +134,7 @@ def test_the_documented_trigram_index_serves_the_payload_filter(admin):
                     assert "Bitmap Index Scan on webhook_outbox_payload_trgm" in plan, plan
             raw.rollback()
     finally:
-        event.remove(admin.engine, "before_cursor_execute", capture)
+        event.remove(admin.kit.operator_database.engine, "before_cursor_execute", capture)
         with admin.engine.begin() as connection:
             connection.execute(text("DROP INDEX webhook_outbox_payload_trgm"))
 
