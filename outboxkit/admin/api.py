@@ -14,7 +14,7 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
     GET  /api/audit                                 the reset audit, newest first
     GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
-    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
+    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first (job ids may hold '/')
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
 changed), 400 a cursor or body that does not decode, 413 a body over the cap,
@@ -30,7 +30,6 @@ dependency runs), and never beyond the cap (see ``outboxkit.admin.route_guard``)
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -47,6 +46,7 @@ from outboxkit.operations.schemas import (
     AuditPage,
     ControlResult,
     EmptyRequest,
+    FilterMoment,
     FilterText,
     FoundRow,
     IdsRequest,
@@ -130,11 +130,6 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
 
 
-def _aware(moment: datetime | None) -> datetime | None:
-    """A time without an offset is UTC, as the admin shows times."""
-    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
-
-
 def api_router(service: OperationsService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
     router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=route_class, responses=_UNAVAILABLE)
@@ -156,10 +151,10 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         status: Annotated[Status, Query(description="pending rows come due-first; stuck and done newest first")] = "stuck",
         error_contains: Annotated[FilterText, Query()] = None,
         status_code: Annotated[int | None, Query(ge=100, le=599, description="Exact last HTTP status code.")] = None,
-        created_after: Annotated[datetime | None, Query(description="created_at at or after (ISO 8601).")] = None,
-        created_before: Annotated[datetime | None, Query(description="created_at before (ISO 8601).")] = None,
-        updated_after: Annotated[datetime | None, Query(description="updated_at at or after (ISO 8601).")] = None,
-        updated_before: Annotated[datetime | None, Query(description="updated_at before (ISO 8601).")] = None,
+        created_after: Annotated[FilterMoment, Query(description="created_at at or after (ISO 8601, not a number).")] = None,
+        created_before: Annotated[FilterMoment, Query(description="created_at before (ISO 8601, not a number).")] = None,
+        updated_after: Annotated[FilterMoment, Query(description="updated_at at or after (ISO 8601, not a number).")] = None,
+        updated_before: Annotated[FilterMoment, Query(description="updated_at before (ISO 8601, not a number).")] = None,
         attempts_min: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         attempts_max: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         payload_column: Annotated[str | None, Query(max_length=63, description="One of the outbox's own columns.")] = None,
@@ -174,10 +169,10 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
             row_filter = RowFilter(
                 error_contains=error_contains,
                 status_code=status_code,
-                created_after=_aware(created_after),
-                created_before=_aware(created_before),
-                updated_after=_aware(updated_after),
-                updated_before=_aware(updated_before),
+                created_after=created_after,
+                created_before=created_before,
+                updated_after=updated_after,
+                updated_before=updated_before,
                 attempts_min=attempts_min,
                 attempts_max=attempts_max,
                 payload_column=payload_column,
@@ -265,7 +260,10 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         return service.jobs()
 
     @router.get(
-        "/jobs/{job_id}/runs", response_model=JobRunsView, responses={404: _NOT_FOUND}, summary="One job's runs, newest first"
+        "/jobs/{job_id:path}/runs",
+        response_model=JobRunsView,
+        responses={404: _NOT_FOUND},
+        summary="One job's runs, newest first",
     )
     def job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
         with http_errors():

@@ -24,7 +24,10 @@ FLASH_COOKIE = "outboxkit_flash"
 FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
-FlashKind = Literal["reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already"]
+FlashKind = Literal[
+    "reset", "retry_now", "unchanged", "reset_many", "retry_many",
+    "paused", "resumed", "drain_now", "resumed_drain_now", "already",
+]
 _KINDS: tuple[str, ...] = (
     "reset",
     "retry_now",
@@ -34,6 +37,7 @@ _KINDS: tuple[str, ...] = (
     "paused",
     "resumed",
     "drain_now",
+    "resumed_drain_now",
     "already",
 )
 
@@ -71,6 +75,8 @@ class Flash:
             return "Nothing to do: the outbox already was in that state."
         if self.kind == "drain_now":
             return f"Woke every drain of this outbox; {self.count:,} row(s) were due."
+        if self.kind == "resumed_drain_now":
+            return f"Resumed, and woke every drain of this outbox; {self.count:,} row(s) were due."
         return "Nothing to do: the row was not in a state this action applies to."
 
 

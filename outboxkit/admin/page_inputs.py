@@ -8,14 +8,14 @@ A number is ASCII digits (``"²".isdigit()`` is true in Python, and
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import FormData
 
 from outboxkit.errors import PageInputError
-from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, FilterText, RowFilter
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, FilterText, RowFilter, utc_moment
 
 __all__ = [
     "FILTER_FIELDS",
@@ -59,7 +59,7 @@ def _moment(value: str, what: str) -> datetime:
         moment = None
     if moment is None:
         raise PageInputError(f"bad filter: {what} must be a time like 2030-01-01T12:00 (UTC), got {value[:40]!r}")
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+    return utc_moment(moment)
 
 
 def _filter_text(value: str | None, what: str) -> str | None:

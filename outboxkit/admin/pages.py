@@ -19,7 +19,6 @@ OpenAPI schema; the JSON API is the documented interface.
 
 # No ``from __future__ import annotations``: FastAPI reads each route's ``Actor`` annotation at runtime.
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -27,9 +26,10 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
+from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confirm, add_reset_page_confirm
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
-from outboxkit.admin.page_frame import PageFrame
+from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
 from outboxkit.admin.page_inputs import PAGE_SIZES, ascii_number, form_text, is_advanced, row_filter_from, selected_ids
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import AdminRoute
@@ -43,17 +43,6 @@ RowAction = Callable[..., ActionResult]  # OperationsService.reset or .retry_now
 Control = Callable[..., ControlResult]  # OutboxControls.pause, .resume or .drain_now: (outbox, *, actor)
 
 
-@dataclass(frozen=True)
-class PageRoutes:
-    """What each function below adds its route with."""
-
-    router: APIRouter
-    frame: PageFrame
-    service: OperationsService
-    actor: Callable[..., str]
-    page_size: int
-
-
 def pages_router(
     service: OperationsService,
     *,
@@ -64,8 +53,8 @@ def pages_router(
     route_class: type[AdminRoute] = AdminRoute,
 ) -> APIRouter:
     """The HTML routes over ``service``."""
-    router = APIRouter(include_in_schema=False, route_class=route_class)
     frame = PageFrame(service, csrf=csrf, flashes=flashes, environment=make_environment())
+    router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
     routes = PageRoutes(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
     add_overview(routes)
     add_rows(routes)
@@ -82,6 +71,16 @@ def pages_router(
     add_control_action(routes, "/outboxes/{outbox}/pause", "pause", service.controls.pause, done="paused")
     add_control_action(routes, "/outboxes/{outbox}/resume", "resume", service.controls.resume, done="resumed")
     add_control_action(routes, "/outboxes/{outbox}/drain-now", "drain_now", service.controls.drain_now, done="drain_now")
+    add_control_action(
+        routes,
+        "/outboxes/{outbox}/resume-and-drain-now",
+        "resume_and_drain_now",
+        service.controls.resume_and_drain_now,
+        done="resumed_drain_now",
+    )
+    add_pause_confirm(routes)
+    add_drain_now_confirm(routes)
+    add_reset_page_confirm(routes)
     add_bulk_reset(routes)
     add_audit(routes)
     add_jobs(routes)
@@ -208,8 +207,7 @@ def add_control_action(routes: PageRoutes, path: str, name: str, perform: Contro
     async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
             result = perform(outbox, actor=who)
-            back = form_text(form, "back")
-            target = frame.url(request, "jobs") if back == "jobs" else frame.url(request, "rows", outbox=outbox)
+            target = back_target(frame, request, form_text(form, "back"), outbox)
             flash = Flash(kind=done if result.changed else "already", count=result.due_rows or 0)
             return frame.redirect(request, who, target, flash)
 
@@ -269,7 +267,7 @@ def add_job(routes: PageRoutes) -> None:
     frame, service, page_size = routes.frame, routes.service, routes.page_size
     Actor = Annotated[str, Depends(routes.actor)]
 
-    @routes.router.get("/jobs/{job_id}", name="outboxkit_admin_job")
+    @routes.router.get("/jobs/{job_id:path}", name="outboxkit_admin_job")
     def job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
         def build() -> Response:
             history = service.job_runs(job_id, limit=page_size)

@@ -111,7 +111,8 @@ class OperationsService:
             if charts:
                 hours = last_hour(connection, names, now=now)
                 entries = [entry.model_copy(update={"last_hour": hours[entry.name]}) for entry in entries]
-            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
+            key = self.kit.settings.advisory_lock_key
+            holders = [LeaderModel.model_validate(holder) for holder in leaders(connection, key=key)]
         return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
 
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:
