@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from sqlalchemy import text
@@ -9,6 +10,7 @@ from sqlalchemy import text
 from outboxkit.admin.charts import chart_svg
 from outboxkit.attempts import AttemptLog
 from tests.support.admin import (  # noqa: F401  (fixtures)
+    START,
     add_webhooks,
     admin,
     admin_app,
@@ -65,9 +67,9 @@ def test_the_overview_page_draws_four_svg_charts_per_outbox_without_script(admin
 
     charts = page[page.index('id="charts-webhooks"'):page.index("</section>", page.index('id="charts-webhooks"'))]
     assert page.count('<svg class="chart ') == 8
-    assert charts.count("<rect ") == 1  # one minute with deliveries; no failures
-    assert "Delivered: 2 in the hour, 2 in the last minute" in charts
-    assert "<title>webhooks: deliveries per minute over the last hour</title>" in charts
+    assert charts.count("<rect x=") == 1  # one minute with deliveries; no failures (hover columns are class="hit")
+    assert "Delivered: 2 in 1 h, 2 in the last minute" in charts
+    assert "<title>webhooks: deliveries per minute over the last 1 h</title>" in charts
     assert "<script" not in charts
 
 
@@ -87,3 +89,33 @@ def test_a_chart_scales_to_its_peak_and_leaves_gaps_for_unsampled_minutes():
     assert 'y="4.0"' not in line and ",4.0" in line  # the peak reaches the top line
     assert "due &lt;rows&gt;" in line
     assert bars.count("<rect") == 1
+
+
+def test_the_api_returns_the_chart_window_in_buckets_summing_counts_and_keeping_peaks(admin):
+    with admin.engine.begin() as connection:
+        for minutes_ago, delivered, due in ((90, 5, 10), (95, 7, 30), (20 * 60, 1, 2)):
+            connection.execute(
+                text(
+                    "INSERT INTO outboxkit_outbox_minutes (outbox, minute, delivered, failed, stuck, due) "
+                    "VALUES ('webhooks', :minute, :delivered, 0, 0, :due)"
+                ),
+                {"minute": START - timedelta(minutes=minutes_ago), "delivered": delivered, "due": due},
+            )
+    hour = admin.client.get("/admin/api/outboxes", params={"charts": "true"}).json()["outboxes"][1]
+    day = admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "24h"}).json()["outboxes"][1]
+    week = admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "7d"}).json()["outboxes"][1]
+    assert hour["chart"]["buckets"] == hour["last_hour"] and sum(b["delivered"] for b in hour["last_hour"]) == 0
+    assert (day["chart"]["window"], day["chart"]["bucket_seconds"], len(day["chart"]["buckets"])) == ("24h", 900, 96)
+    assert day["last_hour"] is None
+    busy = [bucket for bucket in day["chart"]["buckets"] if bucket["delivered"]]
+    assert [(bucket["delivered"], bucket["due"]) for bucket in busy] == [(1, 2), (12, 30)]  # 90 and 95 min ago: one bucket
+    assert (len(week["chart"]["buckets"]), sum(bucket["delivered"] for bucket in week["chart"]["buckets"])) == (84, 13)
+    assert admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "1y"}).status_code == 422
+
+
+def test_a_chart_has_a_value_scale_a_time_scale_and_hover_values():
+    times = [START - timedelta(minutes=59 - index) for index in range(60)]
+    svg = chart_svg([0] * 59 + [1234], kind="bars", css_class="delivered", title="t", times=times, span="1 h")
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
+    assert ticks == ["1,234", "0", "−1 h", "now", "11:31 UTC"]  # the middle bucket
+    assert "<title>2030-01-01 12:00 UTC: 1,234</title>" in svg

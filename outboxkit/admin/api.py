@@ -44,6 +44,7 @@ from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
     AuditPage,
+    ChartWindow,
     ControlResult,
     EmptyRequest,
     FilterMoment,
@@ -138,10 +139,13 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
     def overview(
         charts: Annotated[
-            bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")
+            bool, Query(description="Add each outbox's chart figures (chart; for window=1h also last_hour), as drawn.")
         ] = False,
+        window: Annotated[
+            ChartWindow, Query(description="The charts' window: 1h (per minute), 24h (per 15 min), 7d (per 2 h).")
+        ] = "1h",
     ) -> Overview:
-        return service.overview(charts=charts)
+        return service.overview(charts=charts, window=window)
 
     @router.get(
         "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"

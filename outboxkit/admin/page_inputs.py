@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import FormData
 
 from outboxkit.errors import PageInputError
-from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, FilterText, RowFilter, utc_moment
+from outboxkit.operations.charts import CHART_WINDOWS
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, ChartWindow, FilterText, RowFilter, utc_moment
 
 __all__ = [
     "FILTER_FIELDS",
     "PAGE_SIZES",
     "ascii_number",
+    "chart_window",
     "form_text",
     "is_advanced",
     "row_filter_from",
@@ -34,6 +36,15 @@ def ascii_number(value: str, *, low: int, high: int, what: str) -> int:
     if not (value.isascii() and value.isdigit()) or len(value) > len(str(high)) or not low <= int(value) <= high:
         raise PageInputError(f"{what} must be a whole number from {low} to {high}, got {value[:40]!r}")
     return int(value)
+
+
+def chart_window(value: str | None) -> ChartWindow:
+    """The overview's chart window: ``1h`` (the default), ``24h`` or ``7d``."""
+    if value in (None, ""):
+        return "1h"
+    if value not in CHART_WINDOWS:
+        raise PageInputError(f"window must be one of {', '.join(CHART_WINDOWS)}, got {value[:20]!r}")
+    return cast(ChartWindow, value)
 
 
 FILTER_FIELDS = (

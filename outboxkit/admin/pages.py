@@ -30,15 +30,25 @@ from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confi
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
 from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
-from outboxkit.admin.page_inputs import PAGE_SIZES, ascii_number, form_text, is_advanced, row_filter_from, selected_ids
+from outboxkit.admin.page_inputs import (
+    PAGE_SIZES,
+    ascii_number,
+    chart_window,
+    form_text,
+    is_advanced,
+    row_filter_from,
+    selected_ids,
+)
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.errors import PageInputError
+from outboxkit.operations.charts import WINDOWS
 from outboxkit.operations.schemas import STATUS_VALUES, ActionResult, ControlResult
 from outboxkit.operations.service import OperationsService
 
 __all__ = ["pages_router"]
 
+BUCKET_WORDS = {"1h": "minute", "24h": "15 minutes", "7d": "2 hours"}  # what one bar of each chart window stands for
 RowAction = Callable[..., ActionResult]  # OperationsService.reset or .retry_now: (outbox, ids, *, actor)
 Control = Callable[..., ControlResult]  # OutboxControls.pause, .resume or .drain_now: (outbox, *, actor)
 
@@ -94,10 +104,22 @@ def add_overview(routes: PageRoutes) -> None:
     Actor = Annotated[str, Depends(routes.actor)]
 
     @routes.router.get("/", name="outboxkit_admin_overview")
-    def overview(request: Request, who: Actor, refresh: str | None = None) -> Response:
+    def overview(request: Request, who: Actor, refresh: str | None = None, window: str | None = None) -> Response:
         def build() -> Response:
             seconds = ascii_number(refresh, low=5, high=3600, what="refresh") if refresh else None
-            return frame.render(request, who, "overview.html", overview=service.overview(charts=True), refresh=seconds)
+            key = chart_window(window)
+            return frame.render(
+                request,
+                who,
+                "overview.html",
+                overview=service.overview(charts=True, window=key),
+                refresh=seconds,
+                windows=WINDOWS,
+                window=WINDOWS[key],
+                window_key=key,
+                window_query=window or None,
+                bucket_words=BUCKET_WORDS[key],
+            )
 
         return frame.guarded(request, who, build)
 

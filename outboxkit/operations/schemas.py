@@ -23,6 +23,8 @@ __all__ = [
     "AttemptModel",
     "AuditEntry",
     "AuditPage",
+    "ChartModel",
+    "ChartWindow",
     "ControlResult",
     "EmptyRequest",
     "FilterMoment",
@@ -161,6 +163,20 @@ class MinuteModel(_Model):
     oldest_due_seconds: float | None = Field(description="Age of the oldest due row when sampled.")
 
 
+ChartWindow = Literal["1h", "24h", "7d"]
+
+
+class ChartModel(_Model):
+    """An outbox's figures over a chart window, cut into buckets (``outboxkit.operations.charts.WINDOWS``)."""
+
+    window: ChartWindow = Field(description="How far back: the last hour, day or week.")
+    bucket_seconds: int = Field(description="Each bucket's length: 60 (1h), 900 (24h) or 7200 (7d).")
+    buckets: list[MinuteModel] = Field(
+        description="Oldest first; minute is the bucket's newest minute. Deliveries and failures are summed over the "
+        "bucket; pending, due and oldest_due_seconds are its peak sample."
+    )
+
+
 class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
@@ -174,8 +190,10 @@ class OutboxOverview(_Model):
     paused_at: datetime | None = None
     last_hour: list[MinuteModel] | None = Field(
         default=None,
-        description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age).",
+        description="With charts=true and window=1h: the last 60 minutes, oldest first (delivery, failures, backlog, "
+        "oldest due age).",
     )
+    chart: ChartModel | None = Field(default=None, description="With charts=true: the chart window's buckets.")
 
 
 class Overview(_Model):
