@@ -122,6 +122,8 @@ def current_leader(engine: Engine, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> L
 def _holder(backend_pid: int, application_name: str | None, since: datetime | None) -> LockHolder:
     host = pid = None
     if application_name and application_name.startswith(APPLICATION_NAME_PREFIX):
-        host, _, pid_text = application_name[len(APPLICATION_NAME_PREFIX) :].rpartition(":")
-        pid = int(pid_text) if pid_text.isdigit() else None
+        rest = application_name[len(APPLICATION_NAME_PREFIX) :]
+        host, separator, pid_text = rest.rpartition(":")
+        pid = int(pid_text) if separator and pid_text.isdigit() else None
+        host = host if pid is not None else rest  # no ":<pid>" at the end: the name is all host
     return LockHolder(backend_pid=backend_pid, host=host, pid=pid, since=since, application_name=application_name)

@@ -9,10 +9,29 @@ its statements.  No string from a request is ever spliced into SQL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["RowFilter", "escape_like"]
+__all__ = ["RowFilter", "escape_like", "utc_moment"]
+
+_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
+_LATEST = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def utc_moment(moment: datetime) -> datetime:
+    """A filter's time in UTC (without an offset it is read as UTC, as the admin shows times).
+
+    A time whose UTC equivalent falls outside years 1 to 9999, such as
+    ``9999-12-31T23:59:59-01:00``, cannot be held by a Python datetime; it is
+    moved to the nearest end of that range, which no stored row lies beyond,
+    so the filter keeps selecting the rows the operator meant.
+    """
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:
+        return _EARLIEST if moment.year == 1 else _LATEST
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

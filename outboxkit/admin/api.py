@@ -16,7 +16,7 @@ Routes, relative to where the application mounts the router::
     GET  /api/outboxes/{outbox}/export              the rows matching a filter as NDJSON or CSV (outboxkit.admin.export_route)
     GET  /api/audit                                 the reset audit, newest first
     GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
-    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first
+    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first (job ids may hold '/')
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
 changed), 400 a cursor or body that does not decode, 413 a body over the cap,
@@ -33,7 +33,6 @@ dependency runs), and never beyond the cap (see ``outboxkit.admin.route_guard``)
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -49,8 +48,10 @@ from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
     AuditPage,
+    ChartWindow,
     ControlResult,
     EmptyRequest,
+    FilterMoment,
     FilterText,
     FoundRow,
     IdsRequest,
@@ -138,11 +139,6 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1 
 Cursor = Annotated[str | None, Query(max_length=512, description="next_cursor from the previous page.")]
 
 
-def _aware(moment: datetime | None) -> datetime | None:
-    """A time without an offset is UTC, as the admin shows times."""
-    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
-
-
 def api_router(service: OperationsService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
     router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=route_class, responses=_UNAVAILABLE)
@@ -151,10 +147,13 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
     @router.get("/outboxes", response_model=Overview, summary="Every outbox: counts, oldest due row, last drain run; the leader")
     def overview(
         charts: Annotated[
-            bool, Query(description="Add each outbox's last hour (last_hour), as the overview page charts it.")
+            bool, Query(description="Add each outbox's chart figures (chart; for window=1h also last_hour), as drawn.")
         ] = False,
+        window: Annotated[
+            ChartWindow, Query(description="The charts' window: 1h (per minute), 24h (per 15 min), 7d (per 2 h).")
+        ] = "1h",
     ) -> Overview:
-        return service.overview(charts=charts)
+        return service.overview(charts=charts, window=window)
 
     @router.get(
         "/outboxes/{outbox}/rows", response_model=RowPage, responses=READ_ERRORS, summary="Rows of one outbox in one status"
@@ -164,12 +163,12 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         status: Annotated[Status, Query(description="pending rows come due-first; stuck and done newest first")] = "stuck",
         error_contains: Annotated[FilterText, Query()] = None,
         status_code: Annotated[int | None, Query(ge=100, le=599, description="Exact last HTTP status code.")] = None,
-        created_after: Annotated[datetime | None, Query(description="created_at at or after (ISO 8601).")] = None,
-        created_before: Annotated[datetime | None, Query(description="created_at before (ISO 8601).")] = None,
-        updated_after: Annotated[datetime | None, Query(description="updated_at at or after (ISO 8601).")] = None,
-        updated_before: Annotated[datetime | None, Query(description="updated_at before (ISO 8601).")] = None,
-        delivered_after: Annotated[datetime | None, Query(description="delivered_at at or after (ISO 8601).")] = None,
-        delivered_before: Annotated[datetime | None, Query(description="delivered_at before (ISO 8601).")] = None,
+        created_after: Annotated[FilterMoment, Query(description="created_at at or after (ISO 8601, not a number).")] = None,
+        created_before: Annotated[FilterMoment, Query(description="created_at before (ISO 8601, not a number).")] = None,
+        updated_after: Annotated[FilterMoment, Query(description="updated_at at or after (ISO 8601, not a number).")] = None,
+        updated_before: Annotated[FilterMoment, Query(description="updated_at before (ISO 8601, not a number).")] = None,
+        delivered_after: Annotated[FilterMoment, Query(description="delivered_at at or after (ISO 8601, not a number).")] = None,
+        delivered_before: Annotated[FilterMoment, Query(description="delivered_at before (ISO 8601, not a number).")] = None,
         attempts_min: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         attempts_max: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         payload_column: Annotated[str | None, Query(max_length=63, description="One of the outbox's own columns.")] = None,
@@ -184,12 +183,12 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
             row_filter = RowFilter(
                 error_contains=error_contains,
                 status_code=status_code,
-                created_after=_aware(created_after),
-                created_before=_aware(created_before),
-                updated_after=_aware(updated_after),
-                updated_before=_aware(updated_before),
-                delivered_after=_aware(delivered_after),
-                delivered_before=_aware(delivered_before),
+                created_after=created_after,
+                created_before=created_before,
+                updated_after=updated_after,
+                updated_before=updated_before,
+                delivered_after=delivered_after,
+                delivered_before=delivered_before,
                 attempts_min=attempts_min,
                 attempts_max=attempts_max,
                 payload_column=payload_column,
@@ -287,7 +286,10 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         return service.jobs()
 
     @router.get(
-        "/jobs/{job_id}/runs", response_model=JobRunsView, responses={404: _NOT_FOUND}, summary="One job's runs, newest first"
+        "/jobs/{job_id:path}/runs",
+        response_model=JobRunsView,
+        responses={404: _NOT_FOUND},
+        summary="One job's runs, newest first",
     )
     def job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
         with http_errors():

@@ -26,8 +26,8 @@ FLASH_SECONDS = 60
 _PURPOSE = "flash"
 
 FlashKind = Literal[
-    "reset", "retry_now", "unchanged", "reset_many", "retry_many", "paused", "resumed", "drain_now", "already", "replayed",
-    "reset_partial",
+    "reset", "retry_now", "unchanged", "reset_many", "retry_many",
+    "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -38,6 +38,7 @@ _KINDS: tuple[str, ...] = (
     "paused",
     "resumed",
     "drain_now",
+    "resumed_drain_now",
     "already",
     "replayed",
     "reset_partial",
@@ -90,6 +91,8 @@ class Flash:
                 f"Reset {self.count:,} row(s), in batches; more rows may match: the request stopped at its time share. "
                 "Reset all matching again to go on (rows already reset are not touched twice)."
             )
+        if self.kind == "resumed_drain_now":
+            return f"Resumed, and woke every drain of this outbox; {self.count:,} row(s) were due."
         return "Nothing to do: the row was not in a state this action applies to."
 
 

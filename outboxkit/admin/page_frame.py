@@ -12,10 +12,11 @@ path.  A refusal of the service becomes an error page with the status of
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment
 from starlette.concurrency import run_in_threadpool
@@ -30,7 +31,7 @@ from outboxkit.errors import BodyTooLarge
 from outboxkit.operations.schemas import MAX_BULK_IDS
 from outboxkit.operations.service import OperationsService
 
-__all__ = ["PageFrame"]
+__all__ = ["PageFrame", "PageRoutes", "back_target"]
 
 
 class PageFrame:
@@ -43,7 +44,9 @@ class PageFrame:
         self.environment = environment
 
     def url(self, request: Request, route: str, query: dict[str, Any] | None = None, **path_params: Any) -> str:
-        path = request.url_for(f"outboxkit_admin_{route}", **path_params).path
+        # Percent-encoded, so a job id like "reports/daily" or "sync?x=1" stays one path parameter.
+        quoted = {name: quote(str(value), safe="") for name, value in path_params.items()}
+        path = request.url_for(f"outboxkit_admin_{route}", **quoted).path
         pairs = {key: value for key, value in (query or {}).items() if value not in (None, "")}
         return f"{path}?{urlencode(pairs)}" if pairs else path
 
@@ -73,15 +76,7 @@ class PageFrame:
         flash_cookie = flashes.cookie_name(mount)
         flash_value = request.cookies.get(flash_cookie)
         flash = flashes.decode(flash_value, actor=who, mount_path=mount) if flash_value else None
-        html = self.environment.get_template(template).render(
-            url=lambda route, query=None, **params: self.url(request, route, query, **params),
-            now=self.service.kit.clock.now(),
-            csrf_field=CSRF_FIELD,
-            csrf_token=token,
-            outbox_names=self.service.outbox_names,
-            notice=flash.message if flash else None,
-            **context,
-        )
+        html = self._html(request, template, csrf_token=token, notice=flash.message if flash else None, **context)
         response = HTMLResponse(html, status_code=status_code)
         if reissue:
             self.set_cookie(response, request, csrf_cookie, token, csrf.lifetime_seconds)
@@ -91,8 +86,22 @@ class PageFrame:
             )
         return response
 
+    def _html(self, request: Request, template: str, **context: Any) -> str:
+        return self.environment.get_template(template).render(
+            url=lambda route, query=None, **params: self.url(request, route, query, **params),
+            now=self.service.kit.clock.now(),
+            csrf_field=CSRF_FIELD,
+            outbox_names=self.service.outbox_names,
+            **context,
+        )
+
     def error_page(self, request: Request, who: str, status_code: int, message: str, heading: str = "Not done") -> HTMLResponse:
         return self.render(request, who, "error.html", status_code=status_code, message=message, heading=heading)
+
+    def route_error_page(self, request: Request, status_code: int, message: str, heading: str) -> HTMLResponse:
+        """The error page for what the route itself answers (a malformed path, a bug): no actor is known, no cookie is touched."""
+        html = self._html(request, "error.html", csrf_token="", notice=None, message=message, heading=heading)
+        return HTMLResponse(html, status_code=status_code)
 
     def guarded(self, request: Request, who: str, build: Callable[[], Response]) -> Response:
         """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
@@ -124,3 +133,19 @@ class PageFrame:
             )
             return self.error_page(request, who, 403, message)
         return await run_in_threadpool(self.guarded, request, who, lambda: act(form))
+
+
+@dataclass(frozen=True)
+class PageRoutes:
+    """What each ``add_*`` function of the pages adds its route with."""
+
+    router: APIRouter
+    frame: PageFrame
+    service: OperationsService
+    actor: Callable[..., str]
+    page_size: int
+
+
+def back_target(frame: PageFrame, request: Request, back: str | None, outbox: str) -> str:
+    """Where an outbox control returns to: the jobs page it was used from, else the outbox's rows."""
+    return frame.url(request, "jobs") if back == "jobs" else frame.url(request, "rows", outbox=outbox)

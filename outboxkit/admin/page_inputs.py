@@ -8,19 +8,21 @@ A number is ASCII digits (``"²".isdigit()`` is true in Python, and
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import FormData
 
 from outboxkit.errors import PageInputError
-from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, FilterText, RowFilter
+from outboxkit.operations.charts import CHART_WINDOWS
+from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, ChartWindow, FilterText, RowFilter, utc_moment
 
 __all__ = [
     "FILTER_FIELDS",
     "PAGE_SIZES",
     "ascii_number",
+    "chart_window",
     "form_text",
     "is_advanced",
     "row_filter_from",
@@ -34,6 +36,15 @@ def ascii_number(value: str, *, low: int, high: int, what: str) -> int:
     if not (value.isascii() and value.isdigit()) or len(value) > len(str(high)) or not low <= int(value) <= high:
         raise PageInputError(f"{what} must be a whole number from {low} to {high}, got {value[:40]!r}")
     return int(value)
+
+
+def chart_window(value: str | None) -> ChartWindow:
+    """The overview's chart window: ``1h`` (the default), ``24h`` or ``7d``."""
+    if value in (None, ""):
+        return "1h"
+    if value not in CHART_WINDOWS:
+        raise PageInputError(f"window must be one of {', '.join(CHART_WINDOWS)}, got {value[:20]!r}")
+    return cast(ChartWindow, value)
 
 
 FILTER_FIELDS = (
@@ -61,7 +72,7 @@ def _moment(value: str, what: str) -> datetime:
         moment = None
     if moment is None:
         raise PageInputError(f"bad filter: {what} must be a time like 2030-01-01T12:00 (UTC), got {value[:40]!r}")
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+    return utc_moment(moment)
 
 
 def _filter_text(value: str | None, what: str) -> str | None:

@@ -19,7 +19,6 @@ OpenAPI schema; the JSON API is the documented interface.
 
 # No ``from __future__ import annotations``: FastAPI reads each route's ``Actor`` annotation at runtime.
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -27,32 +26,32 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
+from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confirm, add_reset_page_confirm
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
-from outboxkit.admin.page_frame import PageFrame
-from outboxkit.admin.page_inputs import PAGE_SIZES, ascii_number, form_text, is_advanced, row_filter_from, selected_ids
+from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
+from outboxkit.admin.page_inputs import (
+    PAGE_SIZES,
+    ascii_number,
+    chart_window,
+    form_text,
+    is_advanced,
+    row_filter_from,
+    selected_ids,
+)
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.errors import PageInputError
 from outboxkit.operations.replay import DEFAULT_REPLAY_BATCH, MAX_REPLAY_BATCH
+from outboxkit.operations.charts import WINDOWS
 from outboxkit.operations.schemas import STATUS_VALUES, ActionResult, ControlResult
 from outboxkit.operations.service import OperationsService
 
 __all__ = ["pages_router"]
 
+BUCKET_WORDS = {"1h": "minute", "24h": "15 minutes", "7d": "2 hours"}  # what one bar of each chart window stands for
 RowAction = Callable[..., ActionResult]  # OperationsService.reset or .retry_now: (outbox, ids, *, actor)
 Control = Callable[..., ControlResult]  # OutboxControls.pause, .resume or .drain_now: (outbox, *, actor)
-
-
-@dataclass(frozen=True)
-class PageRoutes:
-    """What each function below adds its route with."""
-
-    router: APIRouter
-    frame: PageFrame
-    service: OperationsService
-    actor: Callable[..., str]
-    page_size: int
 
 
 def pages_router(
@@ -65,8 +64,8 @@ def pages_router(
     route_class: type[AdminRoute] = AdminRoute,
 ) -> APIRouter:
     """The HTML routes over ``service``."""
-    router = APIRouter(include_in_schema=False, route_class=route_class)
     frame = PageFrame(service, csrf=csrf, flashes=flashes, environment=make_environment())
+    router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
     routes = PageRoutes(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
     add_overview(routes)
     add_rows(routes)
@@ -83,6 +82,16 @@ def pages_router(
     add_control_action(routes, "/outboxes/{outbox}/pause", "pause", service.controls.pause, done="paused")
     add_control_action(routes, "/outboxes/{outbox}/resume", "resume", service.controls.resume, done="resumed")
     add_control_action(routes, "/outboxes/{outbox}/drain-now", "drain_now", service.controls.drain_now, done="drain_now")
+    add_control_action(
+        routes,
+        "/outboxes/{outbox}/resume-and-drain-now",
+        "resume_and_drain_now",
+        service.controls.resume_and_drain_now,
+        done="resumed_drain_now",
+    )
+    add_pause_confirm(routes)
+    add_drain_now_confirm(routes)
+    add_reset_page_confirm(routes)
     add_bulk_reset(routes)
     add_replay(routes)
     add_audit(routes)
@@ -97,10 +106,22 @@ def add_overview(routes: PageRoutes) -> None:
     Actor = Annotated[str, Depends(routes.actor)]
 
     @routes.router.get("/", name="outboxkit_admin_overview")
-    def overview(request: Request, who: Actor, refresh: str | None = None) -> Response:
+    def overview(request: Request, who: Actor, refresh: str | None = None, window: str | None = None) -> Response:
         def build() -> Response:
             seconds = ascii_number(refresh, low=5, high=3600, what="refresh") if refresh else None
-            return frame.render(request, who, "overview.html", overview=service.overview(charts=True), refresh=seconds)
+            key = chart_window(window)
+            return frame.render(
+                request,
+                who,
+                "overview.html",
+                overview=service.overview(charts=True, window=key),
+                refresh=seconds,
+                windows=WINDOWS,
+                window=WINDOWS[key],
+                window_key=key,
+                window_query=window or None,
+                bucket_words=BUCKET_WORDS[key],
+            )
 
         return frame.guarded(request, who, build)
 
@@ -210,8 +231,7 @@ def add_control_action(routes: PageRoutes, path: str, name: str, perform: Contro
     async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
             result = perform(outbox, actor=who)
-            back = form_text(form, "back")
-            target = frame.url(request, "jobs") if back == "jobs" else frame.url(request, "rows", outbox=outbox)
+            target = back_target(frame, request, form_text(form, "back"), outbox)
             flash = Flash(kind=done if result.changed else "already", count=result.due_rows or 0)
             return frame.redirect(request, who, target, flash)
 
@@ -301,7 +321,7 @@ def add_job(routes: PageRoutes) -> None:
     frame, service, page_size = routes.frame, routes.service, routes.page_size
     Actor = Annotated[str, Depends(routes.actor)]
 
-    @routes.router.get("/jobs/{job_id}", name="outboxkit_admin_job")
+    @routes.router.get("/jobs/{job_id:path}", name="outboxkit_admin_job")
     def job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
         def build() -> Response:
             history = service.job_runs(job_id, limit=page_size)

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from outboxkit.admin.charts import chart_svg
 
-__all__ = ["STATIC_FILES", "age", "make_environment", "static_file", "visible"]
+__all__ = ["STATIC_FILES", "age", "counts_shown", "make_environment", "static_file", "visible"]
 
 STATIC_FILES = {
     "admin.css": "text/css; charset=utf-8",
@@ -66,6 +66,23 @@ def form_time(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+# A job run's counts in this order (the drain's), then any others by name.
+COUNT_ORDER = ("delivered", "retried", "stuck", "lost", "claimed", "batches")
+
+
+def counts_shown(counts: dict[str, object]) -> list[tuple[str, str]]:
+    """A run's counts as (figure, name) pairs to show: ``("1,180", "delivered")``; zeros and empty values left out."""
+    names = [name for name in COUNT_ORDER if name in counts] + sorted(name for name in counts if name not in COUNT_ORDER)
+    shown = []
+    for name in names:
+        value = counts[name]
+        if value is None or value == "" or (isinstance(value, int | float) and not isinstance(value, bool) and value == 0):
+            continue
+        figure = f"{value:,}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)[:40]
+        shown.append((figure, name.replace("_", " ")))
+    return shown
+
+
 def visible(value: object) -> str:
     """The text with bidi controls made visible (escaping itself is Jinja's autoescape)."""
     if value is None:
@@ -81,7 +98,7 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(age=age, utc=utc, visible=visible, form_time=form_time)
+    environment.filters.update(age=age, utc=utc, visible=visible, form_time=form_time, counts_shown=counts_shown)
     environment.globals.update(chart_svg=chart_svg, duration=duration)
     return environment
 

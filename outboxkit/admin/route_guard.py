@@ -19,16 +19,19 @@ It guarantees, whatever the application's own handlers and middleware do:
 * **Clear errors**: malformed input gets 422 (written ASCII-escaped, so input
   FastAPI's default handler cannot echo, such as a lone surrogate, still gets
   its 422), a database that cannot be reached gets 503 with a message that
-  says so, not a bare 500, and so does a request over the admin's time limit
-  ("narrow the filter") or its pool timeout.  The pages answer both with the admin's own error
-  page before this fallback is reached.
+  says so, and an unexpected error (a bug) gets 500 with its traceback logged
+  on ``outboxkit.admin``: never a bare ``text/plain`` answer without the
+  headers.  The JSON API answers them as JSON; a route class made by
+  ``with_error_page`` (the pages') answers them with the admin's error page.
+  A request over the admin's time limit ("narrow the filter") or its pool
+  timeout is a refusal like any other (503).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar
 
 from fastapi import HTTPException, Request
@@ -37,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import exc as sqlalchemy_errors
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -47,6 +51,7 @@ __all__ = [
     "DATABASE_UNAVAILABLE_ERRORS",
     "SECURITY_HEADERS",
     "AdminRoute",
+    "ErrorPage",
     "BodyTooLarge",
     "admin_route_class",
     "read_json_body",
@@ -133,10 +138,42 @@ def _json_error(status_code: int, detail: Any) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
 
 
+UNEXPECTED_ERROR_MESSAGE = (
+    "The admin hit an unexpected error answering this request; it is logged on the server (logger outboxkit.admin). "
+    "If this was a change, check its result before trying again."
+)
+
+# Renders an error as a page: (request, status code, message, heading) -> response.
+ErrorPage = Callable[[Request, int, str, str], Response]
+
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """FastAPI's validation errors in one sentence, e.g. ``bad row_id: Input should be a valid integer``."""
+    problems = []
+    for error in errors[:3]:
+        where = [str(part) for part in error.get("loc", ()) if part not in ("path", "query", "body")]
+        problems.append(f"bad {'.'.join(where) or 'input'}: {error.get('msg', 'invalid value')}")
+    return "; ".join(problems) or "bad input"
+
+
 class AdminRoute(APIRoute):
     """Adds the admin's headers, body cap and error answers to a FastAPI route (see the module)."""
 
     max_body_bytes: ClassVar[int] = 64 * 1024
+    # None: errors are answered as JSON (the API); the pages' route class renders them (``with_error_page``).
+    error_page: ClassVar[ErrorPage | None] = None
+
+    @classmethod
+    def with_error_page(cls, error_page: ErrorPage) -> type[AdminRoute]:
+        """This route class, answering its errors with ``error_page`` instead of JSON."""
+        return type("AdminPageRoute", (cls,), {"error_page": staticmethod(error_page)})
+
+    @classmethod
+    def error_answer(cls, request: Request, status_code: int, detail: Any, heading: str = "Not done") -> Response:
+        if cls.error_page is None:
+            return _json_error(status_code, detail)
+        message = detail if isinstance(detail, str) else validation_message(detail)
+        return cls.error_page(request, status_code, message, heading)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -146,18 +183,29 @@ class AdminRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        answer = self.error_answer
 
         async def handle(request: Request) -> Response:
             try:
                 return await handler(request)
+            except StarletteHTTPException:  # the application's 401/403 and the API's refusals: answered by FastAPI
+                raise
             except RequestValidationError as exc:
-                return _json_error(422, exc.errors())
+                return answer(request, 422, exc.errors())
             except BodyTooLarge as exc:
-                return _json_error(413, str(exc))
+                return answer(request, 413, str(exc))
             except REFUSALS as exc:  # e.g. the admin's time limit on a route that does not map refusals itself
-                return _json_error(refusal_status(exc), str(exc))
+                return answer(request, refusal_status(exc), str(exc))
             except DATABASE_UNAVAILABLE_ERRORS as exc:
-                return _json_error(503, report_database_unavailable(exc))
+                return answer(request, 503, report_database_unavailable(exc), "Database unreachable")
+            except Exception:
+                logger.exception(
+                    "outboxkit admin: unexpected error answering %s %s",
+                    request.method,
+                    request.url.path,
+                    extra={"event_name": "admin.unexpected_error"},
+                )
+                return answer(request, 500, UNEXPECTED_ERROR_MESSAGE, "Something went wrong")
 
         return handle
 

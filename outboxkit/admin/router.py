@@ -60,7 +60,8 @@ def create_admin_router(
 
     ``dependencies`` guard every route (JSON and pages).  There is no default:
     without one the call raises ``ConfigurationError`` unless
-    ``insecure_no_auth=True`` (local development only).
+    ``insecure_no_auth=True`` (local development only: refused with
+    ``ConfigurationError`` when the kit's settings say ``environment="production"``).
 
     ``actor`` is a FastAPI dependency returning who acts, for the audit; by
     default it is ``request.state.outboxkit_actor`` as set by your auth
@@ -94,6 +95,12 @@ def create_admin_router(
             "create_admin_router needs an auth dependency: pass dependencies=[Depends(require_admin)], "
             "where require_admin raises HTTPException(401 or 403) for anyone who may not reset rows. "
             "For local development only, pass insecure_no_auth=True to serve the admin to anyone."
+        )
+    if not dependencies and kit.settings.is_production:
+        raise ConfigurationError(
+            "create_admin_router refuses insecure_no_auth=True when the kit's settings say environment='production' "
+            "(OUTBOXKIT_ENVIRONMENT): anyone who can reach the admin could reset rows and pause drains. "
+            "Pass dependencies=[Depends(require_admin)] with your auth check."
         )
     if not dependencies:
         logger.warning("outboxkit admin is mounted with insecure_no_auth=True: anyone who can reach it can reset rows")

@@ -8,9 +8,13 @@
   transaction, so listening drainers claim the due rows as soon as it commits.
 * **Drain now** notifies the channel, which wakes every listening drainer
   (and says how many rows were due, counted up to ``DUE_COUNT_CAP``),
-  and, when this process runs no drain loop for the outbox, also starts one
-  bounded drain here (in a thread, so the request does not wait for
-  deliveries).  A paused outbox is refused (``OutboxPaused``): resume it.
+  and, when this process runs no drain loop for the outbox, also drains
+  here: in one background thread per outbox at most (so the request does not
+  wait for deliveries, and clicks cannot pile up threads).  A click while
+  that drain runs starts no thread: it asks the running one to drain once
+  more when it finishes, so the rows the click made due are still claimed
+  here.  A paused outbox is refused (``OutboxPaused``): pausing means no
+  process claims its rows, so an operator resumes it first.
 
 Each change is recorded in ``outboxkit_reset_audit`` (actions ``pause``,
 ``resume``, ``drain_now``) with its actor; a pause of a paused outbox or a
@@ -68,6 +72,9 @@ class OutboxControls:
 
     def __init__(self, kit: OutboxKit) -> None:
         self.kit = kit
+        self._lock = threading.Lock()
+        self._background: dict[str, threading.Thread] = {}  # the one "drain now" thread per outbox, while it runs
+        self._again: set[str] = set()  # outboxes clicked while their thread ran: it drains once more
 
     def pause(self, outbox_name: str, *, actor: str) -> ControlResult:
         outbox = self.kit.outbox(outbox_name)  # UnknownOutboxError for a bad name
@@ -101,14 +108,8 @@ class OutboxControls:
             due = queries.count_due(connection, now=self.kit.clock.now(), cap=DUE_COUNT_CAP)
             audit_id = record_audit(connection, actor=actor, outbox_name=outbox_name, action="drain_now", ids=[], row_filter={})
             connection.execute(notify_statement(outbox))
-        drainer = self.kit.drainer(outbox)
-        if not drainer.running:  # nobody here listens: drain once in this process too
-            threading.Thread(
-                target=drainer.drain,
-                kwargs={"max_seconds": DRAIN_NOW_SECONDS},
-                name=f"outboxkit-drain-now-{outbox_name}",
-                daemon=True,
-            ).start()
+        if not self.kit.drainer(outbox).running:  # nobody here listens: drain in this process too
+            self._drain_in_background(outbox_name)
         return ControlResult(
             action="drain_now",
             outbox=outbox_name,
@@ -118,6 +119,37 @@ class OutboxControls:
             due_rows_at_least=due > DUE_COUNT_CAP,
             audit_id=audit_id,
         )
+
+    def resume_and_drain_now(self, outbox_name: str, *, actor: str) -> ControlResult:
+        """Resume (when paused), then drain now; each step audited.  The pages' "Drain now" on a paused outbox, once confirmed."""
+        self.resume(outbox_name, actor=actor)
+        return self.drain_now(outbox_name, actor=actor)
+
+    def _drain_in_background(self, outbox_name: str) -> None:
+        """Start this outbox's one background drain, or ask the running one to drain again when it finishes."""
+        with self._lock:
+            running = self._background.get(outbox_name)
+            if running is not None and running.is_alive():
+                self._again.add(outbox_name)
+                return
+            thread = threading.Thread(
+                target=self._drain_until_asked_no_more,
+                args=(outbox_name,),
+                name=f"outboxkit-drain-now-{outbox_name}",
+                daemon=True,
+            )
+            self._background[outbox_name] = thread
+            thread.start()
+
+    def _drain_until_asked_no_more(self, outbox_name: str) -> None:
+        drainer = self.kit.drainer(outbox_name)
+        while True:
+            drainer.drain(max_seconds=DRAIN_NOW_SECONDS)  # never raises
+            with self._lock:
+                if outbox_name not in self._again:
+                    del self._background[outbox_name]
+                    return
+                self._again.discard(outbox_name)
 
     def _forget_local(self, outbox_name: str) -> None:
         """This process's drainer sees the change at once (others within their cache time, or on the NOTIFY)."""

@@ -5,12 +5,15 @@ leaves behind, so it works in any worker, leader or not.
 
 * **Runs** come from the kit's ``outboxkit_job_runs`` table.  A drain job's id
   is ``outboxkit.drain.<job_name>``; its last run is the outbox's heartbeat.
-* **The leader** is the session that holds the election's advisory lock in
-  this database: ``pg_locks`` joined to ``pg_stat_activity`` where
-  ``application_name`` is ``outboxkit-leader:<host>:<pid>``.  ``pg_locks`` is
-  cluster-wide, so the query always filters on the current database.  The
-  admin's database role must be allowed to see other sessions'
-  ``application_name`` (same role, or ``pg_read_all_stats``).
+* **The leader** is the session that holds the election's advisory lock (the
+  kit's ``advisory_lock_key``) in this database: ``pg_locks`` joined to
+  ``pg_stat_activity``, whose ``application_name``
+  ``outboxkit-leader:<host>:<pid>`` says which process it is
+  (``outboxkit.leader_lock.lock_holders``, the election's own statement).
+  ``pg_locks`` is cluster-wide, so the query always filters on the current
+  database.  The admin's database role must be allowed to see other
+  sessions' ``application_name`` (same role, or ``pg_read_all_stats``);
+  without it host and pid are unknown.
 * **Scheduled jobs** (trigger, next run) exist only in the leader's memory.
   An application that wants them on the page passes a ``JobSource``; without
   one the page lists the jobs seen in the run history.
@@ -33,11 +36,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import Connection, text
 
+from outboxkit.leader_lock import LockHolder, lock_holders
 from outboxkit.scheduler import DRAIN_JOB_PREFIX, JobInfo
 
-__all__ = ["DRAIN_JOB_PREFIX", "JobInfo", "JobRun", "JobSource", "Leader", "drain_job_id", "last_runs", "leaders"]
-
-LEADER_APPLICATION_PREFIX = "outboxkit-leader:"
+__all__ = ["DRAIN_JOB_PREFIX", "JobInfo", "JobRun", "JobSource", "LockHolder", "drain_job_id", "last_runs", "leaders"]
 
 
 def drain_job_id(job_name: str) -> str:
@@ -65,17 +67,6 @@ class JobRun:
     counts: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     leader: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Leader:
-    """The session that holds the election lock."""
-
-    host: str
-    pid: int | None
-    backend_pid: int
-    application_name: str
-    since: datetime | None
 
 
 _RUN_COLUMNS = "job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, error, leader"
@@ -108,18 +99,6 @@ WHERE ids.job_id IS NOT NULL
 ORDER BY last.job_id
 """
 
-LEADERS = """
-SELECT activity.application_name, activity.pid AS backend_pid, activity.backend_start
-FROM pg_locks AS locks
-JOIN pg_stat_activity AS activity ON activity.pid = locks.pid
-WHERE locks.locktype = 'advisory'
-  AND locks.granted
-  AND locks.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND activity.application_name LIKE 'outboxkit-leader:%'
-ORDER BY activity.backend_start
-"""
-
-
 def last_runs(connection: Connection, job_ids: list[str] | None = None) -> dict[str, JobRun]:
     """The last recorded run per job id: of the listed ids, or of every job in the history."""
     rows: Iterable[Any]
@@ -130,23 +109,11 @@ def last_runs(connection: Connection, job_ids: list[str] | None = None) -> dict[
     return {row.job_id: JobRun(**row._mapping) for row in rows}
 
 
-def leaders(connection: Connection) -> list[Leader]:
-    """Sessions holding an outboxkit election lock in this database (more than one means a bug)."""
-    found = []
-    for row in connection.execute(text(LEADERS)):
-        host, pid = _parse_leader_name(row.application_name)
-        found.append(
-            Leader(
-                host=host, pid=pid, backend_pid=row.backend_pid, application_name=row.application_name, since=row.backend_start
-            )
-        )
-    return found
+def leaders(connection: Connection, *, key: int) -> list[LockHolder]:
+    """Sessions holding the kit's election lock (``key``) in this database: more than one means a bug.
 
-
-def _parse_leader_name(application_name: str) -> tuple[str, int | None]:
-    """``outboxkit-leader:<host>:<pid>`` -> (host, pid); a host may itself hold colons."""
-    rest = application_name[len(LEADER_APPLICATION_PREFIX) :]
-    host, separator, pid = rest.rpartition(":")
-    if separator and pid.isdigit():
-        return host, int(pid)
-    return rest, None
+    The same statement as the election's own look-up (``outboxkit.leader_lock.lock_holders``): the
+    advisory key and the database must match, so a session of another application that only shares the
+    ``outboxkit-leader:`` name, or holds another advisory lock, is not counted.
+    """
+    return lock_holders(connection, key=key)

@@ -46,7 +46,8 @@ class JobsTable:
                 source_error = f"{type(exc).__name__}: {exc}"
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
-            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
+            key = self.kit.settings.advisory_lock_key
+            holders = [LeaderModel.model_validate(holder) for holder in leaders(connection, key=key)]
             pauses = paused_outboxes(connection)
             if scheduled is None:
                 # Every outbox's drain job is known without a job source; other jobs only once they ran.

@@ -7,22 +7,27 @@ views never disagree.
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
-from outboxkit.row_filter import RowFilter  # the filter the queries apply, shown as it was applied
+from outboxkit.row_filter import RowFilter, utc_moment  # the filter the queries apply, shown as it was applied
 
 __all__ = [
     "RowFilter",  # re-exported: the admin and the CLI name the filter through this layer
+    "utc_moment",
     "ActionResult",
     "AttemptModel",
     "AuditEntry",
     "AuditPage",
+    "ChartModel",
+    "ChartWindow",
     "ControlResult",
     "EmptyRequest",
+    "FilterMoment",
     "FilterText",
     "FoundRow",
     "IdsRequest",
@@ -75,6 +80,22 @@ FilterText = Annotated[
     Field(max_length=MAX_FILTER_LENGTH, description="Case-insensitive substring of last_error; %, _ and \\ match themselves."),
     AfterValidator(_plain_text),
 ]
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _iso_8601_only(value: object) -> object:
+    """Pydantic would read a number as seconds since 1970 (``0.5``, ``20300101``); a filter's time is ISO 8601 only."""
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value.strip())):
+        raise ValueError("must be an ISO 8601 time like 2030-01-01T12:00:00Z (numbers such as epoch seconds are refused)")
+    return value
+
+
+def _in_utc(moment: datetime | None) -> datetime | None:
+    return None if moment is None else utc_moment(moment)
+
+
+# A time filter of the JSON API: ISO 8601 (no offset: UTC), normalised to UTC (``utc_moment``).
+FilterMoment = Annotated[datetime | None, BeforeValidator(_iso_8601_only), AfterValidator(_in_utc)]
 StatusCode = Annotated[int | None, Field(strict=True, ge=100, le=599, description="Exact last HTTP status code.")]
 
 
@@ -103,12 +124,14 @@ class RunModel(_Model):
 
 
 class LeaderModel(_Model):
-    """The session holding the election lock, from pg_locks + pg_stat_activity."""
+    """A session holding the kit's election lock (its advisory key, in this database), from pg_locks + pg_stat_activity."""
 
-    host: str
+    host: str | None = Field(
+        description="The leader's host, from its application_name outboxkit-leader:<host>:<pid>; null when not visible."
+    )
     pid: int | None = Field(description="The leader process id on its host, from its application_name.")
     backend_pid: int = Field(description="The PostgreSQL backend pid of the lock connection.")
-    application_name: str
+    application_name: str | None
     since: datetime | None
 
 
@@ -140,6 +163,20 @@ class MinuteModel(_Model):
     oldest_due_seconds: float | None = Field(description="Age of the oldest due row when sampled.")
 
 
+ChartWindow = Literal["1h", "24h", "7d"]
+
+
+class ChartModel(_Model):
+    """An outbox's figures over a chart window, cut into buckets (``outboxkit.operations.charts.WINDOWS``)."""
+
+    window: ChartWindow = Field(description="How far back: the last hour, day or week.")
+    bucket_seconds: int = Field(description="Each bucket's length: 60 (1h), 900 (24h) or 7200 (7d).")
+    buckets: list[MinuteModel] = Field(
+        description="Oldest first; minute is the bucket's newest minute. Deliveries and failures are summed over the "
+        "bucket; pending, due and oldest_due_seconds are its peak sample."
+    )
+
+
 class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
@@ -153,8 +190,10 @@ class OutboxOverview(_Model):
     paused_at: datetime | None = None
     last_hour: list[MinuteModel] | None = Field(
         default=None,
-        description="With charts=true: the last 60 minutes, oldest first (delivery, failures, backlog, oldest due age).",
+        description="With charts=true and window=1h: the last 60 minutes, oldest first (delivery, failures, backlog, "
+        "oldest due age).",
     )
+    chart: ChartModel | None = Field(default=None, description="With charts=true: the chart window's buckets.")
 
 
 class Overview(_Model):

@@ -35,7 +35,7 @@ from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
 from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
-from outboxkit.operations.charts import last_hour
+from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
 from outboxkit.operations.export import RowExport
@@ -50,6 +50,8 @@ from outboxkit.operations.schemas import (
     AttemptModel,
     AuditEntry,
     AuditPage,
+    ChartModel,
+    ChartWindow,
     FoundRow,
     JobRunsView,
     JobsView,
@@ -107,8 +109,8 @@ class OperationsService:
 
     # -- reads ---------------------------------------------------------------
 
-    def overview(self, *, charts: bool = False) -> Overview:
-        """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's last hour."""
+    def overview(self, *, charts: bool = False, window: ChartWindow = "1h") -> Overview:
+        """Every outbox's counts and heartbeat, and who leads; with ``charts``, each outbox's figures over ``window``."""
         now = self.kit.clock.now()
         names = self.outbox_names
         with self.kit.operator_database.connect() as connection:
@@ -116,9 +118,19 @@ class OperationsService:
             pauses = paused_outboxes(connection)
             entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
             if charts:
-                hours = last_hour(connection, names, now=now)
-                entries = [entry.model_copy(update={"last_hour": hours[entry.name]}) for entry in entries]
-            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
+                figures = recent(connection, names, now=now, window=window)
+                seconds = WINDOWS[window].bucket_seconds
+                entries = [
+                    entry.model_copy(
+                        update={
+                            "chart": ChartModel(window=window, bucket_seconds=seconds, buckets=figures[entry.name]),
+                            "last_hour": figures[entry.name] if window == "1h" else None,
+                        }
+                    )
+                    for entry in entries
+                ]
+            key = self.kit.settings.advisory_lock_key
+            holders = [LeaderModel.model_validate(holder) for holder in leaders(connection, key=key)]
         return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
 
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:

@@ -59,6 +59,8 @@ def test_pause_from_the_jobs_table_and_resume_from_the_outbox_page(served, page_
     try:
         page.goto(f"{base_url}/admin/jobs")
         page.locator('tr[data-job="outboxkit.drain.webhooks"] button[data-action="pause"]').click()
+        assert page.get_by_role("heading", level=1).inner_text() == "Pause the drains of webhooks?"  # asks first
+        page.get_by_role("button", name="Pause drains").click()
         assert "Paused" in page.get_by_role("status").inner_text()
         assert "paused" in page.locator('tr[data-job="outboxkit.drain.webhooks"]').inner_text()
         assert harness.kit.drain_once("webhooks").claimed == 0

@@ -321,8 +321,9 @@ def test_leader_is_the_lock_holder_in_this_database_only(admin, admin_database_u
         psycopg.connect(database_url, autocommit=True, application_name="outboxkit-leader:host-a.example:4242") as here,
         psycopg.connect(other_database, autocommit=True, application_name="outboxkit-leader:elsewhere:1") as there,
     ):
-        assert here.execute("SELECT pg_try_advisory_lock(727272)").fetchone()[0]
-        there.execute("SELECT pg_try_advisory_lock(727273)")
+        key = admin.kit.settings.advisory_lock_key
+        assert here.execute("SELECT pg_try_advisory_lock(%s::bigint)", (key,)).fetchone()[0]
+        there.execute("SELECT pg_try_advisory_lock(%s::bigint)", (key,))  # the same key in another database
         backend_pid = here.info.backend_pid
 
         for path in ("/admin/api/jobs", "/admin/api/outboxes"):
@@ -332,7 +333,7 @@ def test_leader_is_the_lock_holder_in_this_database_only(admin, admin_database_u
             ]
             assert view["leader"]["host"] == "host-a.example"
         # Unlock explicitly: a closed connection's backend may linger for a moment.
-        here.execute("SELECT pg_advisory_unlock(727272)")
+        here.execute("SELECT pg_advisory_unlock(%s::bigint)", (key,))
         assert admin.client.get("/admin/api/jobs").json()["leader"] is None
 
 

@@ -8,6 +8,7 @@ from sqlalchemy import text
 
 from outboxkit.attempts import AttemptLog
 from tests.support.admin import (  # noqa: F401  (fixtures)
+    START,
     add_webhooks,
     admin,
     admin_app,
@@ -64,9 +65,9 @@ def test_the_overview_page_draws_four_svg_charts_per_outbox_without_script(admin
 
     charts = page[page.index('id="charts-webhooks"'):page.index("</section>", page.index('id="charts-webhooks"'))]
     assert page.count('<svg class="chart ') == 8
-    assert charts.count("<rect ") == 1  # one minute with deliveries; no failures
-    assert "Delivered: 2 in the hour, 2 in the last minute" in charts
-    assert "<title>webhooks: deliveries per minute over the last hour</title>" in charts
+    assert charts.count("<rect x=") == 1  # one minute with deliveries; no failures (hover columns are class="hit")
+    assert "Delivered: 2 in 1 h, 2 in the last minute" in charts
+    assert "<title>webhooks: deliveries per minute over the last 1 h</title>" in charts
     assert "<script" not in charts
 
 
@@ -77,3 +78,25 @@ def test_auto_refresh_is_optional_and_can_be_switched_off(admin):
     assert '<meta http-equiv="refresh" content="15">' in refreshing and "Stop auto-refresh" in refreshing
     assert admin.client.get("/admin/", params={"refresh": "1"}).status_code == 422
     assert admin.client.get("/admin/", params={"refresh": "x"}).status_code == 422
+
+
+def test_the_api_returns_the_chart_window_in_buckets_summing_counts_and_keeping_peaks(admin):
+    with admin.engine.begin() as connection:
+        for minutes_ago, delivered, due in ((90, 5, 10), (95, 7, 30), (20 * 60, 1, 2)):
+            connection.execute(
+                text(
+                    "INSERT INTO outboxkit_outbox_minutes (outbox, minute, delivered, failed, stuck, due) "
+                    "VALUES ('webhooks', :minute, :delivered, 0, 0, :due)"
+                ),
+                {"minute": START - timedelta(minutes=minutes_ago), "delivered": delivered, "due": due},
+            )
+    hour = admin.client.get("/admin/api/outboxes", params={"charts": "true"}).json()["outboxes"][1]
+    day = admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "24h"}).json()["outboxes"][1]
+    week = admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "7d"}).json()["outboxes"][1]
+    assert hour["chart"]["buckets"] == hour["last_hour"] and sum(b["delivered"] for b in hour["last_hour"]) == 0
+    assert (day["chart"]["window"], day["chart"]["bucket_seconds"], len(day["chart"]["buckets"])) == ("24h", 900, 96)
+    assert day["last_hour"] is None
+    busy = [bucket for bucket in day["chart"]["buckets"] if bucket["delivered"]]
+    assert [(bucket["delivered"], bucket["due"]) for bucket in busy] == [(1, 2), (12, 30)]  # 90 and 95 min ago: one bucket
+    assert (len(week["chart"]["buckets"]), sum(bucket["delivered"] for bucket in week["chart"]["buckets"])) == (84, 13)
+    assert admin.client.get("/admin/api/outboxes", params={"charts": "true", "window": "1y"}).status_code == 422

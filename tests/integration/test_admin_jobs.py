@@ -41,7 +41,7 @@ def test_a_jobs_run_history_newest_first_with_duration_outcome_counts_and_errors
     assert [run["outcome"] for run in history["runs"]] == ["ok", "error"]
     assert history["runs"][0]["counts"] == {"delivered": 2} and history["runs"][0]["duration_seconds"] == 0
     assert page.status_code == 200 and 'id="job-runs"' in page.text
-    assert page.text.count("badge-run-error") == 1 and "delivered 7" in page.text
+    assert page.text.count("badge-run-error") == 1 and "<b>7</b> delivered" in page.text
     assert "1 of the 3 kept runs" in page.text
 
 

@@ -5,8 +5,12 @@ The per-minute figures the drainers keep are in tests/integration/test_admin_cha
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 from outboxkit.admin.charts import chart_svg
 from tests.support.admin import (  # noqa: F401  (fixtures)
+    START,
     add_webhooks,
     admin,
     admin_app,
@@ -21,3 +25,11 @@ def test_a_chart_scales_to_its_peak_and_leaves_gaps_for_unsampled_minutes():
     assert 'y="4.0"' not in line and ",4.0" in line  # the peak reaches the top line
     assert "due &lt;rows&gt;" in line
     assert bars.count("<rect") == 1
+
+
+def test_a_chart_has_a_value_scale_a_time_scale_and_hover_values():
+    times = [START - timedelta(minutes=59 - index) for index in range(60)]
+    svg = chart_svg([0] * 59 + [1234], kind="bars", css_class="delivered", title="t", times=times, span="1 h")
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
+    assert ticks == ["1,234", "0", "−1 h", "now", "11:31 UTC"]  # the middle bucket
+    assert "<title>2030-01-01 12:00 UTC: 1,234</title>" in svg
