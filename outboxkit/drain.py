@@ -305,7 +305,7 @@ class Drainer:
         self.outbox = outbox
         self.options = options or outbox.__outbox__
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
-        self.transport = transport
+        self.transport = self.options.sending_transport(transport)  # signed when the outbox signs (webhook_signing)
         self.clock = clock or SystemClock()
         self.queries: OutboxQueries = queries_for(outbox, synchronous_commit=synchronous_commit)
         self._senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")

@@ -52,6 +52,7 @@ from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.transport import Delivery, validate_timeout
+from outboxkit.webhook_signing import SigningTransport, WebhookSecrets
 
 if TYPE_CHECKING:
     from outboxkit.transport import Transport
@@ -91,6 +92,14 @@ class OutboxOptions:
     its send could start is not sent but retried, so a live delivery is
     never claimed twice.
 
+    ``sign_webhooks`` (default False) signs every request as Standard
+    Webhooks defines it (``webhook-id``, ``webhook-timestamp``,
+    ``webhook-signature``; see ``outboxkit.webhook_signing``).  Its secrets,
+    ``webhook_secrets``, come from settings
+    (``OUTBOXKIT_OUTBOXES__<KEY>__WEBHOOK_SECRETS``); an outbox that signs
+    without a secret, or has secrets but does not sign, is refused when the
+    kit starts.  They are never shown in the options' repr.
+
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows
     whose ``delivered_at`` is older than that, never a ``pending`` or
@@ -108,6 +117,8 @@ class OutboxOptions:
     lease_margin: float = LEASE_MARGIN_SECONDS
     retain_done_for: float | None = None
     transport: Transport | None = field(default=None, compare=False)
+    sign_webhooks: bool = False
+    webhook_secrets: WebhookSecrets | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
@@ -141,6 +152,7 @@ class OutboxOptions:
                 f"outbox {self.job_name!r}: retain_done_for must be None (keep delivered rows forever) or a number "
                 f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
+        self._check_signing_options()
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
                 raise ConfigurationError(
@@ -153,6 +165,38 @@ class OutboxOptions:
                     f"{self.lease_margin:g}s = {self.minimum_lease:g}s), "
                     "so a live delivery could be claimed again; raise lease or concurrency, or lower timeout or batch_size"
                 )
+
+    def _check_signing_options(self) -> None:
+        if not isinstance(self.sign_webhooks, bool):
+            raise ConfigurationError(f"outbox {self.job_name!r}: sign_webhooks must be True or False, got {self.sign_webhooks!r}")
+        if self.webhook_secrets is None:
+            return
+        if not isinstance(self.webhook_secrets, WebhookSecrets):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: webhook_secrets must be WebhookSecrets(['whsec_...']), "
+                f"got a {type(self.webhook_secrets).__name__}"
+            )
+        if not self.sign_webhooks:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r} has webhook secrets but does not sign its requests; declare "
+                "OutboxOptions(sign_webhooks=True), or remove the secrets"
+            )
+
+    def check_signing(self) -> None:
+        """Refuse an outbox that signs without a secret (the kit calls it at start-up)."""
+        if self.sign_webhooks and self.webhook_secrets is None:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r} signs its requests (sign_webhooks=True) but has no secret; set "
+                f"OUTBOXKIT_OUTBOXES__{self.settings_key.upper()}__WEBHOOK_SECRETS=whsec_... "
+                "(several, comma-separated, while rotating)"
+            )
+
+    def sending_transport(self, transport: Transport) -> Transport:
+        """The transport this outbox sends through: ``transport``, wrapped to sign each request when it signs."""
+        self.check_signing()
+        if self.webhook_secrets is None:
+            return transport
+        return SigningTransport(transport, self.webhook_secrets)
 
     @property
     def minimum_lease(self) -> float:
