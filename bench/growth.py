@@ -68,8 +68,10 @@ from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
-from outboxkit.queries import RowFilter, admin_queries_for, claim_sql, record_outcome_sql  # noqa: E402
+from outboxkit.operator_queries import admin_queries_for  # noqa: E402
+from outboxkit.queries import claim_sql, record_outcome_sql  # noqa: E402
 from outboxkit.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
+from outboxkit.row_filter import RowFilter  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
 from tests.support.database import server_url  # noqa: E402
 

@@ -52,7 +52,7 @@ from outboxkit.kit import OutboxKit
 
 if TYPE_CHECKING:
     from outboxkit.operations.service import AdminService
-    from outboxkit.queries import RowFilter
+    from outboxkit.row_filter import RowFilter
 
 __all__ = ["app", "main"]
 
@@ -259,7 +259,7 @@ def first_line(error: BaseException | None) -> str:
 
 
 def row_filter(error_contains: str | None, status_code: int | None) -> RowFilter:
-    from outboxkit.queries import RowFilter
+    from outboxkit.row_filter import RowFilter
 
     return RowFilter(error_contains=error_contains, status_code=status_code)
 

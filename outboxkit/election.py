@@ -17,11 +17,15 @@ machine, and the invariant each step protects:
     two unlocks and would make "who holds it" lie.
 
 ``PROMOTING`` -- wait one ``leader_tick_seconds`` before starting anything.
-    An old leader that lost its lock (its connection was terminated, the
-    server failed over) notices at its next tick, at most one tick later, and
-    stops its scheduler at once.  Waiting one tick here means the new
-    leader's first job fires after the old one has stopped, so two schedulers
-    never overlap.  Then check the lock is still ours and start the scheduler.
+    An old leader whose session was terminated, or whose server restarted,
+    fails its next tick at once, at most one tick later, and stops its
+    scheduler.  Waiting one tick here means the new leader's first job then
+    fires after the old one has stopped.  An old leader that cannot hear
+    from its server at all (a failover to another host, a network
+    partition) can take longer to notice (see Timing), and the two
+    schedulers may overlap meanwhile; the run-history fence keeps each
+    occurrence from running twice.  Then check the lock is still ours and
+    start the scheduler.
 
 ``LEADER`` -- tick.  Every ``leader_tick_seconds``, on the lock connection,
     ask ``pg_locks`` whether this backend still holds the key *in this
@@ -44,9 +48,15 @@ machine, and the invariant each step protects:
     ``pg_advisory_unlock``, close the connection.  A standby then takes over
     within one probe interval plus one tick.
 
-Timing: with the defaults (15 s tick, 60 s probe) a dead leader is replaced
-within 60 s + 15 s; a leader that lost its lock stops within 15 s, before
-any standby can have waited out its promotion tick.
+Timing: with the defaults (15 s tick, 60 s probe) a standby takes over
+within 60 s + 15 s of the server freeing the lock.  A leader that lost its
+lock stops at its next tick that gets an answer: within one tick (15 s) when
+the server answers (a terminated session, a restart).  The tick query has no
+timeout of its own, so when the server or the path to it vanished without a
+word, the tick waits for the connection to fail: the TCP keepalives set from
+the tick interval notice a silent peer of an idle connection in about two
+ticks, and a tick already sent into the silence waits until the kernel gives
+up retransmitting it (many minutes with Linux defaults).
 
 Nothing here raises into the application: callbacks that fail are logged,
 and a scheduler that cannot start gives the lock back so another process can
@@ -57,18 +67,23 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 
 import psycopg
-from sqlalchemy import Connection, Engine, text
 
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError, LifecycleError
+from outboxkit.leader_lock import (
+    APPLICATION_NAME_PREFIX,
+    TRY_ACQUIRE,
+    UNLOCK,
+    LockHolder,
+    current_leader,
+    leader_application_name,
+    lock_holders,
+    still_held_query,
+)
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from outboxkit.telemetry import Telemetry, log_fields
 
@@ -84,42 +99,6 @@ __all__ = [
 
 logger = logging.getLogger("outboxkit.election")
 
-APPLICATION_NAME_PREFIX = "outboxkit-leader:"
-_APPLICATION_NAME_LIMIT = 63  # NAMEDATALEN - 1: PostgreSQL truncates longer names
-
-# A bigint advisory key appears in pg_locks split in two: classid holds the
-# high 32 bits and objid the low 32 bits (both as unsigned oids), with
-# objsubid = 1 (objsubid = 2 marks the two-int4 form).  The values are
-# integers computed here, never user text, so they are formatted in.
-_KEY_PREDICATE = """
-    l.locktype = 'advisory'
-    AND l.granted
-    AND l.classid::int8 = {classid}
-    AND l.objid::int8 = {objid}
-    AND l.objsubid = 1
-    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
-_STILL_HELD = "SELECT 1 FROM pg_locks AS l WHERE {predicate} AND l.pid = pg_backend_pid()"
-_HOLDERS = """
-SELECT l.pid, a.application_name, a.backend_start
-FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-WHERE {predicate}
-ORDER BY a.backend_start
-"""
-
-
-def _key_predicate(key: int) -> str:
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return _KEY_PREDICATE.format(classid=unsigned >> 32, objid=unsigned & 0xFFFF_FFFF)
-
-
-def leader_application_name(host: str | None = None, pid: int | None = None) -> str:
-    """``outboxkit-leader:<host>:<pid>``, with the host shortened to fit PostgreSQL's 63 bytes."""
-    host = host if host is not None else socket.gethostname()
-    pid = pid if pid is not None else os.getpid()
-    room = _APPLICATION_NAME_LIMIT - len(APPLICATION_NAME_PREFIX) - len(f":{pid}")
-    return f"{APPLICATION_NAME_PREFIX}{host.encode()[:room].decode(errors='ignore')}:{pid}"
-
 
 class ElectionState(enum.Enum):
     STANDBY = "standby"
@@ -127,42 +106,6 @@ class ElectionState(enum.Enum):
     LEADER = "leader"
     UNELECTED = "unelected"
     STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """A session holding the leader key in this database."""
-
-    backend_pid: int
-    host: str | None  # from application_name; None if the holder is not an outboxkit election
-    pid: int | None
-    since: datetime | None  # backend_start of the lock connection, i.e. when it connected to lead
-    application_name: str | None
-
-
-def lock_holders(connection: Connection, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> list[LockHolder]:
-    """Every session holding ``key`` in the connection's database (normally zero or one)."""
-    rows = connection.execute(text(_HOLDERS.format(predicate=_key_predicate(key)))).all()
-    return [_holder(backend_pid, name, since) for backend_pid, name, since in rows]
-
-
-def current_leader(engine: Engine, *, key: int = DEFAULT_ADVISORY_LOCK_KEY) -> LockHolder | None:
-    """Who leads now (host, pid, since), or None.  For the admin and the CLI.
-
-    ``pg_stat_activity`` shows another role's ``application_name`` only to
-    members of ``pg_read_all_stats``; without it ``host`` and ``pid`` are None.
-    """
-    with engine.connect() as connection:
-        holders = lock_holders(connection, key=key)
-    return holders[0] if holders else None
-
-
-def _holder(backend_pid: int, application_name: str | None, since: datetime | None) -> LockHolder:
-    host = pid = None
-    if application_name and application_name.startswith(APPLICATION_NAME_PREFIX):
-        host, _, pid_text = application_name[len(APPLICATION_NAME_PREFIX) :].rpartition(":")
-        pid = int(pid_text) if pid_text.isdigit() else None
-    return LockHolder(backend_pid=backend_pid, host=host, pid=pid, since=since, application_name=application_name)
 
 
 def wait_on_event(seconds: float, stopping: threading.Event) -> bool:
@@ -308,9 +251,7 @@ class LeaderElection:
             self._campaign_failed(exc)
             return
         try:
-            answer = connection.execute(
-                "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()", [self.key]
-            ).fetchone()
+            answer = connection.execute(TRY_ACQUIRE, [self.key]).fetchone()
             assert answer is not None  # a SELECT without FROM returns exactly one row
             acquired, backend_pid = answer
         except Exception as exc:
@@ -394,7 +335,7 @@ class LeaderElection:
         if self._connection is None:
             return False
         try:
-            query = _STILL_HELD.format(predicate=_key_predicate(self.key))
+            query = still_held_query(self.key)
             return self._connection.execute(query).fetchone() is not None
         except Exception as exc:
             logger.debug("leader tick failed: %s", exc)
@@ -403,7 +344,7 @@ class LeaderElection:
     def _release(self) -> None:
         if self._connection is not None and not self._connection.closed:
             try:
-                self._connection.execute("SELECT pg_advisory_unlock(%s::bigint)", [self.key])
+                self._connection.execute(UNLOCK, [self.key])
             except Exception as exc:  # the lock dies with the session anyway
                 logger.debug("advisory unlock failed (the session is gone): %s", exc)
         self._close_connection()

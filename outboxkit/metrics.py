@@ -46,7 +46,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.queries import admin_queries_for
+from outboxkit.operator_queries import admin_queries_for
 from outboxkit.telemetry import Observer, log_fields, status_class
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from sqlalchemy import Engine
 from outboxkit.errors import ConfigurationError
 from outboxkit.jobs import JobContext, ScheduledJob, every
 from outboxkit.model import Outbox
-from outboxkit.queries import admin_queries_for
+from outboxkit.operator_queries import admin_queries_for
 
 if TYPE_CHECKING:
     from outboxkit.kit import OutboxKit

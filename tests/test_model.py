@@ -14,7 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit import ConfigurationError, Delivery, Outbox, OutboxKit, OutboxOptions
 from outboxkit.model import LEASE_MARGIN_SECONDS
-from outboxkit.queries import STATUS_COUNTS
+from outboxkit.operator_queries import STATUS_COUNTS
 from tests.support.database import DatabaseFactory, sqlalchemy_url
 from tests.support.models import SampleEvent
 
@@ -399,7 +399,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
 
 
 def test_the_overview_counts_read_only_partial_indexes(outbox_engine):
-    from outboxkit.queries import admin_queries_for
+    from outboxkit.operator_queries import admin_queries_for
 
     with outbox_engine.begin() as connection:
         connection.execute(

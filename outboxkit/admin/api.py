@@ -61,7 +61,7 @@ from outboxkit.operations.schemas import (
     Status,
 )
 from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
-from outboxkit.queries import RowFilter
+from outboxkit.row_filter import RowFilter
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
 

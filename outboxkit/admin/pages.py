@@ -35,7 +35,7 @@ from outboxkit.operations.controls import OutboxPaused
 from outboxkit.operations.cursor import InvalidCursor
 from outboxkit.operations.schemas import MAX_BULK_IDS, MAX_ROW_ID, STATUS_VALUES, FilterText
 from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
-from outboxkit.queries import RowFilter
+from outboxkit.row_filter import RowFilter
 
 __all__ = ["pages_router"]
 

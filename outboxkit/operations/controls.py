@@ -21,14 +21,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sqlalchemy import Connection, insert, text
+from sqlalchemy import Connection, insert
 
 from outboxkit.errors import OutboxKitError
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
 from outboxkit.operations.schemas import ControlResult
+from outboxkit.operator_queries import admin_queries_for
 from outboxkit.pauses import is_paused, pause, resume
-from outboxkit.queries import admin_queries_for
 from outboxkit.tables import reset_audit
 
 __all__ = ["AUDIT_IDS_LIMIT", "OutboxControls", "OutboxPaused", "record_audit"]
@@ -101,10 +101,7 @@ class OutboxControls:
         with self.kit.engine.begin() as connection:
             if is_paused(connection, outbox.__outbox__.job_name):
                 raise OutboxPaused(outbox_name)
-            due = connection.execute(
-                text(f"SELECT count(*) FROM {queries.table_name} WHERE status = 'pending' AND next_attempt_at <= :now"),
-                {"now": self.kit.clock.now()},
-            ).scalar_one()
+            due = queries.count_due(connection, now=self.kit.clock.now())
             audit_id = record_audit(connection, actor=actor, outbox_name=outbox_name, action="drain_now", ids=[], row_filter={})
             connection.execute(notify_statement(outbox))
         drainer = self.kit.drainer(outbox)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
-from outboxkit.queries import RowFilter  # the filter the queries apply, shown as it was applied
+from outboxkit.row_filter import RowFilter  # the filter the queries apply, shown as it was applied
 
 __all__ = [
     "ActionResult",

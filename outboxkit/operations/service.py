@@ -64,8 +64,10 @@ from outboxkit.operations.schemas import (
     Status,
     StatusCount,
 )
+from outboxkit.operator_queries import AdminQueries, admin_queries_for
+from outboxkit.operator_results import RowState, RowSummary
 from outboxkit.pauses import Pause, paused_outboxes
-from outboxkit.queries import AdminQueries, RowFilter, RowState, RowSummary, admin_queries_for
+from outboxkit.row_filter import RowFilter
 from outboxkit.tables import reset_audit
 
 __all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]

@@ -1,0 +1,126 @@
+"""Step 1 of the drain: claim due rows in one short committed transaction.
+
+Up to ``batch_size`` due rows are taken oldest first with ``FOR UPDATE SKIP
+LOCKED``; each gets a lease (``claimed_until``), the batch's fresh
+``claim_token``, and its attempt is counted; then the transaction commits.
+
+*Disjoint claims*: two drains, in one process or two, never get the same row
+while its lease runs.  *Claim before send*: the attempt is committed before
+any network call, so a row that kills the worker every time still runs out
+of attempts and ends ``stuck``.  Rows whose previous attempt never recorded
+an outcome and that have no attempts left are parked as ``stuck`` here
+instead of being sent again.  A row still holding the claim of a worker that
+died is claimed alone, so a row that kills its worker does not take healthy
+batch-mates down with it again.
+
+An operator's pause (``outboxkit.pauses``) is checked before each claim: a
+paused outbox claims nothing, in every process.  The statements are in
+``outboxkit.queries``; the drain overview is ``outboxkit.drain``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from outboxkit.clock import Clock
+from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.pauses import PauseCheck
+from outboxkit.policy import RetryPolicy
+from outboxkit.queries import OutboxQueries
+from outboxkit.telemetry import Telemetry, log_fields
+
+__all__ = ["Claimer", "DrainCounts"]
+
+logger = logging.getLogger("outboxkit.drain")
+
+
+class DrainCounts(Protocol):
+    """What the drain's steps count into: ``outboxkit.drain.DrainResult`` is one."""
+
+    claimed: int
+    delivered: int
+    retried: int
+    stuck: int
+    lost_claims: int
+    batches: int
+    errors: list[str]
+    started: float
+
+    @property
+    def eventful(self) -> bool: ...
+
+    def as_counts(self) -> dict[str, int]: ...
+
+
+class Claimer:
+    """Claims due rows of one outbox: a lease, a token and a counted attempt, committed before any send."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        queries: OutboxQueries,
+        *,
+        options: OutboxOptions,
+        policy: RetryPolicy,
+        clock: Clock,
+        telemetry: Telemetry,
+        pause_check: PauseCheck,
+    ) -> None:
+        self.engine = engine
+        self.queries = queries
+        self.options = options
+        self.policy = policy
+        self.clock = clock
+        self.telemetry = telemetry
+        self.pause_check = pause_check
+
+    @property
+    def job_name(self) -> str:
+        return self.options.job_name
+
+    def claim(self, wanted: int, result: DrainCounts) -> tuple[list[Outbox], uuid.UUID, int, bool]:
+        """One short committed transaction: take up to ``wanted`` due rows.
+
+        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
+        """
+        token = uuid.uuid4()
+        if self.pause_check.paused():
+            return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
+        if not result.claimed:
+            result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
+        with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
+            now = self.clock.now()
+            lease_until = now + timedelta(seconds=self.options.lease_seconds)
+            rows, orphaned = self.queries.claim_due_rows(
+                session, now=now, lease_until=lease_until, limit=wanted, token=token
+            )
+            taken = len(rows)
+            rows = self._park_exhausted(session, rows, token=token, now=now, result=result)
+        result.batches += 1
+        result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
+        return rows, token, taken, orphaned
+
+    def _park_exhausted(
+        self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts
+    ) -> list[Outbox]:
+        exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
+        if not exhausted:
+            return rows
+        message = (
+            f"max attempts ({self.policy.max_attempts}) reached; the last attempt recorded no outcome "
+            "(the worker stopped or lost its lease during the delivery)"
+        )
+        self.queries.park_exhausted(session, ids=[row.id for row in exhausted], token=token, now=now, error=message)
+        result.stuck += len(exhausted)
+        self.telemetry.parked(self.job_name, exhausted)
+        logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message,
+                       extra=log_fields("drain.parked", self.job_name, rows=len(exhausted)))
+        parked = {row.id for row in exhausted}
+        return [row for row in rows if row.id not in parked]
