@@ -19,7 +19,8 @@ and writes the result, which makes every change atomic across processes:
 * A transition that ends or moves a hold (the breaker closes, a probe fails,
   a person resumes) moves the rows held at the old ``held_until``, in the
   same transaction: one step of the outbox's due index, so waiting rows flow
-  again at once instead of at their old due time.
+  again at once instead of at their old due time.  Rows made due now also
+  ``NOTIFY`` the outbox's channel, which wakes every process's drain loop.
 
 A destination with no row is healthy: a state row deleted by hand costs
 nothing but its history, and its held rows come due at their ``held_until``.
@@ -47,6 +48,7 @@ from outboxkit.destinations import (
 )
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
+from outboxkit.notify import notify_statement
 from outboxkit.tables import destinations as destination_table
 
 __all__ = ["DestinationStore"]
@@ -146,14 +148,21 @@ class DestinationStore:
         state = self._locked(connection, destination, create=False, share=True)
         until = state.wait_until(now) if state is not None else None
         if until is not None:
-            # Not sent: the attempt the claim counted is taken back, and the rows are due at the hold's end.
-            rows = self._rows
-            connection.execute(
-                update(rows)
-                .where(rows.c.id.in_(ids), rows.c.claim_token == token)
-                .values(attempts=rows.c.attempts - 1, next_attempt_at=until, claim_token=None, claimed_until=None, updated_at=now)
-            )
+            self.release(connection, ids=ids, token=token, until=until, now=now)
         return until
+
+    def release(self, connection: Connection, *, ids: list[int], token: uuid.UUID, until: datetime, now: datetime) -> int:
+        """Give claimed rows back unsent: the attempt the claim counted is taken back, due again at ``until``.
+
+        Guarded by the claim token; returns how many rows were given back.
+        """
+        rows = self._rows
+        result = connection.execute(
+            update(rows)
+            .where(rows.c.id.in_(ids), rows.c.claim_token == token)
+            .values(attempts=rows.c.attempts - 1, next_attempt_at=until, claim_token=None, claimed_until=None, updated_at=now)
+        )
+        return int(result.rowcount)
 
     # -- a person's actions ----------------------------------------------------
 
@@ -216,6 +225,8 @@ class DestinationStore:
                 .where(rows.c.status == "pending", rows.c.next_attempt_at == before.held_until, rows.c.claim_token.is_(None))
                 .values(next_attempt_at=after.held_until or now, updated_at=now)
             )
+            if after.held_until is None:
+                connection.execute(notify_statement(self.outbox))  # on commit: every drain loop claims them at once
 
 
 def _state(row: Row[Any]) -> DestinationState:

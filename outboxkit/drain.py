@@ -72,6 +72,7 @@ from sqlalchemy import Engine
 
 from outboxkit.attempts import AttemptLog
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.destination_gate import DestinationGate
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
 from outboxkit.drain_pump import Background, CallEvents, PumpState, SendPump
@@ -177,14 +178,16 @@ class Drainer:
             engine, self.queries, options=self.options, policy=self.policy, clock=self.clock,
             telemetry=self.telemetry, pause_check=self.pause_check,
         )
+        self.gate = DestinationGate(engine, outbox, options=self.options)  # breakers and caps (outboxkit.destination_gate)
         self.recorder = Recorder(
             engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.clock,
-            telemetry=self.telemetry, attempt_log=self.attempt_log,
+            telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
         )
         self.pump: SendPump[DrainResult] = SendPump(
             engine, self.queries, options=self.options, transport=self.options.sending_transport(transport),
             clock=self.clock, telemetry=self.telemetry,
-            claimer=self.claimer, recorder=self.recorder, schema_problems=self._schema_problems, end_spell=self._end_spell,
+            claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
+            end_spell=self._end_spell,
         )
 
     @property

@@ -49,6 +49,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
+from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.transport import Delivery, validate_timeout
@@ -100,6 +101,17 @@ class OutboxOptions:
     without a secret, or has secrets but does not sign, is refused when the
     kit starts.  They are never shown in the options' repr.
 
+    ``breaker`` holds the thresholds of each destination's circuit breaker
+    (``BreakerOptions``: 5 consecutive failures open it, a 30 s cool-down
+    doubling up to 600 s; see docs/destinations.md); None turns the breaker
+    off, so every row is sent and retried on its own backoff whatever its
+    destination does.  ``destination_concurrency`` caps the sends in flight
+    to one destination while it is suspect (not yet answered with a success,
+    its last attempt failed, or one of its sends has been out longer than a
+    second) and other destinations have rows to send; default
+    ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
+    quarter of the send threads (``outboxkit.destination_gate``).
+
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows
     whose ``delivered_at`` is older than that, never a ``pending`` or
@@ -117,6 +129,8 @@ class OutboxOptions:
     lease_margin: float = LEASE_MARGIN_SECONDS
     retain_done_for: float | None = None
     transport: Transport | None = field(default=None, compare=False)
+    breaker: BreakerOptions | None = BreakerOptions()
+    destination_concurrency: int | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | None = field(default=None, repr=False, compare=False)
 
@@ -153,6 +167,16 @@ class OutboxOptions:
                 f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
         self._check_signing_options()
+        if self.breaker is not None and not isinstance(self.breaker, BreakerOptions):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: breaker must be BreakerOptions(...) or None, got {type(self.breaker).__name__}"
+            )
+        cap = self.destination_concurrency
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.concurrency):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: destination_concurrency must be None or an integer from 1 to concurrency "
+                f"({self.concurrency}), got {cap!r}"
+            )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
                 raise ConfigurationError(
@@ -197,6 +221,11 @@ class OutboxOptions:
         if self.webhook_secrets is None:
             return transport
         return SigningTransport(transport, self.webhook_secrets)
+
+    @property
+    def destination_cap(self) -> int:
+        """Sends in flight to one suspect destination: ``destination_concurrency``, or a quarter of ``concurrency``."""
+        return self.destination_concurrency or max(1, self.concurrency // 4)
 
     @property
     def minimum_lease(self) -> float:
@@ -303,6 +332,17 @@ class Outbox:
     def build_delivery(self) -> Delivery:
         """Say what to send for this row.  Runs in the drain, after the claim commits."""
         raise NotImplementedError
+
+    def destination_for(self, delivery: Delivery) -> str:
+        """The destination this row's delivery goes to (``outboxkit.destinations``).
+
+        By default the URL's scheme, host and port.  Override it to name
+        destinations yourself (per tenant, per partner): rows that share a
+        name share a circuit breaker and a cap on sends in flight.  A name is
+        a string of 1 to 300 characters; anything else, or an exception, is a
+        failed attempt like an exception in ``build_delivery``.
+        """
+        return destination_of(delivery.url)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} status={self.status} attempts={self.attempts}>"
