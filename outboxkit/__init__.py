@@ -11,21 +11,34 @@ modules' own names (``outboxkit.drain``, ``outboxkit.policy``...) serve the
 rest.
 """
 
-from outboxkit import errors
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.database import database_url
-from outboxkit.drain import Drainer, DrainResult
-from outboxkit.errors import *  # noqa: F403  (the whole tree, drawn in outboxkit.errors)
+from outboxkit.drain import Drainer
+from outboxkit.errors import (  # the errors an application meets; the whole tree is drawn in outboxkit.errors
+    ConfigurationError,
+    DeliveryBuildError,
+    InvalidDeliveryError,
+    InvalidTypeError,
+    InvalidValueError,
+    JobFailed,
+    KitClosedError,
+    LifecycleError,
+    OutboxKitError,
+    UnknownJobError,
+    UnknownOutboxError,
+)
 from outboxkit.http_transport import HttpTransport
-from outboxkit.jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
+from outboxkit.results import DrainResult
+from outboxkit.scheduled_jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
 from outboxkit.transport import CallableTransport, Delivery, Transport
+from outboxkit.version import VERSION
 from outboxkit.worker import DrainWorker
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     # the model
@@ -57,5 +70,16 @@ __all__ = [
     "cron",
     "every",
     "once",
+    # errors (the operator's and the testing kit's are in outboxkit.errors too)
+    "ConfigurationError",
+    "DeliveryBuildError",
+    "InvalidDeliveryError",
+    "InvalidTypeError",
+    "InvalidValueError",
+    "JobFailed",
+    "KitClosedError",
+    "LifecycleError",
+    "OutboxKitError",
+    "UnknownJobError",
+    "UnknownOutboxError",
 ]
-__all__ += errors.__all__  # the whole error tree, drawn in outboxkit.errors

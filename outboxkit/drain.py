@@ -66,7 +66,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
@@ -82,6 +81,7 @@ from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.pauses import PauseCheck
 from outboxkit.policy import RetryPolicy
 from outboxkit.queries import OutboxQueries, queries_for
+from outboxkit.results import DrainResult
 from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.transport import Transport
 
@@ -91,50 +91,6 @@ logger = logging.getLogger("outboxkit.drain")
 
 # After a database error the loop waits this long, doubling up to its poll interval.
 FIRST_ERROR_BACKOFF_SECONDS = 0.5
-
-
-@dataclass
-class DrainResult:
-    """What one drain call did (or, for the background loop, one busy spell)."""
-
-    job_name: str
-    claimed: int = 0
-    delivered: int = 0
-    retried: int = 0
-    stuck: int = 0
-    lost_claims: int = 0  # outcomes not written: the row was reset or re-claimed meanwhile
-    error: str | None = None  # a database error that cut the drain short
-    schema_problem: bool = False  # that error is a missing table or column, already logged once with the fix
-    batches: int = 0
-    errors: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic, repr=False, compare=False)  # monotonic; for telemetry
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def eventful(self) -> bool:
-        return bool(self.claimed or self.stuck or self.lost_claims or self.errors)
-
-    def add(self, other: DrainResult) -> None:
-        self.claimed += other.claimed
-        self.delivered += other.delivered
-        self.retried += other.retried
-        self.stuck += other.stuck
-        self.lost_claims += other.lost_claims
-        self.batches += other.batches
-        self.errors.extend(other.errors)
-        self.error = other.error or self.error
-
-    def as_counts(self) -> dict[str, int]:
-        return {
-            "claimed": self.claimed,
-            "delivered": self.delivered,
-            "retried": self.retried,
-            "stuck": self.stuck,
-            "lost_claims": self.lost_claims,
-        }
 
 
 

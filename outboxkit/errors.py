@@ -13,24 +13,42 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
     │   └── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
     │                               JSON body outboxkit cannot encode (the field is named)
+    ├── InvalidSearch               (also ValueError; operator) a search that is neither
+    │                               a row id nor an idempotency key
+    ├── InvalidCursor               (also ValueError; operator) a page cursor that does
+    │                               not decode, or belongs to another listing
+    ├── PageInputError              (also ValueError; admin pages) a malformed query or
+    │                               form field
     ├── InvalidTypeError            (also TypeError) an argument, or what a callback
-    │                               of yours returned, is of the wrong type
+    │                               of yours (a JobSource...) returned, is of the wrong type
     ├── DeliveryBuildError          (also TypeError) ``build_delivery`` returned
     │                               something that is not a ``Delivery``
     ├── UnknownOutboxError          (also LookupError) a name that matches no
     │                               registered outbox
     ├── UnknownJobError             (also LookupError) a job id that matches no
     │                               registered job
+    ├── RowsNotFound                (also LookupError; operator) reset or retry named
+    │                               rows that do not exist; nothing was changed
+    ├── RowsHeld                    (operator) reset or retry named rows a drain holds;
+    │                               nothing was changed
+    ├── OutboxPaused                (operator) drain now or retry an outbox whose
+    │                               drains are paused; nothing was done
+    ├── BodyTooLarge                (admin) a request body over the admin's cap
     ├── LifecycleError              (also RuntimeError) an object used out of order:
     │   │                           started twice, used before it started
-    │   └── KitClosedError          the kit (or one of its drainers) is closed
+    │   └── KitClosedError          a drainer used after ``close()``
     ├── JobFailed                   raise it from a job to record an ``error``
     │                               outcome with your message and no traceback
-    ├── RowsNotFound                (also LookupError; outboxkit.admin) reset named
-    │                               rows that do not exist
-    ├── RowsHeld                    (outboxkit.admin) reset named rows a drain holds
-    └── InvalidCursor               (also ValueError; outboxkit.admin) a page cursor
-                                    that does not decode
+    └── OutboxAssertionError        (also AssertionError; outboxkit.testing) assert_enqueued
+        │                           found other rows than expected
+        ├── UnexpectedSendError     a send the test did not plan for
+        └── NotIdleError            drain_until_idle did not reach idle, or a drain failed
+
+The operator's errors are raised by ``outboxkit.operations`` (shared by the
+admin and the CLI); the admin answers each with the HTTP status of
+``outboxkit.admin.refusals``.  The package root exports the errors an
+application meets; the others are importable from here and from the module
+that raises them.
 
 Delivery failures (timeouts, refused connections, 5xx answers) are not
 exceptions: the drain records them on the row as outcomes.  ``drain_once``
@@ -42,15 +60,25 @@ missing table) into a one-line fix.
 from __future__ import annotations
 
 __all__ = [
+    "BodyTooLarge",
     "ConfigurationError",
     "DeliveryBuildError",
+    "InvalidCursor",
     "InvalidDeliveryError",
+    "InvalidSearch",
     "InvalidTypeError",
     "InvalidValueError",
     "JobFailed",
     "KitClosedError",
     "LifecycleError",
+    "NotIdleError",
+    "OutboxAssertionError",
     "OutboxKitError",
+    "OutboxPaused",
+    "PageInputError",
+    "RowsHeld",
+    "RowsNotFound",
+    "UnexpectedSendError",
     "UnknownJobError",
     "UnknownOutboxError",
 ]
@@ -93,7 +121,12 @@ class LifecycleError(OutboxKitError, RuntimeError):
 
 
 class KitClosedError(LifecycleError):
-    """The kit (or one of its drainers) has been closed; build a new one."""
+    """A drainer was used after ``close()`` (its thread pool is gone).
+
+    ``OutboxKit.close()`` itself leaves the kit usable: the kit's next drain
+    builds a fresh drainer.  Only a ``Drainer`` object kept from before the
+    close raises this; ask the kit for its drainer again.
+    """
 
 
 class JobFailed(OutboxKitError):
@@ -106,3 +139,67 @@ class JobFailed(OutboxKitError):
     def __init__(self, message: str, *, quiet: bool = False) -> None:
         super().__init__(message)
         self.quiet = quiet
+
+
+# -- raised by the operator's service (outboxkit.operations), the admin and the CLI --------------
+
+
+class InvalidSearch(OutboxKitError, ValueError):
+    """A search that is neither a row id nor an idempotency key."""
+
+
+class InvalidCursor(OutboxKitError, ValueError):
+    """The cursor does not decode, or belongs to another listing."""
+
+
+class PageInputError(OutboxKitError, ValueError):
+    """An admin page's query or form field is malformed (answered 422)."""
+
+
+class RowsNotFound(OutboxKitError, LookupError):
+    """Some requested ids are not rows of the outbox."""
+
+    def __init__(self, outbox: str, ids: list[int]) -> None:
+        self.ids = ids
+        super().__init__(f"outbox {outbox!r} has no row with id {', '.join(map(str, ids[:20]))}")
+
+
+class RowsHeld(OutboxKitError):
+    """Some requested rows are held by a drain right now; nothing was changed."""
+
+    def __init__(self, outbox: str, ids: list[int]) -> None:
+        self.ids = ids
+        super().__init__(
+            f"a drain holds row(s) {', '.join(map(str, ids[:20]))} of {outbox!r} (delivery in flight); "
+            "nothing was changed, try again when the delivery has finished"
+        )
+
+
+class OutboxPaused(OutboxKitError):
+    """The outbox's drains are paused; resume them first."""
+
+    def __init__(self, outbox: str) -> None:
+        super().__init__(f"the drains of {outbox!r} are paused; resume them first (nothing was done)")
+
+
+class BodyTooLarge(OutboxKitError):
+    """A request body is over the admin's cap (answered 413)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the request body is larger than {limit:,} bytes; nothing was changed")
+
+
+# -- raised by the testing kit (outboxkit.testing) ------------------------------------------------
+
+
+class OutboxAssertionError(OutboxKitError, AssertionError):
+    """A testing-kit check failed; the message says what was expected and what is there."""
+
+
+class UnexpectedSendError(OutboxAssertionError):
+    """A send the test did not plan for (strict mode, or the forwarded transport raised, e.g. respx's "not mocked")."""
+
+
+class NotIdleError(OutboxAssertionError):
+    """``drain_until_idle`` did not reach idle: rows stayed due for ``max_rounds`` rounds, or a drain failed."""

@@ -30,17 +30,34 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from outboxkit.kit import OutboxKit
+    from outboxkit.scheduler import OutboxScheduler
+    from outboxkit.settings import OutboxKitSettings
+    from outboxkit.worker import DrainWorker
 
-__all__ = ["lifespan"]
+__all__ = ["Runtime", "lifespan"]
 
 logger = logging.getLogger("outboxkit.integration")
 
 
-def lifespan(kit: OutboxKit, *, close_kit: bool = True) -> Callable[[object], AbstractAsyncContextManager[None]]:
+class Runtime(Protocol):
+    """What the lifespan starts and stops: an ``OutboxKit`` (typed by shape, so this module sits below the kit)."""
+
+    @property
+    def settings(self) -> OutboxKitSettings: ...
+
+    @property
+    def worker(self) -> DrainWorker: ...
+
+    @property
+    def scheduler(self) -> OutboxScheduler: ...
+
+    def close(self) -> None: ...
+
+
+def lifespan(kit: Runtime, *, close_kit: bool = True) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ASGI lifespan for ``FastAPI(lifespan=...)`` that drains, elects, schedules and cleans up.
 
     ``close_kit=False`` keeps the kit's thread pools and connections open
@@ -58,7 +75,7 @@ def lifespan(kit: OutboxKit, *, close_kit: bool = True) -> Callable[[object], Ab
     return run
 
 
-def _start(kit: OutboxKit) -> None:
+def _start(kit: Runtime) -> None:
     if kit.settings.drain_enabled:
         try:
             kit.worker.start()
@@ -75,7 +92,7 @@ def _start(kit: OutboxKit) -> None:
         logger.exception("the scheduler could not start; the API starts without it")
 
 
-def _stop(kit: OutboxKit, close_kit: bool) -> None:
+def _stop(kit: Runtime, close_kit: bool) -> None:
     try:
         kit.worker.stop()
     except Exception:

@@ -1,42 +1,38 @@
 """The kit: the one object an application creates and keeps.
 
-It holds the engine, the registered outbox classes with their effective
-options (class options overlaid with settings), the transport and the clock.
-Nothing in outboxkit is module-level state, so two kits (or two tests) can
-live side by side.
+``OutboxKit`` is ``KitCore`` (engine, outboxes, drainers, transport, clock,
+telemetry: ``outboxkit.core``) plus the runtime built on top of it: the
+drain loops of this process (``kit.worker``), the job registry and elected
+scheduler (``kit.scheduler``) and the ASGI lifespan that starts and stops
+both (``kit.lifespan``).  The runtime modules take a ``KitCore`` and never
+import this module, so the layers point one way: core, then runtime, then
+the kit.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 
-from outboxkit.clock import Clock, SystemClock
-from outboxkit.connections import SessionConnector, session_connector
-from outboxkit.database import kit_engine
-from outboxkit.drain import Drainer, DrainResult
-from outboxkit.errors import ConfigurationError, UnknownOutboxError
-from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.clock import Clock
+from outboxkit.core import KitCore
+from outboxkit.integration import lifespan
+from outboxkit.model import Outbox
+from outboxkit.scheduler import OutboxScheduler
 from outboxkit.settings import OutboxKitSettings
-from outboxkit.telemetry import Telemetry
 from outboxkit.transport import Transport
+from outboxkit.worker import DrainWorker
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from outboxkit.scheduler import OutboxScheduler
-    from outboxkit.worker import DrainWorker
-
 __all__ = ["OutboxKit"]
 
 
-class OutboxKit:
+class OutboxKit(KitCore):
     """Durable delivery for a set of outbox classes on one PostgreSQL database.
 
     ::
@@ -65,164 +61,21 @@ class OutboxKit:
         clock: Clock | None = None,
         transport: Transport | None = None,
     ) -> None:
-        self.engine = kit_engine(engine)
-        self._derived_engine = self.engine if self.engine is not engine else None  # built here, disposed at close
-        self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
-        self.clock = clock or SystemClock()
-        self._own_transport = transport is None
-        self._transport = transport
-        self._lock = threading.Lock()
-        self._outboxes: dict[str, type[Outbox]] = {}
-        self._options: dict[str, OutboxOptions] = {}
-        for outbox in outboxes:
-            self._register(outbox)
-        if not self._outboxes:
-            raise ConfigurationError("OutboxKit needs at least one outbox class, e.g. OutboxKit(engine, outboxes=[MyOutbox])")
-        unknown = set(self.settings.outboxes) - {options.settings_key for options in self._options.values()}
-        if unknown:
-            known = ", ".join(sorted(options.settings_key for options in self._options.values()))
-            variables = ", ".join(f"OUTBOXKIT_OUTBOXES__{key.upper()}__*" for key in sorted(unknown))
-            raise ConfigurationError(
-                f"the settings name unknown outbox(es) {sorted(unknown)} ({variables} or keys of OUTBOXKIT_OUTBOXES); "
-                f"registered: {known}. The key is an outbox's job_name with '-' written as '_'"
-            )
-        self._drainers: dict[str, Drainer] = {}
+        super().__init__(engine, outboxes, settings=settings, clock=clock, transport=transport)
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
-        self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.tracing)
-
-    def _register(self, outbox: type[Outbox]) -> None:
-        if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
-            raise ConfigurationError(f"{outbox!r} is not a mapped Outbox subclass")
-        options = outbox.__outbox__
-        if options.job_name in self._outboxes:
-            other = self._outboxes[options.job_name]
-            if other is outbox:
-                raise ConfigurationError(f"{outbox.__name__} is listed twice in outboxes")
-            raise ConfigurationError(
-                f"job_name {options.job_name!r} is used by both {other.__name__} and {outbox.__name__}; job names must be unique"
-            )
-        for registered in self._options.values():
-            if registered.settings_key == options.settings_key:
-                raise ConfigurationError(
-                    f"job names {registered.job_name!r} and {options.job_name!r} share the settings key "
-                    f"{options.settings_key!r} ('-' is read as '_'); rename one of them"
-                )
-        override = self.settings.outboxes.get(options.settings_key)
-        if override is not None:
-            try:
-                options = dataclasses.replace(options, **override.values())  # type: ignore[arg-type]
-            except (ConfigurationError, ValueError) as exc:
-                raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None
-        options.check_signing()  # an outbox that signs without a secret fails here, at start-up
-        self._outboxes[options.job_name] = outbox
-        self._options[options.job_name] = options
-
-    # -- lookup --------------------------------------------------------------
-
-    @property
-    def outboxes(self) -> list[type[Outbox]]:
-        return list(self._outboxes.values())
-
-    def outbox(self, name_or_class: str | type[Outbox]) -> type[Outbox]:
-        """The registered outbox class for a job name (or the class itself)."""
-        if isinstance(name_or_class, str):
-            try:
-                return self._outboxes[name_or_class]
-            except KeyError:
-                known = ", ".join(sorted(self._outboxes))
-                raise UnknownOutboxError(f"no outbox named {name_or_class!r}; registered: {known}") from None
-        for outbox in self._outboxes.values():
-            if outbox is name_or_class:
-                return outbox
-        raise UnknownOutboxError(f"{name_or_class!r} is not registered with this kit")
-
-    def options(self, name_or_class: str | type[Outbox]) -> OutboxOptions:
-        """The effective options (class options with settings applied)."""
-        return self._options[self.outbox(name_or_class).__outbox__.job_name]
-
-    @property
-    def transport(self) -> Transport:
-        with self._lock:
-            if self._transport is None:
-                from outboxkit.http_transport import HttpTransport
-
-                self._transport = HttpTransport()
-            return self._transport
-
-    # -- draining ------------------------------------------------------------
-
-    def drainer(self, name_or_class: str | type[Outbox]) -> Drainer:
-        """The (cached) drainer for one outbox."""
-        outbox = self.outbox(name_or_class)
-        job_name = outbox.__outbox__.job_name
-        with self._lock:
-            drainer = self._drainers.get(job_name)
-        if drainer is not None:
-            return drainer
-        options = self._options[job_name]
-        transport = options.transport or self.transport
-        with self._lock:
-            drainer = self._drainers.get(job_name)
-            if drainer is None:
-                drainer = Drainer(
-                    self.engine,
-                    outbox,
-                    transport=transport,
-                    clock=self.clock,
-                    options=options,
-                    synchronous_commit=self.settings.synchronous_commit,
-                    telemetry=self.telemetry,
-                    attempt_history_days=self.settings.attempt_history_days,
-                )
-                self._drainers[job_name] = drainer
-        return drainer
-
-    def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:
-        """Claim, deliver and record one batch of one outbox.  Never raises for delivery or database errors."""
-        return self.drainer(name_or_class).drain_once()
-
-    def drain(self, name_or_class: str | type[Outbox], **limits: object) -> DrainResult:
-        """Drain one outbox until no due row is left; see ``Drainer.drain`` for limits."""
-        return self.drainer(name_or_class).drain(**limits)  # type: ignore[arg-type]
 
     @property
     def worker(self) -> DrainWorker:
         """The drain loops of every outbox in this process and their NOTIFY listener (``outboxkit.worker``)."""
-        from outboxkit.worker import DrainWorker
-
         with self._lock:
             if self._worker is None:
                 self._worker = DrainWorker(self)
             return self._worker
 
-    def session_connector(self, application_name: str, *, keepalive_seconds: float | None = None) -> SessionConnector:
-        """Opens the dedicated lock and LISTEN connections (``outboxkit.connections``).
-
-        From ``lock_database_url`` when set (a direct DSN), else from the
-        engine, so its ``connect_args``, ``creator`` and connect hooks apply.
-        """
-        return session_connector(
-            engine=None if self.settings.lock_database_url else self.engine,
-            dsn=self.lock_dsn if self.settings.lock_database_url else None,
-            application_name=application_name,
-            keepalive_seconds=keepalive_seconds or self.settings.leader_tick_seconds,
-        )
-
-    @property
-    def lock_dsn(self) -> str:
-        """A libpq URL of the lock database: ``lock_database_url``, else the engine's (the admin's and CLI's view)."""
-        # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
-        url = make_url(self.settings.lock_database_url) if self.settings.lock_database_url else self.engine.url
-        return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-    # -- scheduling (see outboxkit.scheduler and outboxkit.election) ----------
-
     @property
     def scheduler(self) -> OutboxScheduler:
         """The job registry and elected scheduler (one drain job per outbox, plus your own jobs)."""
-        from outboxkit.scheduler import OutboxScheduler
-
         with self._lock:
             if self._scheduler is None:
                 self._scheduler = OutboxScheduler(self)
@@ -230,8 +83,6 @@ class OutboxKit:
 
     def lifespan(self, app: object) -> AbstractAsyncContextManager[None]:
         """ASGI lifespan: ``FastAPI(lifespan=kit.lifespan)``.  See ``outboxkit.integration``."""
-        from outboxkit.integration import lifespan
-
         return lifespan(self)(app)
 
     def close(self) -> None:
@@ -247,17 +98,7 @@ class OutboxKit:
             worker.stop()
         if scheduler is not None:
             scheduler.resign()
-        with self._lock:
-            drainers, self._drainers = list(self._drainers.values()), {}
-            transport = self._transport if self._own_transport else None
-            if self._own_transport:
-                self._transport = None
-        for drainer in drainers:
-            drainer.close()
-        if transport is not None:
-            transport.close()
-        if self._derived_engine is not None:  # dispose() leaves it usable, like the rest of the kit
-            self._derived_engine.dispose()
+        super().close()
 
     def __enter__(self) -> OutboxKit:
         return self

@@ -50,11 +50,10 @@ from outboxkit.operator_queries import admin_queries_for
 from outboxkit.telemetry import Observer, log_fields, status_class
 
 if TYPE_CHECKING:
-    from outboxkit.drain import DrainResult
-    from outboxkit.jobs import RunRecord
-    from outboxkit.kit import OutboxKit
+    from outboxkit.core import KitCore
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
+    from outboxkit.results import DrainResult, RunRecord
 
 __all__ = ["MetricsApp", "MetricsServer", "OutboxMetrics", "serve_worker_metrics"]
 
@@ -87,7 +86,7 @@ class OutboxMetrics(Observer):
     """
 
     def __init__(
-        self, kit: OutboxKit, *, registry: Any = None, refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+        self, kit: KitCore, *, registry: Any = None, refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     ) -> None:
         prometheus = _prometheus()
         if not refresh_seconds > 0:
@@ -339,7 +338,7 @@ class MetricsServer:
 
 
 @contextlib.contextmanager
-def serve_worker_metrics(kit: OutboxKit, *, port: int | None, host: str = "127.0.0.1") -> Iterator[OutboxMetrics | None]:
+def serve_worker_metrics(kit: KitCore, *, port: int | None, host: str = "127.0.0.1") -> Iterator[OutboxMetrics | None]:
     """For ``outboxkit worker --metrics-port``: serve the kit's metrics on ``host:port`` while the block runs.
 
     ``port=None`` does nothing.  An ``OutboxMetrics`` the application already

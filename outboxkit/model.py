@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -132,7 +133,7 @@ class OutboxOptions:
     breaker: BreakerOptions | None = BreakerOptions()
     destination_concurrency: int | None = None
     sign_webhooks: bool = False
-    webhook_secrets: WebhookSecrets | None = field(default=None, repr=False, compare=False)
+    webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
@@ -195,11 +196,11 @@ class OutboxOptions:
             raise ConfigurationError(f"outbox {self.job_name!r}: sign_webhooks must be True or False, got {self.sign_webhooks!r}")
         if self.webhook_secrets is None:
             return
-        if not isinstance(self.webhook_secrets, WebhookSecrets):
-            raise ConfigurationError(
-                f"outbox {self.job_name!r}: webhook_secrets must be WebhookSecrets(['whsec_...']), "
-                f"got a {type(self.webhook_secrets).__name__}"
-            )
+        if not isinstance(self.webhook_secrets, WebhookSecrets):  # a list of strings (or settings' SecretStr)
+            try:
+                object.__setattr__(self, "webhook_secrets", WebhookSecrets(self.webhook_secrets))
+            except (TypeError, ValueError) as exc:  # the message names a secret by position, never its value
+                raise ConfigurationError(f"outbox {self.job_name!r}: {exc}") from None
         if not self.sign_webhooks:
             raise ConfigurationError(
                 f"outbox {self.job_name!r} has webhook secrets but does not sign its requests; declare "
@@ -218,7 +219,7 @@ class OutboxOptions:
     def sending_transport(self, transport: Transport) -> Transport:
         """The transport this outbox sends through: ``transport``, wrapped to sign each request when it signs."""
         self.check_signing()
-        if self.webhook_secrets is None:
+        if not isinstance(self.webhook_secrets, WebhookSecrets):
             return transport
         return SigningTransport(transport, self.webhook_secrets)
 

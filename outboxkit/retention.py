@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.jobs import JobContext, ScheduledJob, every
 from outboxkit.model import Outbox
 from outboxkit.operator_queries import admin_queries_for
+from outboxkit.scheduled_jobs import JobContext, ScheduledJob, every
 
 if TYPE_CHECKING:
-    from outboxkit.kit import OutboxKit
+    from outboxkit.core import KitCore
 
 __all__ = [
     "RETENTION_INTERVAL_SECONDS",
@@ -120,7 +120,7 @@ def delete_delivered_rows(
     return deleted
 
 
-def retention_job(kit: OutboxKit, outbox: type[Outbox]) -> ScheduledJob:
+def retention_job(kit: KitCore, outbox: type[Outbox]) -> ScheduledJob:
     """The scheduled job that applies ``retain_done_for`` to one outbox (hourly).
 
     The period comes from the kit's effective options (class options with

@@ -4,13 +4,13 @@
 ``outboxkit.drain.<job_name>``, name ``<job_name>``; monitors and logs key on
 both, so renaming an outbox's ``job_name`` is a breaking change) and the
 application's own jobs (``add_job`` with ``cron``, ``every``,
-``calendar_interval`` or ``once`` from ``outboxkit.jobs``).
+``calendar_interval`` or ``once`` from ``outboxkit.scheduled_jobs``).
 
 Nothing is persisted in APScheduler: on every promotion a fresh in-memory
 ``BackgroundScheduler`` is built and every job is added from the registry
 with ``replace_existing=True``.  All jobs coalesce missed runs into one and
 never overlap themselves (``max_instances=1``); every run goes through
-``JobRunner`` (fence, fresh session, history; see ``outboxkit.jobs``), and
+``JobRunner`` (fence, fresh session, history; see ``outboxkit.scheduled_jobs``), and
 learns its fire time through ``_OccurrenceScheduler``.  Before a scheduler
 starts, runs left ``running`` by an earlier one are marked ``abandoned``.
 
@@ -40,12 +40,13 @@ from apscheduler.triggers.base import BaseTrigger
 
 from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
-from outboxkit.jobs import JobFailed, JobFunction, JobRunner, RunRecord, ScheduledJob, every
 from outboxkit.model import Outbox
+from outboxkit.results import RunRecord
 from outboxkit.retention import retention_job
+from outboxkit.scheduled_jobs import JobFailed, JobFunction, JobRunner, ScheduledJob, every
 
 if TYPE_CHECKING:
-    from outboxkit.kit import OutboxKit
+    from outboxkit.core import KitCore
 
 __all__ = ["JobInfo", "OutboxScheduler", "drain_job_id"]
 
@@ -138,7 +139,7 @@ class _OccurrenceScheduler(BackgroundScheduler):
 class OutboxScheduler:
     """The job registry and, while this process leads, the running APScheduler."""
 
-    def __init__(self, kit: OutboxKit, *, max_workers: int = 10) -> None:
+    def __init__(self, kit: KitCore, *, max_workers: int = 10) -> None:
         self.kit = kit
         self.settings = kit.settings
         self.max_workers = max_workers

@@ -60,7 +60,6 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.webhook_signing import WebhookSecrets
 
 __all__ = ["DEFAULT_ADVISORY_LOCK_KEY", "NON_SETTING_PREFIXES", "NON_SETTING_VARIABLES", "OutboxKitSettings", "OutboxOverride"]
 
@@ -120,8 +119,6 @@ class OutboxOverride(BaseModel):
         values = {name: value for name, value in self.model_dump().items() if value is not None}
         if values.get("retain_done_for") == "off":
             values["retain_done_for"] = None
-        if self.webhook_secrets is not None:
-            values["webhook_secrets"] = WebhookSecrets(self.webhook_secrets)
         return values
 
 

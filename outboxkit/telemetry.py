@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING, Any
 from outboxkit.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from outboxkit.drain import DrainResult
-    from outboxkit.jobs import RunRecord
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
+    from outboxkit.results import DrainResult, RunRecord
     from outboxkit.transport import Delivery
 
 __all__ = ["Observer", "SendProbe", "Telemetry", "log_fields", "outcome_name", "status_class"]

@@ -57,11 +57,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 from outboxkit.errors import ConfigurationError
 from outboxkit.telemetry import Observer
 from outboxkit.transport import Delivery
+from outboxkit.version import VERSION
 
 if TYPE_CHECKING:
-    from outboxkit.drain import DrainResult
     from outboxkit.model import Outbox
     from outboxkit.policy import AttemptResult
+    from outboxkit.results import DrainResult
     from outboxkit.telemetry import Telemetry
 
 __all__ = ["OutboxTracing", "OutboxTracingMixin", "current_trace_context"]
@@ -170,9 +171,7 @@ class OutboxTracing(Observer):
         if api is None:
             raise ConfigurationError(f"outboxkit.tracing needs the OpenTelemetry API: {INSTALL_HINT}")
         self._context, self._propagate, self._trace = api
-        from outboxkit import __version__
-
-        self.tracer = self._trace.get_tracer(TRACER_NAME, __version__, tracer_provider=tracer_provider)
+        self.tracer = self._trace.get_tracer(TRACER_NAME, VERSION, tracer_provider=tracer_provider)
         self._client = self._trace.SpanKind.CLIENT
         self._error = self._trace.StatusCode.ERROR
         self._textmap: Any = None  # the global propagator last seen, and whether it is the default

@@ -1,6 +1,6 @@
 """Triggers: when a job fires, counted from something every process agrees on.
 
-The run-history fence (``outboxkit.jobs``) keys on ``(job_id,
+The run-history fence (``outboxkit.scheduled_jobs``) keys on ``(job_id,
 scheduled_for)``, so every process must compute the same fire times for the
 same job.  Each trigger here does:
 
@@ -13,7 +13,7 @@ same job.  Each trigger here does:
 What each does when the clocks change (a skipped wall time, a repeated one)
 is described in docs/election.md ("Triggers and daylight saving") and
 pinned by tests/test_jobs_triggers.py.
-``outboxkit.jobs`` re-exports the four builders; import them from either.
+``outboxkit.scheduled_jobs`` re-exports the four builders; import them from either.
 """
 
 from __future__ import annotations

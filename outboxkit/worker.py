@@ -39,8 +39,8 @@ from outboxkit.notify import NotifyListener, channel_for, listener_application_n
 from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
+    from outboxkit.core import KitCore
     from outboxkit.drain import Drainer
-    from outboxkit.kit import OutboxKit
 
 __all__ = ["DrainWorker"]
 
@@ -55,7 +55,7 @@ class DrainWorker:
     started again.
     """
 
-    def __init__(self, kit: OutboxKit, *, outboxes: Iterable[str | type[Outbox]] | None = None) -> None:
+    def __init__(self, kit: KitCore, *, outboxes: Iterable[str | type[Outbox]] | None = None) -> None:
         self.kit = kit
         self.outboxes = [kit.outbox(name) for name in outboxes] if outboxes is not None else kit.outboxes
         self._lock = threading.Lock()

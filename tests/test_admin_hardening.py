@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from outboxkit import OutboxKitSettings
 from outboxkit.admin import CSRF_COOKIE
-from outboxkit.admin.routing import SECURITY_HEADERS
+from outboxkit.admin.route_guard import SECURITY_HEADERS
 from tests.support.admin import (  # noqa: F401  (fixtures)
     ADMIN_PASSWORD,
     ADMIN_USER,

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from outboxkit.jobs import calendar_interval, cron, every, once
 from outboxkit.operations.schedules import describe_trigger
-from outboxkit.operations.service import AdminService
+from outboxkit.operations.service import OperationsService
+from outboxkit.scheduled_jobs import calendar_interval, cron, every, once
 from tests.support.admin import (  # noqa: F401  (fixtures)
     admin,
     admin_app,
@@ -51,7 +51,7 @@ def test_a_kit_scheduler_as_job_source_shows_trigger_objects_in_words(admin_data
     with admin_harness(admin_database_url, clock=clock) as harness:
         scheduler = harness.kit.scheduler  # the registry; no election runs here
         scheduler.add_job("app.nightly", lambda context: None, cron(timezone="Europe/Berlin", hour=2, minute=0), name="nightly")
-        view = AdminService(harness.kit, job_source=scheduler).jobs()
+        view = OperationsService(harness.kit, job_source=scheduler).jobs()
     jobs = {job.id: job for job in view.jobs}
     assert jobs["app.nightly"].schedule == "every day at 02:00 (Europe/Berlin)"
     assert jobs["outboxkit.drain.webhooks"].schedule == "every minute (UTC)"

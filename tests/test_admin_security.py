@@ -218,12 +218,12 @@ def test_the_admin_package_exports_exactly_its_public_api():
 
     assert sorted(outboxkit.admin.__all__) == [
         "ACTOR_STATE_ATTRIBUTE",
-        "AdminService",
         "CSRF_COOKIE",
         "CSRF_FIELD",
         "DRAIN_JOB_PREFIX",
         "JobInfo",
         "JobSource",
+        "OperationsService",
         "RowsHeld",
         "RowsNotFound",
         "create_admin_router",

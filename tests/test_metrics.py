@@ -25,8 +25,8 @@ from sqlalchemy import create_engine, insert, update
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError
-from outboxkit.jobs import JobFailed, every
 from outboxkit.metrics import OutboxMetrics, serve_worker_metrics
+from outboxkit.scheduled_jobs import JobFailed, every
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply

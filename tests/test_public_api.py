@@ -55,13 +55,8 @@ def test_internals_are_not_exported():
 
 
 def test_every_error_class_derives_from_the_root():
-    from outboxkit.operations.cursor import InvalidCursor
-    from outboxkit.operations.service import RowsHeld, RowsNotFound
-
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.OutboxKitError), name
-    for admin_error in (InvalidCursor, RowsHeld, RowsNotFound):
-        assert issubclass(admin_error, errors.OutboxKitError)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +99,7 @@ def builtin_raises(path: Path) -> list[str]:
 
 def test_the_kit_raises_no_bare_builtin_exception():
     # outboxkit/admin/ is reported separately (other owners): see the merge notes.
-    modules = [path for path in PACKAGE.glob("*.py")]
+    modules = [*PACKAGE.glob("*.py"), *PACKAGE.glob("testing/*.py")]  # the testing kit is a package
     assert [raise_ for path in modules for raise_ in builtin_raises(path)] == []
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
 from outboxkit import scheduler as scheduler_module
-from outboxkit.jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
+from outboxkit.scheduled_jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
 from outboxkit.tables import job_runs
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
@@ -221,7 +221,7 @@ def test_lock_dsn_defaults_to_the_engine_and_accepts_a_sqlalchemy_style_url(engi
 
 def test_interval_jobs_registered_at_different_moments_agree_on_fire_times():
     # The fence dedups a fire time, so two schedulers must compute the same ones.
-    from outboxkit.jobs import every
+    from outboxkit.scheduled_jobs import every
 
     now = datetime(2030, 5, 17, 10, 0, 3, 250_000, tzinfo=timezone.utc)
     first, second = every(seconds=7), every(seconds=7)

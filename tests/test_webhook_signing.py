@@ -217,8 +217,13 @@ def test_secrets_are_never_shown_in_a_repr_and_cannot_be_pickled():
 def test_secrets_without_signing_and_a_list_of_strings_are_refused_in_the_options():
     with pytest.raises(ConfigurationError, match="has webhook secrets but does not sign"):
         OutboxOptions(job_name="unsigned", webhook_secrets=WebhookSecrets([NEW_SECRET]))
-    with pytest.raises(ConfigurationError, match=r"must be WebhookSecrets\(\['whsec_...'\]\), got a list"):
-        OutboxOptions(job_name="signed", sign_webhooks=True, webhook_secrets=[NEW_SECRET])  # type: ignore[arg-type]
+    listed = OutboxOptions(job_name="signed", sign_webhooks=True, webhook_secrets=[NEW_SECRET, OLD_SECRET])
+    assert isinstance(listed.webhook_secrets, WebhookSecrets) and len(listed.webhook_secrets) == 2
+    with pytest.raises(ConfigurationError, match="outbox 'signed': webhook secrets must be a list"):
+        OutboxOptions(job_name="signed", sign_webhooks=True, webhook_secrets=NEW_SECRET)
+    with pytest.raises(ConfigurationError, match="outbox 'signed': webhook secret #1 must be 'whsec_'") as raised:
+        OutboxOptions(job_name="signed", sign_webhooks=True, webhook_secrets=["not-a-whsec-value"])
+    assert "not-a-whsec-value" not in str(raised.value)
     with pytest.raises(ConfigurationError, match="sign_webhooks must be True or False"):
         OutboxOptions(job_name="signed", sign_webhooks="yes")  # type: ignore[arg-type]
 
@@ -253,7 +258,7 @@ def test_secrets_come_from_the_environment_comma_separated(offline_engine, monke
     monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SIGNED_EVENTS__WEBHOOK_SECRETS", f"{NEW_SECRET}, {OLD_SECRET}")
     with OutboxKit(offline_engine, [SignedEvent], transport=CallableTransport(lambda d, k: 200)) as kit:
         secrets = kit.options(SignedEvent).webhook_secrets
-        assert secrets is not None and len(secrets) == 2
+        assert isinstance(secrets, WebhookSecrets) and len(secrets) == 2
         transport = kit.drainer(SignedEvent).transport
         assert isinstance(transport, SigningTransport)
         assert NEW_SECRET not in repr(kit.settings) and NEW_SECRET not in repr(kit.options(SignedEvent))

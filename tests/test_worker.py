@@ -73,7 +73,7 @@ def test_a_retry_is_sent_at_its_backoff_time_not_at_the_safety_net_poll(engine, 
 
 def test_a_reset_row_is_delivered_at_once_not_at_the_safety_net_poll(engine, receiver):
     # The reset's NOTIFY is the only thing that can send the row within the hour (QUIET).
-    from outboxkit.operations.service import AdminService
+    from outboxkit.operations.service import OperationsService
 
     with Session(engine) as session, session.begin():
         row = SampleEvent(target_url=receiver.url + "/events", payload={"n": 1}, status="stuck", attempts=5,
@@ -86,7 +86,7 @@ def test_a_reset_row_is_delivered_at_once_not_at_the_safety_net_poll(engine, rec
         kit.worker.start()
         assert kit.worker.listener.wait_for_generation(1, timeout=10)
         reset_at = time.time()
-        assert AdminService(kit).reset("sample-events", [row_id], actor="test").changed == 1
+        assert OperationsService(kit).reset("sample-events", [row_id], actor="test").changed == 1
         receiver.wait_for(lambda r: len(r.requests) == 1, timeout=30)
         waited = receiver.requests[0].received_at - reset_at
     finally:

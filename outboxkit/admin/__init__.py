@@ -21,17 +21,18 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from outboxkit.admin.csrf import CSRF_COOKIE, CSRF_FIELD
 from outboxkit.admin.router import ACTOR_STATE_ATTRIBUTE, create_admin_router
-from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
-from outboxkit.operations.service import AdminService, RowsHeld, RowsNotFound
+from outboxkit.errors import RowsHeld, RowsNotFound
+from outboxkit.operations.job_status import DRAIN_JOB_PREFIX, JobInfo, JobSource, drain_job_id
+from outboxkit.operations.service import OperationsService
 
 __all__ = [
     "ACTOR_STATE_ATTRIBUTE",
     "CSRF_COOKIE",
     "CSRF_FIELD",
     "DRAIN_JOB_PREFIX",
-    "AdminService",
     "JobInfo",
     "JobSource",
+    "OperationsService",
     "RowsHeld",
     "RowsNotFound",
     "create_admin_router",

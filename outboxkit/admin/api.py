@@ -25,7 +25,7 @@ unreachable.  Page sizes are refused, not clamped.
 
 A POST body is read by the endpoint itself, after the auth dependency has
 admitted the request (FastAPI reads a declared body parameter before any
-dependency runs), and never beyond the cap (see ``outboxkit.admin.routing``).
+dependency runs), and never beyond the cap (see ``outboxkit.admin.route_guard``).
 """
 
 from collections.abc import Callable, Iterator
@@ -38,10 +38,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.admin.routing import AdminRoute, read_json_body
-from outboxkit.errors import InvalidValueError, UnknownJobError, UnknownOutboxError
-from outboxkit.operations.controls import OutboxPaused
-from outboxkit.operations.cursor import InvalidCursor
+from outboxkit.admin.refusals import REFUSALS, refusal_status
+from outboxkit.admin.route_guard import AdminRoute, read_json_body
+from outboxkit.errors import InvalidSearch
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     ActionResult,
@@ -57,11 +56,11 @@ from outboxkit.operations.schemas import (
     MatchRequest,
     Overview,
     RowDetailModel,
+    RowFilter,
     RowPage,
     Status,
 )
-from outboxkit.operations.service import AdminService, InvalidSearch, RowsHeld, RowsNotFound
-from outboxkit.row_filter import RowFilter
+from outboxkit.operations.service import OperationsService
 
 __all__ = ["MAX_PAGE_SIZE", "api_router", "http_errors"]
 
@@ -94,16 +93,13 @@ def http_errors() -> Iterator[None]:
     """Turn the service's refusals into HTTP answers."""
     try:
         yield
-    except (UnknownOutboxError, RowsNotFound, UnknownJobError) as exc:
-        raise HTTPException(status_code=404, detail=str(exc)) from None
-    except (RowsHeld, OutboxPaused) as exc:
-        raise HTTPException(status_code=409, detail=str(exc)) from None
-    except InvalidCursor as exc:
-        raise HTTPException(status_code=400, detail=str(exc)) from None
-    except (InvalidSearch, InvalidValueError) as exc:
-        # Shaped as FastAPI's own 422 (the documented HTTPValidationError).
-        field = "q" if isinstance(exc, InvalidSearch) else "payload_column"
-        raise RequestValidationError([{"type": "value_error", "loc": ("query", field), "msg": str(exc), "input": None}]) from None
+    except REFUSALS as exc:
+        status_code = refusal_status(exc)
+        if status_code == 422:  # shaped as FastAPI's own 422 (the documented HTTPValidationError)
+            field = "q" if isinstance(exc, InvalidSearch) else "payload_column"
+            problem = {"type": "value_error", "loc": ("query", field), "msg": str(exc), "input": None}
+            raise RequestValidationError([problem]) from None
+        raise HTTPException(status_code=status_code, detail=str(exc)) from None
 
 
 def require_json(request: Request) -> None:
@@ -139,7 +135,7 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
 
 
-def api_router(service: AdminService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
+def api_router(service: OperationsService, *, actor: Callable[..., str], route_class: type[AdminRoute] = AdminRoute) -> APIRouter:
     """The JSON routes over ``service``; ``actor`` is a dependency naming who acts."""
     router = APIRouter(prefix="/api", tags=["outboxkit admin"], route_class=route_class, responses=_UNAVAILABLE)
     Actor = Annotated[str, Depends(actor)]

@@ -12,12 +12,12 @@ from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.pages import pages_router
-from outboxkit.admin.routing import admin_route_class
+from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
-from outboxkit.operations.jobs import JobSource
-from outboxkit.operations.service import AdminService
+from outboxkit.operations.job_status import JobSource
+from outboxkit.operations.service import OperationsService
 
 __all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
 
@@ -108,7 +108,7 @@ def create_admin_router(
     if actor is None:
         actor = actor_from_request_state if dependencies else _insecure_actor
 
-    service = AdminService(kit, job_source=job_source, preview_chars=preview_chars)
+    service = OperationsService(kit, job_source=job_source, preview_chars=preview_chars)
     refused_by_auth: dict[int | str, dict[str, Any]] = {
         401: {"description": "The application's auth dependency refused the request (no or wrong credentials)."},
         403: {"description": "The application's auth dependency refused the request (not allowed)."},

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert
 
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import OutboxPaused
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
 from outboxkit.operations.schemas import ControlResult
@@ -38,13 +38,6 @@ __all__ = ["AUDIT_IDS_LIMIT", "OutboxControls", "OutboxPaused", "record_audit"]
 AUDIT_IDS_LIMIT = 10_000
 # "Drain now" in a process without drain loops: one drain, bounded in time.
 DRAIN_NOW_SECONDS = 30.0
-
-
-class OutboxPaused(OutboxKitError):
-    """The outbox's drains are paused; resume them first."""
-
-    def __init__(self, outbox: str) -> None:
-        super().__init__(f"the drains of {outbox!r} are paused; resume them first (nothing was done)")
 
 
 def record_audit(

@@ -15,16 +15,12 @@ import json
 from datetime import datetime
 from typing import Any
 
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import InvalidCursor
 
 __all__ = ["InvalidCursor", "decode_cursor", "encode_cursor"]
 
 MAX_CURSOR_LENGTH = 512
 MAX_ID = 2**63 - 1
-
-
-class InvalidCursor(OutboxKitError, ValueError):
-    """The cursor does not decode, or belongs to another listing."""
 
 
 def encode_cursor(scope: str, key: tuple[Any, ...]) -> str:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_fiel
 from outboxkit.row_filter import RowFilter  # the filter the queries apply, shown as it was applied
 
 __all__ = [
+    "RowFilter",  # re-exported: the admin and the CLI name the filter through this layer
     "ActionResult",
     "AttemptModel",
     "AuditEntry",

@@ -1,6 +1,6 @@
-"""What the admin does, independent of HTTP.
+"""What an operator does, independent of HTTP: the one service behind the admin (API and pages) and the CLI.
 
-``AdminService`` reads counts, pages and rows, and performs resets, through
+``OperationsService`` reads counts, pages and rows, and performs resets, through
 the named statements in ``outboxkit.queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
 API and the pages are thin layers over it.
@@ -29,16 +29,15 @@ from typing import Any, Literal, cast
 
 from sqlalchemy import Connection, select
 
-from outboxkit.errors import OutboxKitError, UnknownJobError
-from outboxkit.jobs import every
+from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.notify import notify_statement
 from outboxkit.operations.charts import last_hour
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
-from outboxkit.operations.history import job_failure_counts, job_run_history, row_attempts
-from outboxkit.operations.jobs import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
-from outboxkit.operations.schedules import describe_trigger
+from outboxkit.operations.history import row_attempts
+from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
+from outboxkit.operations.jobs_table import JobsTable, run_model
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
     STATUS_VALUES,
@@ -47,7 +46,6 @@ from outboxkit.operations.schemas import (
     AuditEntry,
     AuditPage,
     FoundRow,
-    JobEntry,
     JobRunsView,
     JobsView,
     LeaderModel,
@@ -59,7 +57,6 @@ from outboxkit.operations.schemas import (
     RowDetailModel,
     RowPage,
     RowSummaryModel,
-    RunModel,
     SkippedRow,
     Status,
     StatusCount,
@@ -70,7 +67,7 @@ from outboxkit.pauses import Pause, paused_outboxes
 from outboxkit.row_filter import RowFilter
 from outboxkit.tables import reset_audit
 
-__all__ = ["AdminService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
+__all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 
 SAMPLE_SIZE = 20
 # Tab counts under a filter count at most this many rows per status ("10,000+" beyond).
@@ -80,37 +77,15 @@ FILTERED_COUNT_CAP = 10_000
 ActionName = Literal["reset", "retry_now"]
 
 
-class InvalidSearch(OutboxKitError, ValueError):
-    """A search that is neither a row id nor an idempotency key."""
-
-
-class RowsNotFound(OutboxKitError, LookupError):
-    """Some requested ids are not rows of the outbox."""
-
-    def __init__(self, outbox: str, ids: list[int]) -> None:
-        self.ids = ids
-        super().__init__(f"outbox {outbox!r} has no row with id {', '.join(map(str, ids[:20]))}")
-
-
-class RowsHeld(OutboxKitError):
-    """Some requested rows are held by a drain right now; nothing was changed."""
-
-    def __init__(self, outbox: str, ids: list[int]) -> None:
-        self.ids = ids
-        super().__init__(
-            f"a drain holds row(s) {', '.join(map(str, ids[:20]))} of {outbox!r} (delivery in flight); "
-            "nothing was changed, try again when the delivery has finished"
-        )
-
-
-class AdminService:
-    """The admin's reads and actions over one kit."""
+class OperationsService:
+    """The operator's reads and actions over one kit, shared by the admin and the CLI."""
 
     def __init__(self, kit: OutboxKit, *, job_source: JobSource | None = None, preview_chars: int = 10_000) -> None:
         self.kit = kit
         self.job_source = job_source
         self.preview_chars = preview_chars
         self.controls = OutboxControls(kit)  # pause, resume, drain now
+        self.jobs_table = JobsTable(kit, job_source)  # the jobs page
 
     @property
     def outbox_names(self) -> list[str]:
@@ -160,7 +135,7 @@ class AdminService:
             oldest_due_at=oldest,
             oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
             drain_job_id=drain_job_id(name),
-            last_drain=_run(runs.get(drain_job_id(name))),
+            last_drain=run_model(runs.get(drain_job_id(name))),
             paused=name in pauses,
             paused_by=pauses[name].paused_by if name in pauses else None,
             paused_at=pauses[name].paused_at if name in pauses else None,
@@ -310,82 +285,11 @@ class AdminService:
 
     def jobs(self) -> JobsView:
         """Every job with its schedule in words, last run, failure count and (drain jobs) pause."""
-        scheduled: list[JobInfo] | None = None
-        source_error = None
-        if self.job_source is not None:
-            try:
-                scheduled = [_job_info(job) for job in self.job_source.jobs()]
-            except Exception as exc:  # a scheduler's trouble must not take the page down
-                source_error = f"{type(exc).__name__}: {exc}"
-        with self.kit.engine.connect() as connection:
-            runs = last_runs(connection, [job.id for job in scheduled] if scheduled is not None else None)
-            holders = [LeaderModel.model_validate(leader) for leader in leaders(connection)]
-            pauses = paused_outboxes(connection)
-            if scheduled is None:
-                # Every outbox's drain job is known without a job source; other jobs only once they ran.
-                seen = [JobInfo(id=run.job_id, name=run.job_name, trigger="") for run in runs.values()]
-                drains = [JobInfo(id=drain_job_id(name), name=name, trigger="") for name in self.outbox_names]
-                infos = list({job.id: job for job in drains + seen}.values())
-            else:
-                infos = scheduled
-            failures = job_failure_counts(connection, [job.id for job in infos])
-        jobs = [
-            self._job_entry(job, runs.get(job.id), failures.get(job.id, (0, 0)), pauses, listed=scheduled is not None)
-            for job in infos
-        ]
-        return JobsView(
-            source="job_source" if scheduled is not None else "run_history",
-            source_error=source_error,
-            leader=holders[0] if holders else None,
-            leaders=holders,
-            jobs=sorted(jobs, key=lambda job: (job.outbox is None, job.id)),
-        )
-
-    def _job_entry(
-        self, job: JobInfo, run: Any, failures: tuple[int, int], pauses: dict[str, Pause], *, listed: bool
-    ) -> JobEntry:
-        outbox = job.id[len(DRAIN_JOB_PREFIX) :] if job.id.startswith(DRAIN_JOB_PREFIX) else None
-        if outbox not in self.outbox_names:
-            outbox = None
-        trigger: Any = self._trigger_object(job.id) if listed else None
-        if trigger is None and listed:
-            trigger = job.trigger
-        if trigger is None and outbox is not None:
-            trigger = every(seconds=self.kit.settings.drain_interval_seconds)  # the kit's own safety-net schedule
-        pause = pauses.get(outbox) if outbox is not None else None
-        return JobEntry(
-            id=job.id,
-            name=job.name,
-            trigger=job.trigger if listed else None,
-            schedule=describe_trigger(trigger) if trigger is not None else None,
-            next_run_at=job.next_run_at,
-            last_run=_run(run),
-            failures=failures[0],
-            runs_kept=failures[1],
-            outbox=outbox,
-            paused=pause is not None,
-            paused_by=pause.paused_by if pause else None,
-            paused_at=pause.paused_at if pause else None,
-        )
-
-    def _trigger_object(self, job_id: str) -> Any:
-        """The trigger object, from a job source that can look a job up (``OutboxScheduler.job``); else None."""
-        lookup = getattr(self.job_source, "job", None)
-        if not callable(lookup):
-            return None
-        try:
-            return getattr(lookup(job_id), "trigger", None)
-        except Exception:  # a source without that job, or one that fails: the text is shown instead
-            return None
+        return self.jobs_table.jobs()
 
     def job_runs(self, job_id: str, *, limit: int) -> JobRunsView:
         """One job's last ``limit`` runs, newest first."""
-        with self.kit.engine.connect() as connection:
-            runs = [RunModel.model_validate(JobRun(**run)) for run in job_run_history(connection, job_id, limit=limit)]
-        name = runs[0].job_name if runs else None
-        if not runs and not any(job_id == drain_job_id(outbox) for outbox in self.outbox_names):
-            raise UnknownJobError(f"no run of job {job_id!r} is recorded")
-        return JobRunsView(job_id=job_id, name=name, runs=runs)
+        return self.jobs_table.job_runs(job_id, limit=limit)
 
     # -- actions -------------------------------------------------------------
 
@@ -491,20 +395,3 @@ def _skip_reason(action: str, state: RowState, now: datetime) -> str:
     if state.status == "stuck":
         return "stuck; reset it instead"
     return "already due"
-
-
-def _run(run: Any) -> RunModel | None:
-    return RunModel.model_validate(run) if run is not None else None
-
-
-def _job_info(job: Any) -> JobInfo:
-    """Accept a JobInfo or any object with the same attributes; refuse anything else clearly."""
-    try:
-        info = JobInfo(
-            id=str(job.id), name=str(job.name), trigger=str(job.trigger), next_run_at=getattr(job, "next_run_at", None)
-        )
-    except AttributeError as exc:
-        raise TypeError(f"a JobSource returned {type(job).__name__}, which lacks {exc.name!r}") from None
-    if info.next_run_at is not None and not isinstance(info.next_run_at, datetime):
-        raise TypeError(f"job {info.id!r}: next_run_at must be a datetime or None")
-    return info

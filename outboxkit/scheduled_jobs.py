@@ -51,6 +51,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
+from outboxkit.results import RunRecord
 from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 
@@ -66,7 +67,7 @@ __all__ = [
     "once",
 ]
 
-logger = logging.getLogger("outboxkit.jobs")
+logger = logging.getLogger("outboxkit.jobs")  # the documented logger name (docs/operations.md), kept across the rename
 
 ERROR_TEXT_LIMIT = 4000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
@@ -205,15 +206,6 @@ _ABANDON = text(
     RETURNING job_name, scheduled_for, leader
     """
 )
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What ``JobRunner.run`` did: ``skipped`` if the fence said the occurrence already ran."""
-
-    outcome: str  # "ok", "error" or "skipped" (an "abandoned" run is one that never returned)
-    counts: dict[str, int]
-    error: str | None = None
 
 
 class JobRunner:

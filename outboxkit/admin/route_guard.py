@@ -39,7 +39,7 @@ from sqlalchemy import exc as sqlalchemy_errors
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import BodyTooLarge
 
 __all__ = [
     "DATABASE_UNAVAILABLE_ERRORS",
@@ -86,14 +86,6 @@ def report_database_unavailable(error: Exception) -> str:
         "The database is unreachable (connection refused, timed out or lost), so the admin cannot show or change "
         "anything right now. Try again once the database is back."
     )
-
-
-class BodyTooLarge(OutboxKitError):
-    """A request body is over the admin's cap (answered 413)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        super().__init__(f"the request body is larger than {limit:,} bytes; nothing was changed")
 
 
 def _capped_receive(scope: Scope, receive: Receive, limit: int) -> Receive:

@@ -22,37 +22,27 @@ piped) and ``--json`` for scripts, before or after the command.  Exit codes:
 ``status``, ``stuck``, ``reset`` and ``jobs`` act through the same service as
 the admin (``outboxkit.operations``: a reset is audited and wakes the drain,
 and a row a drain holds is refused); none of them needs the ``admin`` extra.
+
+The commands are here; finding the application's kit and turning failures
+into one line is ``outboxkit.cli.application``; tables and JSON are
+``outboxkit.cli.output``.
 """
 
 from __future__ import annotations
 
-import getpass
 import importlib
-import json
-import os
-import socket
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
-from outboxkit.diagnostics import MIGRATION_HINT
-from outboxkit.errors import OutboxKitError
-from outboxkit.kit import OutboxKit
+from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
+from outboxkit.cli.output import age, fail
+from outboxkit.errors import RowsHeld, RowsNotFound
 
 if TYPE_CHECKING:
-    from outboxkit.operations.service import AdminService
-    from outboxkit.row_filter import RowFilter
+    from outboxkit.operations.schemas import RowFilter
 
 __all__ = ["app", "main"]
 
@@ -67,140 +57,7 @@ app = typer.Typer(
 )
 
 
-class CommandError(Exception):
-    """A failure to report in one line, with exit code 1."""
-
-
-# --- finding the application's kit -------------------------------------------------------------------------------
-
-
-def load_kit(path: str | None) -> OutboxKit:
-    """The kit that ``--app module:attribute`` names (an ``OutboxKit`` or a function returning one)."""
-    if not path:
-        raise CommandError("say which application: --app module:attribute (or set OUTBOXKIT_APP)")
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise CommandError(f"--app {path!r} must look like 'package.module:kit'")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CommandError(f"cannot import {module_name!r}: {exc}") from None
-    target = getattr(module, attribute, None)
-    if target is None:
-        raise CommandError(f"{module_name!r} has no attribute {attribute!r}")
-    if callable(target) and not isinstance(target, OutboxKit):
-        try:
-            kit = target()
-        except Exception as exc:  # the application's factory: report it in one line
-            raise CommandError(f"{path}() failed: {type(exc).__name__}: {exc}") from None
-    else:
-        kit = target
-    if not isinstance(kit, OutboxKit):
-        raise CommandError(f"{path} is a {type(kit).__name__}, not an OutboxKit (or a function returning one)")
-    return kit
-
-
-def admin_service(kit: OutboxKit) -> AdminService:
-    from outboxkit.operations.service import AdminService
-
-    return AdminService(kit, job_source=kit.scheduler)  # the registry is the same in every process
-
-
-def actor() -> str:
-    """Who acted, for the reset audit: ``cli:<user>@<host>``."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in this environment (some containers)
-        user = str(os.getuid())
-    return f"cli:{user}@{socket.gethostname()}"
-
-
-# --- output --------------------------------------------------------------------------------------------------------
-
-
-def make_console(*, stderr: bool = False) -> Console:
-    """A console that colours only a terminal (rich itself honours ``NO_COLOR``) and never wraps piped text."""
-    stream = sys.stderr if stderr else sys.stdout
-    piped = not stream.isatty()
-    # markup and emoji off: an error text such as "[Errno 111]" or ":smile:" is data, printed as it is.
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=1_000_000 if piped else None)
-
-
-def fail(message: str) -> NoReturn:
-    """Say one line on stderr and exit 1."""
-    make_console(stderr=True).print(Text("outboxkit: ", style="bold red") + Text(message), soft_wrap=True)
-    raise typer.Exit(1)
-
-
-def age(moment: datetime | None) -> str:
-    if moment is None:
-        return "-"
-    seconds = max(0, int((datetime.now(timezone.utc) - moment).total_seconds()))
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def cell_style(column: str, value: Any) -> str:
-    """The colour of a cell on a terminal: trouble in red, doubt in yellow, nothing to see dimmed."""
-    text = str(value)
-    if text in ("-", "never", ""):
-        return "dim"
-    if column == "stuck" and text != "0" or column == "error" or text.endswith(" error"):
-        return "bold red"
-    if column == "result":
-        return "green" if text == "changed" else "yellow"
-    if text.endswith(" abandoned"):  # a run whose scheduler died mid-run
-        return "yellow"
-    if column == "delivered" and text != "0" or text.endswith(" ok"):
-        return "green"
-    return ""
-
-
-@dataclass
-class Output:
-    """Where a command's answer goes: a table for people, or one JSON document for scripts."""
-
-    json: bool
-
-    def __post_init__(self) -> None:
-        self.console = make_console()
-
-    def emit(self, payload: Any, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-        if self.json:
-            print(json.dumps(payload, default=str))
-        else:
-            self.table(rows, columns)
-
-    def table(self, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-        terminal = self.console.is_terminal
-        table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False,
-                      header_style="bold" if terminal else "")
-        for column in columns:
-            table.add_column(column.upper(), overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(str(row.get(column, "")), style=cell_style(column, row.get(column, "")))
-                            for column in columns))
-        self.console.print(table)
-
-    def say(self, message: str, style: str = "") -> None:
-        """A line for people, after the table (never in ``--json`` output)."""
-        if not self.json:
-            self.console.print(Text(message, style=style), soft_wrap=True)
-
-    def warn(self, message: str) -> None:
-        make_console(stderr=True).print(Text(message, style="bold yellow"), soft_wrap=True)
-
-
 # --- options every command shares ----------------------------------------------------------------------------------
-
-
-@dataclass
-class GlobalOptions:
-    app_path: str | None
-    json: bool
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output (also accepted before the command).")]
@@ -229,37 +86,8 @@ def global_options(
     context.obj = GlobalOptions(app_path=app_path, json=json_output)
 
 
-@contextmanager
-def operating(context: typer.Context, json_flag: bool, outboxes: Sequence[str] = ()) -> Iterator[tuple[OutboxKit, Output]]:
-    """The application's kit (closed afterwards) and the output; every expected failure becomes one line, exit 1."""
-    options = context.find_object(GlobalOptions) or GlobalOptions(app_path=None, json=False)
-    output = Output(json=options.json or json_flag)
-    try:
-        kit = load_kit(options.app_path)
-        try:
-            for name in outboxes:
-                kit.outbox(name)  # an unknown name fails here, with the known ones listed
-            yield kit, output
-        finally:
-            kit.close()
-    except (CommandError, OutboxKitError) as exc:
-        fail(str(exc))
-    except ProgrammingError as exc:
-        if "UndefinedTable" not in type(exc.orig).__name__:
-            raise
-        fail(f"a table is missing ({first_line(exc.orig)}): {MIGRATION_HINT}")
-    except OperationalError as exc:
-        fail(f"cannot reach the database: {first_line(exc.orig)}")
-    except DBAPIError as exc:
-        fail(f"database error: {first_line(exc.orig)}")
-
-
-def first_line(error: BaseException | None) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
 def row_filter(error_contains: str | None, status_code: int | None) -> RowFilter:
-    from outboxkit.row_filter import RowFilter
+    from outboxkit.operations.schemas import RowFilter
 
     return RowFilter(error_contains=error_contains, status_code=status_code)
 
@@ -332,7 +160,6 @@ def reset(
     json_output: JsonFlag = False,
 ) -> None:
     """Reset stuck rows to pending (audited; wakes the drain), or retry pending rows in backoff now."""
-    from outboxkit.operations.service import RowsHeld, RowsNotFound
 
     if all_matching == bool(ids):
         raise typer.BadParameter("name row ids, or pass --all (with optional filters) to reset every matching "
@@ -439,16 +266,15 @@ def worker(
 # The demo's own options (argparse, in admin/exampleapp/demo.py) pass through untouched, --help included.
 @app.command(add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def demo(context: typer.Context) -> None:
-    """Run the example service end to end, from a clone of the repository (its options: demo --help)."""
-    for folder in (Path.cwd(), *Path.cwd().parents):
-        if (folder / "admin" / "exampleapp" / "demo.py").is_file():
-            sys.path.insert(0, str(folder / "admin"))
-            sys.path.insert(1, str(folder))
-            from exampleapp.demo import main as demo_main  # type: ignore[import-not-found]  # the example service, not the library
-
-            raise typer.Exit(int(demo_main(list(context.args))))
-    fail("the demo runs the example service from a clone of the outboxkit repository; "
-         "run `outboxkit demo` inside the clone (admin/exampleapp must exist)")
+    """Run the example service end to end (the repository's exampleapp, installed; its options: demo --help)."""
+    try:
+        example = importlib.import_module("exampleapp.demo")
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("exampleapp", "exampleapp.demo"):
+            raise
+        fail("the demo is the example service of the outboxkit repository, not part of the library; "
+             "in a clone, install it with `pip install -e ./admin` (README, quick start), then run `outboxkit demo`")
+    raise typer.Exit(int(example.main(list(context.args))))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -459,7 +285,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_request.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""What every admin page and action is answered with: rendering, cookies, refusals as error pages, the POST discipline.
+
+A page renders its template with the CSRF token (reissued when missing or
+stale) and shows a flash notice once.  An action reads its form (capped),
+checks the CSRF token for the signed-in actor before anything else (403,
+nothing read or written), runs in a worker thread, and answers with a 303
+redirect whose notice travels in a signed flash cookie scoped to the mount
+path.  A refusal of the service becomes an error page with the status of
+``outboxkit.admin.refusals``; an unreachable database, a 503 page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+
+from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
+from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
+from outboxkit.admin.page_inputs import form_text
+from outboxkit.admin.refusals import REFUSALS, refusal_status
+from outboxkit.admin.route_guard import DATABASE_UNAVAILABLE_ERRORS, report_database_unavailable
+from outboxkit.errors import BodyTooLarge
+from outboxkit.operations.schemas import MAX_BULK_IDS
+from outboxkit.operations.service import OperationsService
+
+__all__ = ["PageFrame"]
+
+
+class PageFrame:
+    """Renders pages and answers actions for the admin's HTML routes over ``service``."""
+
+    def __init__(self, service: OperationsService, *, csrf: CsrfTokens, flashes: FlashNotices, environment: Environment) -> None:
+        self.service = service
+        self.csrf = csrf
+        self.flashes = flashes
+        self.environment = environment
+
+    def url(self, request: Request, route: str, query: dict[str, Any] | None = None, **path_params: Any) -> str:
+        path = request.url_for(f"outboxkit_admin_{route}", **path_params).path
+        pairs = {key: value for key, value in (query or {}).items() if value not in (None, "")}
+        return f"{path}?{urlencode(pairs)}" if pairs else path
+
+    def mount_path(self, request: Request) -> str:
+        """Where the application mounted the admin: the cookies' Path."""
+        return self.url(request, "overview").rstrip("/") or "/"
+
+    def set_cookie(self, response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+        response.set_cookie(
+            name,
+            value,
+            max_age=max_age,
+            path=self.mount_path(request),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def render(self, request: Request, who: str, template: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
+        csrf, flashes = self.csrf, self.flashes
+        mount = self.mount_path(request)
+        csrf_cookie = csrf.cookie_name(mount)
+        token = request.cookies.get(csrf_cookie)
+        reissue = token is None or not csrf.is_fresh(token, actor=who, mount_path=mount)
+        if reissue or token is None:
+            token = csrf.issue(actor=who, mount_path=mount)
+        flash_cookie = flashes.cookie_name(mount)
+        flash_value = request.cookies.get(flash_cookie)
+        flash = flashes.decode(flash_value, actor=who, mount_path=mount) if flash_value else None
+        html = self.environment.get_template(template).render(
+            url=lambda route, query=None, **params: self.url(request, route, query, **params),
+            now=self.service.kit.clock.now(),
+            csrf_field=CSRF_FIELD,
+            csrf_token=token,
+            outbox_names=self.service.outbox_names,
+            notice=flash.message if flash else None,
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status_code)
+        if reissue:
+            self.set_cookie(response, request, csrf_cookie, token, csrf.lifetime_seconds)
+        if flash_value is not None:  # shown (or worthless): either way, only once
+            response.delete_cookie(
+                flash_cookie, path=mount, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+            )
+        return response
+
+    def error_page(self, request: Request, who: str, status_code: int, message: str, heading: str = "Not done") -> HTMLResponse:
+        return self.render(request, who, "error.html", status_code=status_code, message=message, heading=heading)
+
+    def guarded(self, request: Request, who: str, build: Callable[[], Response]) -> Response:
+        """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
+        try:
+            return build()
+        except REFUSALS as exc:
+            return self.error_page(request, who, refusal_status(exc), str(exc))
+        except DATABASE_UNAVAILABLE_ERRORS as exc:
+            return self.error_page(request, who, 503, report_database_unavailable(exc), heading="Database unreachable")
+
+    def redirect(self, request: Request, who: str, target: str, flash: Flash) -> RedirectResponse:
+        response = RedirectResponse(target, status_code=303)
+        mount = self.mount_path(request)
+        cookie = self.flashes.cookie_name(mount)
+        self.set_cookie(response, request, cookie, self.flashes.encode(flash, actor=who, mount_path=mount), FLASH_SECONDS)
+        return response
+
+    async def post_action(self, request: Request, who: str, act: Callable[[FormData], Response]) -> Response:
+        """Read the form (capped), check the CSRF token; then act in a worker thread, refusals as error pages."""
+        try:
+            form = await request.form(max_fields=2 * MAX_BULK_IDS + 10)  # ids and page_ids
+        except BodyTooLarge as exc:
+            return self.error_page(request, who, 413, str(exc))
+        mount = self.mount_path(request)
+        cookie = request.cookies.get(self.csrf.cookie_name(mount))
+        if not self.csrf.accepts(cookie=cookie, submitted=form_text(form, CSRF_FIELD), actor=who, mount_path=mount):
+            message = (
+                "The form's security token is missing, invalid or expired; nothing was changed. Reload the page and try again."
+            )
+            return self.error_page(request, who, 403, message)
+        return await run_in_threadpool(self.guarded, request, who, lambda: act(form))

@@ -1,0 +1,45 @@
+"""The one map from a refusal to the HTTP status the admin answers it with, in the JSON API and the pages alike.
+
+A refusal is an ``OutboxKitError`` the operator's service (or the admin's own
+input checks) raises when nothing was done: an unknown name, a held row, a
+paused outbox, a bad cursor or field, a body over the cap.  The API answers
+it as JSON (``outboxkit.admin.api.http_errors``), the pages as an error page
+(``outboxkit.admin.pages``); both look the status up here.
+"""
+
+from __future__ import annotations
+
+from outboxkit.errors import (
+    BodyTooLarge,
+    InvalidCursor,
+    InvalidSearch,
+    InvalidValueError,
+    OutboxKitError,
+    OutboxPaused,
+    PageInputError,
+    RowsHeld,
+    RowsNotFound,
+    UnknownJobError,
+    UnknownOutboxError,
+)
+
+__all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
+
+REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
+    UnknownOutboxError: 404,
+    UnknownJobError: 404,
+    RowsNotFound: 404,
+    RowsHeld: 409,
+    OutboxPaused: 409,
+    InvalidCursor: 400,
+    BodyTooLarge: 413,
+    PageInputError: 422,
+    InvalidValueError: 422,
+    InvalidSearch: 422,
+}
+REFUSALS: tuple[type[OutboxKitError], ...] = tuple(REFUSAL_STATUS)  # for ``except REFUSALS``
+
+
+def refusal_status(error: OutboxKitError) -> int:
+    """The status for ``error``, one of ``REFUSALS`` (no class in the map derives from another)."""
+    return next(status for kind, status in REFUSAL_STATUS.items() if isinstance(error, kind))

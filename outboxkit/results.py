@@ -1,0 +1,68 @@
+"""What a drain call and a job run report: plain values, below everything that produces or observes them.
+
+``DrainResult`` comes back from ``drain_once``/``drain`` (and from each busy
+spell of the background loop); ``RunRecord`` comes back from one scheduled
+job run.  They live here, not beside their producers, so the telemetry that
+observes them (``outboxkit.telemetry``, ``outboxkit.metrics``,
+``outboxkit.tracing``) imports no drain or scheduler code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["DrainResult", "RunRecord"]
+
+
+@dataclass
+class DrainResult:
+    """What one drain call did (or, for the background loop, one busy spell)."""
+
+    job_name: str
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    stuck: int = 0
+    lost_claims: int = 0  # outcomes not written: the row was reset or re-claimed meanwhile
+    error: str | None = None  # a database error that cut the drain short
+    schema_problem: bool = False  # that error is a missing table or column, already logged once with the fix
+    batches: int = 0
+    errors: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic, repr=False, compare=False)  # monotonic; for telemetry
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def eventful(self) -> bool:
+        return bool(self.claimed or self.stuck or self.lost_claims or self.errors)
+
+    def add(self, other: DrainResult) -> None:
+        self.claimed += other.claimed
+        self.delivered += other.delivered
+        self.retried += other.retried
+        self.stuck += other.stuck
+        self.lost_claims += other.lost_claims
+        self.batches += other.batches
+        self.errors.extend(other.errors)
+        self.error = other.error or self.error
+
+    def as_counts(self) -> dict[str, int]:
+        return {
+            "claimed": self.claimed,
+            "delivered": self.delivered,
+            "retried": self.retried,
+            "stuck": self.stuck,
+            "lost_claims": self.lost_claims,
+        }
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ``JobRunner.run`` did: ``skipped`` if the fence said the occurrence already ran."""
+
+    outcome: str  # "ok", "error" or "skipped" (an "abandoned" run is one that never returned)
+    counts: dict[str, int]
+    error: str | None = None
