@@ -18,7 +18,8 @@ claimed batch by destination and decides, for each destination:
   ``OutboxOptions.destination_cap`` of its sends are in flight from this
   drainer; the rows beyond are not sent, keep their attempts and are due
   again one ``timeout`` later if it is failing, ``SLOW_SEND_SECONDS`` later
-  otherwise.  The cap protects the other destinations, so it applies only
+  if it is slow, and at once (behind the rows already due) if it is merely
+  not yet proven.  The cap protects the other destinations, so it applies only
   when there are others (in the batch, or with sends in flight): an outbox
   that sends to one receiver sends as before.  A destination proven healthy
   is not capped, so one fast receiver still gets every send thread; a
@@ -95,10 +96,19 @@ class _Local:
     proven: bool = False  # it answered a send of this drainer with a success
     failing: bool = False  # its last answer here was a failure
 
+    def slow(self, now: float) -> bool:
+        return any(now - since > SLOW_SEND_SECONDS for since in self.in_flight.values())
+
     def suspect(self, state: DestinationState | None, now: float) -> bool:
-        if not self.proven or self.failing or any(now - since > SLOW_SEND_SECONDS for since in self.in_flight.values()):
-            return True
-        return _failing(state)
+        return not self.proven or self.failing or self.slow(now) or _failing(state)
+
+    def retry_in(self, state: DestinationState | None, now: float, timeout: float) -> float:
+        """When rows over the cap come back: a failing destination frees a place when a send times out,
+        a slow one sooner, and one merely not yet proven as soon as an answer comes (they go to the back
+        of the due rows, so the next claims take other rows first)."""
+        if self.failing or _failing(state):
+            return timeout
+        return min(SLOW_SEND_SECONDS, timeout) if self.slow(now) else 0.0
 
 
 def _failing(state: DestinationState | None) -> bool:
@@ -291,8 +301,7 @@ class DestinationGate:
             allowed, over = group[:room], group[room:]
             for row, _ in allowed:
                 local.in_flight[row.id] = clock
-            # A failing destination frees a place when a send times out; one not yet proven, or slow, sooner.
-            wait = self.options.timeout if local.failing or _failing(state) else min(SLOW_SEND_SECONDS, self.options.timeout)
+            wait = local.retry_in(state, clock, self.options.timeout)
         if over:
             later = now + timedelta(seconds=wait)
             with self.engine.begin() as connection:
