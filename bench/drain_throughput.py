@@ -26,7 +26,15 @@ and drops, with the example ``WebhookOutbox``:
    target is a ratio >= 0.9).  ``--telemetry-breakdown`` adds, to the same
    rounds, drains with metrics only and with tracing only (nothing, 10% and
    every trace sampled), each set against its round's untraced run;
-6. do it again with ``--slow-rows`` rows against a receiver that answers each
+6. commit durability: ``--commit-rounds`` rounds (default 2) of drains of
+   ``--rows`` bulk-inserted rows with ``OUTBOXKIT_SYNCHRONOUS_COMMIT=true``
+   (the default) and ``false``, interleaved; each drain also reports the
+   bench database's commits per delivered row (``pg_stat_database``) and the
+   server's WAL syncs per row (``pg_stat_wal``), which show what pays for
+   the flushes; ``drain_rows_per_s_sync_commit``,
+   ``drain_rows_per_s_async_commit`` and ``sync_commit_ratio`` (median of a
+   round's synchronous over its asynchronous rate; target >= 0.9);
+7. do it again with ``--slow-rows`` rows against a receiver that answers each
    request after 50 ms.
 
 Run from the repository root::
@@ -75,6 +83,42 @@ TABLE = WebhookOutbox.__tablename__
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin'}"}
 
 
+@dataclass(frozen=True)
+class CommitCounters:
+    """What pays for WAL flushes: the bench database's commits, and the cluster's WAL syncs and records.
+
+    ``commits`` is ``pg_stat_database.xact_commit`` of the bench database
+    (the drainer's transactions, plus the benchmark's own reads of these
+    counters); ``wal_syncs`` and ``wal_records`` come from ``pg_stat_wal``,
+    which counts the whole server, so other sessions on a shared host add to them.
+    """
+
+    commits: int
+    wal_syncs: int
+    wal_records: int
+
+    @classmethod
+    def read(cls, server: str, database: str) -> CommitCounters:
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute("SELECT pg_stat_clear_snapshot()")
+            (commits,) = connection.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [database]
+            ).fetchone() or (0,)
+            wal_syncs, wal_records = connection.execute("SELECT wal_sync, wal_records FROM pg_stat_wal").fetchone() or (0, 0)
+        return cls(commits=int(commits), wal_syncs=int(wal_syncs), wal_records=int(wal_records))
+
+    def minus(self, earlier: CommitCounters) -> CommitCounters:
+        return CommitCounters(
+            commits=self.commits - earlier.commits,
+            wal_syncs=self.wal_syncs - earlier.wal_syncs,
+            wal_records=self.wal_records - earlier.wal_records,
+        )
+
+    def per_row(self, rows: int) -> str:
+        return (f"{self.commits / rows:.2f} commits/row, {self.wal_syncs / rows:.2f} WAL syncs/row (server-wide), "
+                f"{self.wal_records / rows:.1f} WAL records/row")
+
+
 class ReceiverProcess:
     """``bench/receiver.py`` in its own process."""
 
@@ -117,6 +161,7 @@ class DrainRun:
     server_cpu_s: float
     backends: int
     peak_rss_mb: float
+    counters: CommitCounters
     report: dict
 
 
@@ -147,13 +192,15 @@ def run_drainer(
     profile: str | None = None,
     telemetry_parts: str | None = None,
     trace_ratio: float = 1.0,
+    synchronous_commit: bool = True,
 ) -> DrainRun:
     """Start a drainer process, let it drain ``expected`` rows, measure it (and profile it if asked)."""
     command = [sys.executable, str(ROOT / "bench" / "drain_worker.py"), "--database-url", sqlalchemy_url]
     command += ["--expected", str(expected)] + (["--concurrency", str(concurrency)] if concurrency else [])
     if telemetry_parts is not None:  # "metrics", "tracing" or both, comma-separated (bench/drain_worker.py)
         command += ["--telemetry", "--telemetry-parts", telemetry_parts, "--trace-ratio", str(trace_ratio)]
-    worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    environment = {**SUBPROCESS_ENV, "OUTBOXKIT_SYNCHRONOUS_COMMIT": "true" if synchronous_commit else "false"}
+    worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment)
     try:
         assert worker.stdin is not None and worker.stdout is not None
         if worker.stdout.readline().strip() != "ready":
@@ -165,6 +212,7 @@ def run_drainer(
         backends, server_cpu = BackendCpu(server, database), ServerCpu()
         backends.start()
         server_cpu.start()
+        counters_before = CommitCounters.read(server, database)
         cpu_before = drainer.cpu_times()
         worker.stdin.write("go\n")
         worker.stdin.flush()
@@ -180,6 +228,8 @@ def run_drainer(
         worker.stdin.write("exit\n")
         worker.stdin.flush()
         worker.wait(timeout=30)
+        # After the drainer's exit: its backends report their counts when they end.
+        counters = CommitCounters.read(server, database).minus(counters_before)
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -193,6 +243,7 @@ def run_drainer(
         server_cpu_s=server_seconds,
         backends=backends.backends_seen,
         peak_rss_mb=report["peak_rss_mb"],
+        counters=counters,
         report=report,
     )
 
@@ -238,33 +289,38 @@ def verify(database_url: str, receiver: ReceiverProcess, expected: int) -> list[
 
 
 @dataclass(frozen=True)
-class TelemetryMode:
+class DrainMode:
     label: str
     parts: str | None  # bench/drain_worker.py --telemetry-parts, or None for no telemetry
     trace_ratio: float = 1.0
+    synchronous_commit: bool = True  # OUTBOXKIT_SYNCHRONOUS_COMMIT in the drainer process
 
     @property
     def traces_everything(self) -> bool:
         return self.parts is not None and "tracing" in self.parts and self.trace_ratio >= 1.0
 
 
-WITHOUT = TelemetryMode("without telemetry", None)
-TRACED = TelemetryMode("with telemetry", "metrics,tracing", 1.0)
-SAMPLED = TelemetryMode("with telemetry, 10% of traces sampled", "metrics,tracing", 0.1)
+WITHOUT = DrainMode("without telemetry", None)
+TRACED = DrainMode("with telemetry", "metrics,tracing", 1.0)
+SAMPLED = DrainMode("with telemetry, 10% of traces sampled", "metrics,tracing", 0.1)
 TELEMETRY_MODES = (WITHOUT, TRACED, SAMPLED)
+# --commit-rounds: the default (claims and outcomes wait for the WAL flush) against OUTBOXKIT_SYNCHRONOUS_COMMIT=false.
+SYNCHRONOUS = DrainMode("synchronous commit", None, synchronous_commit=True)
+ASYNCHRONOUS = DrainMode("asynchronous commit", None, synchronous_commit=False)
+COMMIT_MODES = (SYNCHRONOUS, ASYNCHRONOUS)
 # --telemetry-breakdown: one part at a time, in the same rounds, against the same untraced runs.
 BREAKDOWN_MODES = (
-    TelemetryMode("metrics only", "metrics"),
-    TelemetryMode("tracing only, nothing sampled", "tracing", 0.0),
-    TelemetryMode("tracing only, 10% of traces sampled", "tracing", 0.1),
-    TelemetryMode("tracing only, every trace sampled", "tracing", 1.0),
+    DrainMode("metrics only", "metrics"),
+    DrainMode("tracing only, nothing sampled", "tracing", 0.0),
+    DrainMode("tracing only, 10% of traces sampled", "tracing", 0.1),
+    DrainMode("tracing only, every trace sampled", "tracing", 1.0),
 )
 
 
-def telemetry_runs(
+def drain_rounds(
     sqlalchemy_url: str, server: str, database: str, database_url: str, receiver: ReceiverProcess, *,
-    modes: tuple[TelemetryMode, ...], rows: int, rounds: int, concurrency: int | None, profile: str | None = None,
-) -> tuple[dict[TelemetryMode, list[DrainRun]], list[str]]:
+    modes: tuple[DrainMode, ...], rows: int, rounds: int, concurrency: int | None, profile: str | None = None,
+) -> tuple[dict[DrainMode, list[DrainRun]], list[str]]:
     """Rounds of one drain in each of ``modes`` on freshly inserted rows; returns ({mode: runs}, problems).
 
     ``runs[mode][i]`` is round ``i``'s run of that mode.  A round runs the
@@ -272,7 +328,7 @@ def telemetry_runs(
     host's load swings land on every mode and a round's runs can be
     compared with each other.
     """
-    runs: dict[TelemetryMode, list[DrainRun]] = {mode: [] for mode in modes}
+    runs: dict[DrainMode, list[DrainRun]] = {mode: [] for mode in modes}
     problems: list[str] = []
     for round_number in range(rounds):
         shift = round_number % len(modes)
@@ -285,9 +341,11 @@ def telemetry_runs(
             receiver.reset()
             profiled = profile if mode is TRACED and not runs[mode] else None  # the first fully traced run
             run = run_drainer(sqlalchemy_url, server, database, expected=rows, concurrency=concurrency,
-                              telemetry_parts=mode.parts, trace_ratio=mode.trace_ratio, profile=profiled)
+                              telemetry_parts=mode.parts, trace_ratio=mode.trace_ratio, profile=profiled,
+                              synchronous_commit=mode.synchronous_commit)
             spans = f", {run.report['spans']} spans exported" if "spans" in run.report else ""
-            print(f"  {mode.label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row{spans}")
+            print(f"  {mode.label}: {run.rows_per_s:.0f} rows/s, drainer CPU {run.drainer_cpu_s * 1000 / rows:.3f} ms/row, "
+                  f"{run.counters.per_row(rows)}{spans}")
             if mode.traces_everything and run.report.get("spans", 0) < rows:
                 problems.append(f"{mode.label}: exported {run.report.get('spans')} spans for {rows} rows")
             problems += verify(database_url, receiver, rows)
@@ -318,11 +376,16 @@ def main(argv: list[str] | None = None) -> int:
                              "sampled) in the same rounds, to see what each part costs")
     parser.add_argument("--telemetry-rounds", type=int, default=3,
                         help="rounds of drains without telemetry, with it, and with 10%% of traces sampled (default 3)")
+    parser.add_argument("--commit-rounds", type=int, default=2,
+                        help="rounds of drains with synchronous commit (the default) and without, interleaved "
+                             "(default 2; 0 skips them)")
     arguments = parser.parse_args(argv)
     if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
         parser.error("--rows must be >= 1, --slow-rows >= 0, --concurrency >= 1")
     if arguments.telemetry_rounds < 1:
         parser.error("--telemetry-rounds must be >= 1")
+    if arguments.commit_rounds < 0:
+        parser.error("--commit-rounds must be >= 0")
 
     scratch = scratch_database(DEFAULT_SERVER)
     server_url, database = scratch.server_url, scratch.name
@@ -379,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(psutil on the {fast.backends} backend(s) serving the bench database); "
               f"all postgres processes: {fast.server_cpu_s * 1000 / fast.rows:.3f} ms/row (includes WAL writer and "
               f"any other session on the server); drainer peak RSS {fast.peak_rss_mb:.1f} MB")
+        print(f"  {fast.counters.per_row(fast.rows)}")
         problems += verify(database_url, receiver, arguments.rows)
         # Measured again right after the drain, and the higher of the two
         # kept: on a shared host the first reading may come from a busy
@@ -394,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = TELEMETRY_MODES + (BREAKDOWN_MODES if arguments.telemetry_breakdown else ())
         print(f"telemetry: {arguments.telemetry_rounds} round(s) of drains of {arguments.rows} bulk-inserted rows: "
               + "; ".join(mode.label for mode in modes) + " (OutboxMetrics, OutboxTracing: SDK provider, batch processor)")
-        by_mode, telemetry_problems = telemetry_runs(
+        by_mode, telemetry_problems = drain_rounds(
             sqlalchemy_url, server_url, database, database_url, receiver, modes=modes,
             rows=arguments.rows, rounds=arguments.telemetry_rounds, concurrency=arguments.concurrency,
             profile=arguments.profile_telemetry,
@@ -421,6 +485,29 @@ def main(argv: list[str] | None = None) -> int:
             part_ratio = statistics.median(paired_ratios(plain_runs, by_mode[mode]))
             print(f"telemetry breakdown: {mode.label}: median ratio {part_ratio:.3f}, drainer CPU {added:+.3f} ms/row")
             breakdown[mode.label] = {"ratio": round(part_ratio, 3), "cpu_ms_per_row_added": round(added, 3)}
+
+        commit_summary: dict[str, float] = {}
+        if arguments.commit_rounds:
+            print(f"commit durability: {arguments.commit_rounds} round(s) of drains of {arguments.rows} bulk-inserted "
+                  "rows, OUTBOXKIT_SYNCHRONOUS_COMMIT=true (the default) and false, interleaved")
+            by_commit_mode, commit_problems = drain_rounds(
+                sqlalchemy_url, server_url, database, database_url, receiver, modes=COMMIT_MODES,
+                rows=arguments.rows, rounds=arguments.commit_rounds, concurrency=arguments.concurrency,
+            )
+            problems += commit_problems
+            commit_ratios = paired_ratios(by_commit_mode[ASYNCHRONOUS], by_commit_mode[SYNCHRONOUS])
+            for mode, suffix in ((SYNCHRONOUS, "sync_commit"), (ASYNCHRONOUS, "async_commit")):
+                runs = by_commit_mode[mode]
+                commit_summary[f"drain_rows_per_s_{suffix}"] = round(statistics.median(run.rows_per_s for run in runs), 1)
+                commit_summary[f"drain_cpu_ms_per_row_{suffix}"] = round(median_cpu_ms(runs), 3)
+                commit_summary[f"commits_per_row_{suffix}"] = round(
+                    statistics.median(run.counters.commits / run.rows for run in runs), 2)
+                commit_summary[f"wal_syncs_per_row_{suffix}"] = round(
+                    statistics.median(run.counters.wal_syncs / run.rows for run in runs), 2)
+            commit_summary["sync_commit_ratio"] = round(statistics.median(commit_ratios), 3)
+            print(f"commit durability: median {commit_summary['drain_rows_per_s_sync_commit']:.0f} rows/s synchronous, "
+                  f"{commit_summary['drain_rows_per_s_async_commit']:.0f} asynchronous; per round synchronous / "
+                  "asynchronous: " + ", ".join(f"{ratio:.3f}" for ratio in commit_ratios) + " (target >= 0.9)")
 
         slow_rate = 0.0
         if arguments.slow_rows:
@@ -463,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             "telemetry_sampled_10pct_ratio": round(sampled_ratio, 3),
             "drain_cpu_ms_per_row_with_telemetry_sampled_10pct": round(sampled_cpu_ms, 3),
             "rss_mb": round(fast.peak_rss_mb, 1),
+            "commits_per_row": round(fast.counters.commits / fast.rows, 2),
+            **commit_summary,
         }
         if breakdown:
             summary["telemetry_breakdown"] = breakdown

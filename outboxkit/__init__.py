@@ -14,6 +14,7 @@ rest.
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.database import database_url
 from outboxkit.drain import Drainer
+from outboxkit.enqueue import enqueue, enqueue_many
 from outboxkit.errors import (  # the errors an application meets; the whole tree is drawn in outboxkit.errors
     ConfigurationError,
     DeliveryBuildError,
@@ -45,6 +46,9 @@ __all__ = [
     "Outbox",
     "OutboxOptions",
     "outbox_table_args",
+    # writing rows (besides session.add)
+    "enqueue",
+    "enqueue_many",
     # what to send, and how it is sent
     "AttemptResult",
     "CallableTransport",

@@ -30,8 +30,13 @@ deadline.  The lease (``OutboxOptions.minimum_lease``) is that, plus a
 margin, so a live delivery is never claimed twice.
 
 Commit durability (``OutboxKitSettings.synchronous_commit``, see
-``outboxkit.queries``): by default neither claim nor outcome waits for the WAL
-flush; a server crash can then cost a redelivery with the same key, never a row.
+``outboxkit.queries``): by default the claim and the outcome wait for the
+WAL flush, so a crash of the PostgreSQL server forgets neither and
+``attempts`` counts every send.  Turned off, neither waits: both are still
+visible to every other session at once and survive any crash of the
+drainer, but a server crash within about 600 ms can forget them, and then
+the row is due again and sent again with the same key (an attempt the row
+does not count), never lost.
 
 Two ways to run it:
 
@@ -111,7 +116,7 @@ class Drainer:
         policy: RetryPolicy | None = None,
         clock: Clock | None = None,
         options: OutboxOptions | None = None,
-        synchronous_commit: bool = False,
+        synchronous_commit: bool = True,
         telemetry: Telemetry | None = None,
         attempt_history_days: float = 7.0,
     ) -> None:
@@ -339,7 +344,7 @@ def drain_once(
     transport: Transport | None = None,
     clock: Clock | None = None,
     policy: RetryPolicy | None = None,
-    synchronous_commit: bool = False,
+    synchronous_commit: bool = True,
 ) -> DrainResult:
     """Drain one batch of ``outbox`` with a throwaway ``Drainer``.  Never raises.
 

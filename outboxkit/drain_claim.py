@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -85,8 +86,14 @@ class Claimer:
     def job_name(self) -> str:
         return self.options.job_name
 
-    def claim(self, wanted: int, result: DrainCounts) -> tuple[list[Outbox], uuid.UUID, int, bool]:
+    def claim(
+        self, wanted: int, result: DrainCounts, may_claim: Callable[[], bool] | None = None
+    ) -> tuple[list[Outbox], uuid.UUID, int, bool]:
         """One short committed transaction: take up to ``wanted`` due rows.
+
+        ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
+        stop that was handled before that reading always prevents the claim: a claim's own time never
+        follows a stop it went ahead despite.
 
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
@@ -97,6 +104,8 @@ class Claimer:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
             now = self.clock.now()
+            if may_claim is not None and not may_claim():
+                return [], token, 0, False
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
                 session, now=now, lease_until=lease_until, limit=wanted, token=token

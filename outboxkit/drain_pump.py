@@ -241,7 +241,7 @@ class SendPump(Generic[ResultT]):
                 if state.more_due and may_refill and may_claim():
                     granted = self.in_flight.take(self.options.batch_size - state.in_flight)
                     if granted:
-                        self._claim_and_send(granted, state, events, outcomes, result, background)
+                        self._claim_and_send(granted, state, events, outcomes, result, background, may_claim)
                         continue
                     blocked = True  # this drainer's other drains hold every in-flight slot
                 if self.recorder.attempt_log.due(idle=not state.in_flight):
@@ -300,9 +300,10 @@ class SendPump(Generic[ResultT]):
         outcomes: OutcomeConnection,
         result: ResultT,
         background: Background[ResultT] | None,
+        may_claim: Callable[[], bool],
     ) -> None:
         try:
-            rows, token, taken, orphaned = self.claimer.claim(granted, result)
+            rows, token, taken, orphaned = self.claimer.claim(granted, result, may_claim)
         except BaseException:
             self.in_flight.give(granted)
             raise

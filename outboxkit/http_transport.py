@@ -38,6 +38,7 @@ lock from thread to thread.  URLs are parsed once and cached.
 from __future__ import annotations
 
 import ssl
+import sys
 import threading
 import time
 import urllib.request
@@ -45,12 +46,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import httpcore
-import httpx
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.http_deadline import DeadlineBackend
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.transport import Delivery, validate_timeout
+
+# httpx's package import also imports httpx's own command line (``httpx._main``:
+# click, rich and pygments, about 6 MB of the drainer's memory and 35 ms of its
+# start-up) whenever those are installed, as outboxkit's CLI extra installs
+# them.  Sending uses none of it.  While httpx is first imported here, that one
+# submodule is marked absent, so httpx's ``__init__`` takes its own fallback (a
+# ``main`` that says its CLI dependencies are missing); the mark is removed at
+# once, so anything that imports ``httpx._main`` later still gets it.  An
+# application that imported httpx first keeps httpx as it loaded it.
+_HIDE_HTTPX_COMMAND_LINE = "httpx" not in sys.modules and "httpx._main" not in sys.modules
+if _HIDE_HTTPX_COMMAND_LINE:
+    sys.modules["httpx._main"] = None  # type: ignore[assignment]
+try:
+    import httpx
+finally:
+    if _HIDE_HTTPX_COMMAND_LINE:
+        del sys.modules["httpx._main"]
 
 __all__ = ["HttpTransport"]
 

@@ -111,9 +111,16 @@ class TemplateDatabase:
 
     def create(self) -> str:
         """A fresh clone; returns its ``postgresql+psycopg://`` URL."""
+        return self._create(f' TEMPLATE "{self.template}"')
+
+    def create_empty(self) -> str:
+        """A fresh database without the schema, for a test that runs its own migrations; ``drop`` it the same way."""
+        return self._create("")
+
+    def _create(self, template_clause: str) -> str:
         self._count += 1
         name = f"{self.prefix}_{self._count}"
-        self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self._execute(f'CREATE DATABASE "{name}"{template_clause}')
         return self._sqlalchemy_url(name)
 
     def drop(self, url: str) -> None:

@@ -42,9 +42,10 @@ __all__ = ["OutboxQueries", "queries_for"]
 # batch-mates its crash took down (they share its lease end) and take them
 # down again until they too ran out of attempts.  The other candidates it
 # locked are left untouched and free again when the claim commits.
-# {asynchronous_commit} is, by default, a joined set_config() that is SET
-# LOCAL synchronous_commit = off in the same round trip: the claim's commit
-# does not wait for the WAL flush (see COMMIT DURABILITY below).
+# {asynchronous_commit} is, when synchronous commit is turned off, a joined
+# set_config() that is SET LOCAL synchronous_commit = off in the same round
+# trip: the claim's commit does not wait for the WAL flush (see COMMIT
+# DURABILITY below).
 CLAIM_DUE_ROWS = """
 WITH candidates AS (
     SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
@@ -102,9 +103,13 @@ SET status = %(status)s,
 {asynchronous_commit}WHERE id = %(id)s AND claim_token = %(token)s
 """
 
-# Commit durability.  By default the claim and the outcome each join
-# set_config('synchronous_commit', 'off', true), which is SET LOCAL for that
-# transaction only: its commit does not wait for the WAL flush.  It is
+# Commit durability.  By default the claim and the outcome commit as the
+# server's synchronous_commit says (on, unless the server is set otherwise),
+# waiting for the WAL flush, so a server crash forgets neither and every
+# attempt sent is counted.  With ``OutboxKitSettings.synchronous_commit =
+# False`` each joins set_config('synchronous_commit', 'off', true), which is
+# SET LOCAL for that transaction only: its commit does not wait for the WAL
+# flush, at a cost measured in docs/performance.md.  It is
 # visible to every other session at once and survives any crash of the
 # drainer; only a crash of the PostgreSQL server (or a failover to a replica
 # that had not received it) within about three wal_writer_delay periods (600
@@ -112,10 +117,7 @@ SET status = %(status)s,
 # with its attempt uncounted, so it is sent once more than ``attempts`` says;
 # a forgotten outcome leaves the row claimed until its lease ends, and it is
 # sent again.  Either way it is a redelivery with the same Idempotency-Key,
-# never a loss.  ``OutboxKitSettings.synchronous_commit = True`` drops the
-# set_config(), so both commits wait for the flush (the server's own
-# synchronous_commit setting then applies) and every attempt sent is
-# counted, at the cost measured in docs/performance.md.
+# never a loss.
 _ASYNCHRONOUS_CLAIM = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
 _ASYNCHRONOUS_OUTCOME = "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit\n"
 
@@ -136,12 +138,12 @@ class Outcome:
     error: str | None
 
 
-def claim_sql(table: str, *, synchronous_commit: bool = False) -> str:
+def claim_sql(table: str, *, synchronous_commit: bool = True) -> str:
     """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters)."""
     return CLAIM_DUE_ROWS.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_CLAIM)
 
 
-def record_outcome_sql(table: str, *, synchronous_commit: bool = False) -> str:
+def record_outcome_sql(table: str, *, synchronous_commit: bool = True) -> str:
     """RECORD_OUTCOME for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
     return RECORD_OUTCOME.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_OUTCOME)
 
@@ -153,7 +155,7 @@ class OutboxQueries:
     wait for the WAL flush (see "Commit durability" above).
     """
 
-    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = False) -> None:
+    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = True) -> None:
         self.outbox = outbox
         self.synchronous_commit = synchronous_commit
         table = outbox.__table__  # type: ignore[attr-defined]
@@ -229,7 +231,7 @@ def quote_table(table: Any) -> str:
 _COMPILED: dict[tuple[type[Outbox], bool], OutboxQueries] = {}
 
 
-def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = False) -> OutboxQueries:
+def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = True) -> OutboxQueries:
     """The statements for ``outbox``, compiled once per class and commit mode."""
     key = (outbox, synchronous_commit)
     compiled = _COMPILED.get(key)

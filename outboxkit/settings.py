@@ -34,7 +34,7 @@ Drain work (see docs/operations.md, "Drains and workers")::
 
     OUTBOXKIT_DRAIN_ENABLED=true        # this process drains (NOTIFY, due times), leader or not
     OUTBOXKIT_LISTEN_ENABLED=true
-    OUTBOXKIT_SYNCHRONOUS_COMMIT=false  # true: claims and outcomes wait for the WAL flush
+    OUTBOXKIT_SYNCHRONOUS_COMMIT=true   # false: claims and outcomes do not wait for the WAL flush
 
 A variable that starts with ``OUTBOXKIT_`` but names no setting (a typo such
 as ``OUTBOXKIT_LEADER_TICK``, or ``OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS``)
@@ -161,12 +161,13 @@ class OutboxKitSettings(BaseSettings):
     # The drain loops LISTEN for inserts and resets and claim at once; without
     # it they still claim at due times and every drain_interval_seconds.
     listen_enabled: bool = True
-    # Whether the claim and the outcome commits wait for the WAL flush.  Off
-    # (the default): a crash of the PostgreSQL server within ~600 ms may forget
-    # them, so a row may be sent once more than its attempts say (with the same
-    # Idempotency-Key; never lost).  On: every attempt sent is counted, at the
-    # cost of a WAL flush per claim and per outcome (docs/performance.md).
-    synchronous_commit: bool = False
+    # Whether the claim and the outcome commits wait for the WAL flush.  On
+    # (the default): a PostgreSQL crash forgets nothing the kit committed, and
+    # every attempt sent is counted, at the cost of a WAL flush per claim and
+    # per outcome (docs/performance.md).  Off: a crash of the PostgreSQL
+    # server within ~600 ms may forget them, so a row may be sent once more
+    # than its attempts say (with the same Idempotency-Key; never lost).
+    synchronous_commit: bool = True
     # Run history kept per job in outboxkit_job_runs (older rows are trimmed).
     job_history_limit: int = Field(default=200, ge=10, le=100_000)
     # Attempt history kept per outbox in outboxkit_attempts, in days (the

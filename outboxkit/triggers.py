@@ -12,7 +12,7 @@ same job.  Each trigger here does:
 
 What each does when the clocks change (a skipped wall time, a repeated one)
 is described in docs/election.md ("Triggers and daylight saving") and
-pinned by tests/test_jobs_triggers.py.
+pinned by tests/unit/test_jobs_triggers.py.
 ``outboxkit.scheduled_jobs`` re-exports the four builders; import them from either.
 """
 

@@ -1,9 +1,15 @@
-"""Shared fixtures: a real PostgreSQL database per test, a real receiver, a manual clock."""
+"""Shared fixtures: a real PostgreSQL database per test, a real receiver, a manual clock.
+
+Each test is also marked with its kind, the first folder under tests/
+(``unit``, ``integration``, ``migrations``, ``browser``, ``faults``), so a
+run can pick kinds with ``-m`` as well as by path.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from exampleapp.models import Base as ExampleBase
@@ -14,6 +20,17 @@ from outboxkit.tables import kit_metadata
 from tests.support.database import DatabaseFactory, server_url, sqlalchemy_url
 from tests.support.models import SampleBase
 from tests.support.receiver import Receiver
+
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "integration", "migrations", "browser", "faults")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        kind = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else None
+        if kind in KINDS:
+            item.add_marker(kind)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """exampleapp: the due index keyed by (next_attempt_at, id), and the in-flight index
 
 After the outbox mixin's indexes changed, autogenerate proposes exactly these
-changes per outbox table (tests/test_migrations.py checks that):
+changes per outbox table (tests/migrations/test_migrations.py checks that):
 
 * ``ix_<table>_due_id`` on ``(next_attempt_at, id) WHERE status = 'pending'``
   replaces ``ix_<table>_due`` (``next_attempt_at`` alone).  The claim orders

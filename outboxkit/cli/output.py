@@ -1,25 +1,31 @@
-"""The command line's output: a table for people (coloured on a terminal, plain when piped), JSON for scripts."""
+"""The command line's output: a table for people (coloured on a terminal, plain when piped), JSON for scripts.
+
+rich is imported where something is printed, not at import: ``outboxkit worker`` loads this package and never
+prints a table, and rich (with pygments) would cost its drainer start-up time and memory.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["Output", "age", "cell_style", "fail", "make_console"]
 
 
 def make_console(*, stderr: bool = False) -> Console:
     """A console that colours only a terminal (rich itself honours ``NO_COLOR``) and never wraps piped text."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty()
     # markup and emoji off: an error text such as "[Errno 111]" or ":smile:" is data, printed as it is.
@@ -28,6 +34,8 @@ def make_console(*, stderr: bool = False) -> Console:
 
 def fail(message: str) -> NoReturn:
     """Say one line on stderr and exit 1."""
+    from rich.text import Text
+
     make_console(stderr=True).print(Text("outboxkit: ", style="bold red") + Text(message), soft_wrap=True)
     raise typer.Exit(1)
 
@@ -64,8 +72,9 @@ class Output:
 
     json: bool
 
-    def __post_init__(self) -> None:
-        self.console = make_console()
+    @functools.cached_property
+    def console(self) -> Console:
+        return make_console()
 
     def emit(self, payload: Any, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
         if self.json:
@@ -74,6 +83,10 @@ class Output:
             self.table(rows, columns)
 
     def table(self, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
         terminal = self.console.is_terminal
         table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False,
                       header_style="bold" if terminal else "")
@@ -87,7 +100,11 @@ class Output:
     def say(self, message: str, style: str = "") -> None:
         """A line for people, after the table (never in ``--json`` output)."""
         if not self.json:
+            from rich.text import Text
+
             self.console.print(Text(message, style=style), soft_wrap=True)
 
     def warn(self, message: str) -> None:
+        from rich.text import Text
+
         make_console(stderr=True).print(Text(message, style="bold yellow"), soft_wrap=True)

@@ -68,10 +68,13 @@ def run(database_url: str, name: str, idle_poll: float, synchronous_commit: str)
     stop_requested_at: list[float] = []
 
     def request_stop(signum: int, frame: object) -> None:
-        # Only set a flag here: printing from a signal handler can re-enter stdout.
-        if not stop.is_set():
-            stop_requested_at.append(time.time())
+        # Only set a flag here: printing from a signal handler can re-enter stdout.  The flag first, then the
+        # time: a claim whose clock reading follows this time must have seen the flag (the drain asks after
+        # its reading), which is what the graceful-stop scenario checks.
+        first = not stop.is_set()
         stop.set()
+        if first:
+            stop_requested_at.append(time.time())
 
     signal.signal(signal.SIGTERM, request_stop)
     connect_args = {"application_name": name, "options": f"-c synchronous_commit={synchronous_commit}"}

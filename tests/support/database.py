@@ -7,21 +7,23 @@ on a laptop with no database.
 
 Each test gets a fresh database cloned from a template that already holds
 the schema (``CREATE DATABASE ... TEMPLATE``): cheap, and complete isolation
-(advisory locks and NOTIFY channels are per database too).
+(advisory locks and NOTIFY channels are per database too).  The template
+and the clones are the shipped pytest plugin's ``TemplateDatabase``
+(outboxkit/pytest_plugin.py), the same machinery applications' suites use.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import MetaData, create_engine
+from sqlalchemy import Engine, MetaData
 from sqlalchemy.engine import make_url
 
 from outboxkit.embedded import EmbeddedPostgres, default_data_dir
+from outboxkit.pytest_plugin import TemplateDatabase
 
 LOCAL_URL = "postgresql://root@127.0.0.1:5432/test"
 
@@ -64,47 +66,32 @@ def sqlalchemy_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-def with_database(url: str, database: str) -> str:
-    return make_url(url).set(database=database).render_as_string(hide_password=False)
-
-
 class DatabaseFactory:
-    """Creates a template database once and clones it per test."""
+    """The shipped plugin's ``TemplateDatabase``, built once from ``metadatas``, handing out libpq URLs.
+
+    ``create_all`` fires the ``after_create`` listeners tests/conftest.py
+    attaches, so the template's outboxes carry their NOTIFY triggers.
+    """
 
     def __init__(self, server: str, metadatas: Iterable[MetaData]) -> None:
-        self.server = server
-        self.prefix = f"okt_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self.template = f"{self.prefix}_template"
-        self._execute(f'CREATE DATABASE "{self.template}"')
-        engine = create_engine(sqlalchemy_url(with_database(server, self.template)))
-        try:
+        metadatas = list(metadatas)
+
+        def create_schema(engine: Engine) -> None:
             for metadata in metadatas:
                 metadata.create_all(engine)
-        finally:
-            engine.dispose()
-        self._count = 0
+
+        self._template = TemplateDatabase(server, create_schema)
 
     def create(self) -> str:
         """A fresh database with the schema; returns its libpq URL."""
-        self._count += 1
-        name = f"{self.prefix}_{self._count}"
-        self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
-        return with_database(self.server, name)
+        return libpq_url(self._template.create())
 
     def create_empty(self) -> str:
-        self._count += 1
-        name = f"{self.prefix}_{self._count}"
-        self._execute(f'CREATE DATABASE "{name}"')
-        return with_database(self.server, name)
+        """A fresh database without the schema (the migration tests run their own); returns its libpq URL."""
+        return libpq_url(self._template.create_empty())
 
     def drop(self, url: str) -> None:
-        name = make_url(url).database
-        self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._template.drop(url)
 
     def close(self) -> None:
-        self._execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
-
-    def _execute(self, statement: str) -> None:
-        # A fresh connection each time: a fault test may have restarted the server.
-        with psycopg.connect(self.server, autocommit=True) as connection:
-            connection.execute(statement)
+        self._template.close()

@@ -177,7 +177,11 @@ class Receiver:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self._server.server_address[1]
         self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="test-receiver", daemon=True)
+        # shutdown() waits for serve_forever to look up from its poll; at the default 0.5 s
+        # that wait was most of each receiver test's teardown.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="test-receiver", daemon=True
+        )
 
     def _record(self, request: Request | None, delta: int, key: str | None) -> None:
         with self._arrived:

@@ -1,0 +1,50 @@
+"""Per-outbox overrides from the environment govern a real drain, and the tools' variables are accepted.
+
+The refusals and the merge rules, on an engine that never connects, are in tests/unit/test_settings.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outboxkit import (
+    CallableTransport,
+    OutboxKit,
+)
+from tests.support.models import SampleEvent
+from tests.support.receiver import Reply
+
+
+def test_the_overridden_table_governs_a_real_drain(engine, receiver, clock, monkeypatch):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "7,11")
+    receiver.respond = lambda request: Reply(status=503)
+    with Session(engine) as session, session.begin():
+        session.add(SampleEvent(target_url=f"{receiver.url}/events", payload={"n": 1}, next_attempt_at=clock.now()))
+    due_times = []
+    with OutboxKit(engine, [SampleEvent], clock=clock) as kit:
+        for _ in range(3):
+            assert kit.drain_once(SampleEvent).claimed == 1
+            with Session(engine) as session:
+                row = session.scalars(select(SampleEvent)).one()
+            due_times.append(row.next_attempt_at - clock.now())
+            clock.set(max(clock.now(), row.next_attempt_at))
+    assert due_times[:2] == [timedelta(seconds=7), timedelta(seconds=11)]
+    assert (row.status, row.attempts) == ("stuck", 3)
+    assert len(receiver.requests) == 3
+
+
+def test_the_tools_variables_and_any_case_of_a_real_setting_are_accepted(engine, insert_events, clock, monkeypatch):
+    """The CLI's and the test suite's own OUTBOXKIT_ variables are not settings and are left alone."""
+    for name in ("OUTBOXKIT_APP", "OUTBOXKIT_TEST_PGDATA", "OUTBOXKIT_BENCH_DATABASE_URL", "OUTBOXKIT_FAULT_SEED"):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("outboxkit_leader_tick_seconds", "3")
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__MAX_ATTEMPTS", "4")
+    insert_events([{"n": 1}])
+    with OutboxKit(engine, [SampleEvent], clock=clock, transport=CallableTransport(lambda d, k: 200)) as kit:
+        assert kit.settings.leader_tick_seconds == 3
+        assert kit.options(SampleEvent).max_attempts == 4
+        assert kit.drain_once(SampleEvent).delivered == 1

@@ -1,0 +1,291 @@
+"""The example service's migrations (alembic/) build exactly the schema its models describe.
+
+``alembic upgrade heads`` runs both branches: the example's tables
+(``exampleapp``, in alembic/versions) and outboxkit's own tables
+(``outboxkit``, shipped in the package and found through
+``outboxkit:migrations/versions``).  Then autogenerate must see no
+difference, and the catalog of the migrated database must equal that of a
+database made by ``create_all`` from the same models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tomllib
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from exampleapp.models import Base as ExampleBase
+from sqlalchemy import Column, Connection, Engine, MetaData, Text, create_engine, text
+
+import outboxkit.migrations
+from alembic import command
+from outboxkit.tables import kit_metadata
+from tests.support.database import DatabaseFactory, sqlalchemy_url
+
+ROOT = Path(__file__).resolve().parents[2]
+ALEMBIC_INI = ROOT / "alembic" / "alembic.ini"
+TARGET_METADATA = [ExampleBase.metadata, kit_metadata]
+OWNED_TABLES = sorted(name for metadata in TARGET_METADATA for name in metadata.tables)
+HEADS = {"example_0003", "outboxkit_0005"}
+
+
+def alembic_config(url: str | None) -> Config:
+    """A Config on alembic/alembic.ini, as ``alembic -x url=<url>`` would build it."""
+    arguments = [f"url={url}"] if url else []
+    config = Config(str(ALEMBIC_INI), cmd_opts=argparse.Namespace(x=arguments), stdout=io.StringIO())
+    config.attributes["configure_logging"] = False  # keep pytest's logging setup
+    return config
+
+
+def run_alembic(url: str | None, action: str, *arguments: str) -> str:
+    """Run ``alembic -x url=<url> <action> <arguments>``; return what Alembic printed."""
+    config = alembic_config(url)
+    saved_path = list(sys.path)  # env.py's prepend_sys_path must not pile up across tests
+    try:
+        getattr(command, action)(config, *arguments)
+    finally:
+        sys.path[:] = saved_path
+    return config.stdout.getvalue()
+
+
+def differences(connection: Connection, metadata: MetaData | list[MetaData]) -> list:
+    context = MigrationContext.configure(connection, opts={"compare_type": True})
+    return compare_metadata(context, metadata)
+
+
+def catalog(connection: Connection) -> dict[str, object]:
+    """Columns, constraints, indexes and triggers of the owned tables, as PostgreSQL prints them."""
+    tables = {"tables": OWNED_TABLES}
+    columns = connection.execute(
+        text(
+            "SELECT table_name, column_name, data_type, character_maximum_length, is_nullable, "
+            "column_default, is_identity, identity_generation "
+            "FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ANY(:tables) "
+            "ORDER BY table_name, column_name"
+        ),
+        tables,
+    ).all()
+    constraints = connection.execute(
+        text(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid::regclass::text = ANY(:tables) ORDER BY 1, 2"
+        ),
+        tables,
+    ).all()
+    indexes = connection.execute(
+        text("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = ANY(:tables) ORDER BY 1"),
+        tables,
+    ).all()
+    triggers = connection.execute(
+        text(
+            "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+            "WHERE NOT tgisinternal AND tgrelid::regclass::text = ANY(:tables) ORDER BY 1"
+        ),
+        tables,
+    ).all()
+    return {"columns": columns, "constraints": constraints, "indexes": indexes, "triggers": triggers}
+
+
+@pytest.fixture(scope="module")
+def migrated(database_factory: DatabaseFactory) -> Iterator[Engine]:
+    """One empty database taken to ``heads`` and shared by the read-only checks below."""
+    url = database_factory.create_empty()
+    engine = create_engine(sqlalchemy_url(url), pool_size=2, max_overflow=0)
+    try:
+        run_alembic(url, "upgrade", "heads")
+        yield engine
+    finally:
+        engine.dispose()
+        database_factory.drop(url)
+
+
+@pytest.fixture
+def empty_database_url(database_factory: DatabaseFactory) -> Iterator[str]:
+    url = database_factory.create_empty()
+    yield url
+    database_factory.drop(url)
+
+
+# -- the migration environment ---------------------------------------------------
+
+
+def test_both_branches_are_found_including_the_package_path_form():
+    script = ScriptDirectory.from_config(alembic_config(None))
+    assert set(script.get_heads()) == HEADS
+    kit_revision = script.get_revision("outboxkit@head")
+    assert kit_revision.revision == "outboxkit_0005"
+    assert Path(kit_revision.path).parent == outboxkit.migrations.VERSIONS
+    assert Path(script.get_revision("exampleapp@head").path).parent == ROOT / "alembic" / "versions"
+
+
+def test_the_wheel_would_ship_the_kit_migrations():
+    # The versions folder has no __init__.py: it ships because setuptools'
+    # pyproject discovery finds namespace packages (namespaces = true is the
+    # default) whose dotted name the include patterns match.  A wheel built
+    # from this pyproject lists outboxkit/migrations/versions/*.py.
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    package = "outboxkit.migrations.versions"
+    assert find.get("namespaces", True) is True
+    assert any(fnmatchcase(package, pattern) for pattern in find["include"])
+    assert not any(fnmatchcase(package, pattern) for pattern in find.get("exclude", ()))
+    assert list(outboxkit.migrations.VERSIONS.glob("outboxkit_*.py"))
+
+
+# -- upgrade heads ---------------------------------------------------------------
+
+
+def test_upgrade_heads_records_both_heads(migrated):
+    with migrated.connect() as connection:
+        versions = set(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    assert versions == HEADS
+
+
+def test_autogenerate_finds_no_difference_after_upgrade_heads(migrated):
+    with migrated.connect() as connection:
+        assert differences(connection, TARGET_METADATA) == []
+
+
+def test_the_comparison_notices_a_model_that_diverges(migrated):
+    diverged = MetaData()
+    for metadata in TARGET_METADATA:
+        for table in metadata.tables.values():
+            table.to_metadata(diverged)
+    diverged.tables["credit_grant_outbox"].append_column(Column("currency", Text, nullable=True))
+    due_index = next(index for index in diverged.tables["webhook_outbox"].indexes if index.name == "ix_webhook_outbox_due_id")
+    diverged.tables["webhook_outbox"].indexes.remove(due_index)
+    with migrated.connect() as connection:
+        found = differences(connection, diverged)
+    kinds = sorted((difference[0], getattr(difference[-1], "name", None)) for difference in found)
+    assert kinds == [("add_column", "currency"), ("remove_index", "ix_webhook_outbox_due_id")]
+
+
+def test_the_migrated_catalog_equals_create_all(migrated, engine):
+    # compare_metadata does not look at server defaults, partial-index WHERE
+    # clauses or CHECK bodies; the catalogs of the two databases do.
+    with migrated.connect() as from_migrations, engine.connect() as from_models:
+        migrated_catalog = catalog(from_migrations)
+        modelled_catalog = catalog(from_models)
+    assert migrated_catalog == modelled_catalog
+    indexes = dict(migrated_catalog["indexes"])
+    for table in ("credit_grant_outbox", "webhook_outbox"):
+        assert indexes[f"ix_{table}_due_id"].endswith("(next_attempt_at, id) WHERE ((status)::text = 'pending'::text)")
+        assert indexes[f"ix_{table}_claimed"].endswith("(claimed_until) WHERE (claimed_until IS NOT NULL)")
+        assert f"ix_{table}_due" not in indexes
+
+
+def test_alembic_check_through_env_py_passes(migrated):
+    url = migrated.url.render_as_string(hide_password=False)
+    output = run_alembic(url, "check")  # raises AutogenerateDiffsDetected on any difference
+    assert "No new upgrade operations detected" in output
+
+
+# -- upgrading an existing table to the (next_attempt_at, id) due index ----------
+
+
+@pytest.fixture
+def before_the_due_index_change(empty_database_url: str) -> Iterator[tuple[str, Engine]]:
+    """A database as an existing user has it: built before the mixin's due index took ``id``.
+
+    example_0002 is the last revision with ``ix_<table>_due`` on ``next_attempt_at`` alone.
+    """
+    run_alembic(empty_database_url, "upgrade", "example_0002")
+    run_alembic(empty_database_url, "upgrade", "outboxkit@head")
+    engine = create_engine(sqlalchemy_url(empty_database_url), pool_size=1, max_overflow=0)
+    yield empty_database_url, engine
+    engine.dispose()
+
+
+def test_autogenerate_on_a_table_with_the_old_due_index_proposes_drop_old_and_create_new(before_the_due_index_change):
+    _, engine = before_the_due_index_change
+    with engine.connect() as connection:
+        found = differences(connection, TARGET_METADATA)
+    changes = sorted(
+        (kind, index.table.name, index.name, tuple(column.name for column in index.columns)) for kind, index in found
+    )
+    expected = []
+    for table in ("credit_grant_outbox", "webhook_outbox"):
+        expected += [
+            ("add_index", table, f"ix_{table}_claimed", ("claimed_until",)),
+            ("add_index", table, f"ix_{table}_due_id", ("next_attempt_at", "id")),
+            ("remove_index", table, f"ix_{table}_due", ("next_attempt_at",)),
+        ]
+    assert changes == sorted(expected)
+
+
+def test_the_index_migration_upgrades_and_downgrades_a_table_with_rows(before_the_due_index_change):
+    url, engine = before_the_due_index_change
+    index_names = text("SELECT indexname FROM pg_indexes WHERE tablename = 'webhook_outbox' ORDER BY 1")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO webhook_outbox (event, target_url, payload) "
+                "SELECT 'e', 'http://127.0.0.1:9/', '{}' FROM generate_series(1, 100)"
+            )
+        )
+    run_alembic(url, "upgrade", "heads")  # CREATE INDEX CONCURRENTLY: in Alembic's autocommit block
+    with engine.connect() as connection:
+        assert differences(connection, TARGET_METADATA) == []
+        assert "ix_webhook_outbox_due_id" in connection.execute(index_names).scalars().all()
+        valid = connection.execute(
+            text("SELECT bool_and(indisvalid) FROM pg_index WHERE indrelid = 'webhook_outbox'::regclass")
+        ).scalar_one()
+        assert valid is True
+        assert connection.execute(text("SELECT count(*) FROM webhook_outbox")).scalar_one() == 100
+    run_alembic(url, "downgrade", "example_0002")
+    with engine.connect() as connection:
+        names = connection.execute(index_names).scalars().all()
+    assert "ix_webhook_outbox_due" in names
+    assert "ix_webhook_outbox_due_id" not in names and "ix_webhook_outbox_claimed" not in names
+
+
+# -- round trip and URL handling -------------------------------------------------
+
+
+def test_downgrade_base_removes_everything_and_upgrade_works_again(empty_database_url):
+    run_alembic(empty_database_url, "upgrade", "heads")
+    run_alembic(empty_database_url, "downgrade", "base")
+    engine = create_engine(sqlalchemy_url(empty_database_url), pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as connection:
+            tables = set(connection.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars())
+            assert tables == {"alembic_version"}
+            assert connection.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 0
+        run_alembic(empty_database_url, "upgrade", "heads")
+        with engine.connect() as connection:
+            assert differences(connection, TARGET_METADATA) == []
+    finally:
+        engine.dispose()
+
+
+def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
+    url = migrated.url.render_as_string(hide_password=False)
+    with migrated.begin() as connection:
+        connection.execute(text("CREATE TABLE someone_elses_table (id integer PRIMARY KEY)"))
+    try:
+        # Without env.py's include_name this would report remove_table and raise.
+        assert "No new upgrade operations detected" in run_alembic(url, "check")
+    finally:
+        with migrated.begin() as connection:
+            connection.execute(text("DROP TABLE someone_elses_table"))
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
+    bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
+    monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
+    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0003", "outboxkit_0005"]
+
+
+def test_a_missing_url_is_refused_with_a_hint(monkeypatch):
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(SystemExit, match="set DATABASE_URL or pass -x url="):
+        run_alembic(None, "upgrade", "heads")

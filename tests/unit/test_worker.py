@@ -1,0 +1,29 @@
+"""The drain loop's wait between claims: backing off while due rows stay locked, sleeping until the next due time.
+
+The drain loops against the real database are in tests/integration/test_worker.py.
+"""
+
+from __future__ import annotations
+
+
+def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next_due_time():
+    from datetime import datetime, timedelta, timezone
+
+    from outboxkit.drain import DrainResult
+    from outboxkit.drain_pump import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, Background, PumpState
+
+    background = Background(DrainResult(job_name="sample-events"), poll_seconds=60.0)
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    # Due rows that the last claim could not take (another transaction holds their locks): back off, doubling.
+    state = PumpState(more_due=False, next_due=now - timedelta(seconds=1))
+    waits = [background.wait_seconds(state, blocked=False, now=now) for _ in range(12)]
+    assert waits[:3] == [RETRY_CLAIM_SECONDS, RETRY_CLAIM_SECONDS * 2, RETRY_CLAIM_SECONDS * 4]
+    assert waits[-1] == RETRY_CLAIM_MAX_SECONDS and waits == sorted(waits)
+    # A row due in 5 s: sleep exactly until then; nothing known: the safety-net poll.
+    state.next_due = now + timedelta(seconds=5)
+    assert background.wait_seconds(state, blocked=False, now=now) == 5.0
+    assert background.wait_seconds(PumpState(more_due=False), blocked=False, now=now) == 60.0
+    # Far in the future: never longer than the poll.  Waiting for outcomes: no timer at all.
+    state.next_due = now + timedelta(hours=2)
+    assert background.wait_seconds(state, blocked=False, now=now) == 60.0
+    assert background.wait_seconds(PumpState(more_due=True, in_flight=3), blocked=False, now=now) is None
