@@ -104,6 +104,7 @@ class KitCore:
                 options = dataclasses.replace(options, **override.values())  # type: ignore[arg-type]
             except (ConfigurationError, ValueError) as exc:
                 raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None
+        options.check_signing()  # an outbox that signs without a secret fails here, at start-up
         self._outboxes[options.job_name] = outbox
         self._options[options.job_name] = options
 

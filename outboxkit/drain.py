@@ -76,6 +76,7 @@ from sqlalchemy import Engine
 
 from outboxkit.attempts import AttemptLog
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.destination_gate import DestinationGate
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
 from outboxkit.drain_pump import Background, CallEvents, PumpState, SendPump
@@ -143,13 +144,16 @@ class Drainer:
             engine, self.queries, options=self.options, policy=self.policy, clock=self.clock,
             telemetry=self.telemetry, pause_check=self.pause_check,
         )
+        self.gate = DestinationGate(engine, outbox, options=self.options)  # breakers and caps (outboxkit.destination_gate)
         self.recorder = Recorder(
             engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.clock,
-            telemetry=self.telemetry, attempt_log=self.attempt_log,
+            telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
         )
         self.pump: SendPump[DrainResult] = SendPump(
-            engine, self.queries, options=self.options, transport=transport, clock=self.clock, telemetry=self.telemetry,
-            claimer=self.claimer, recorder=self.recorder, schema_problems=self._schema_problems, end_spell=self._end_spell,
+            engine, self.queries, options=self.options, transport=self.options.sending_transport(transport),
+            clock=self.clock, telemetry=self.telemetry,
+            claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
+            end_spell=self._end_spell,
         )
 
     @property
@@ -158,12 +162,12 @@ class Drainer:
 
     @property
     def transport(self) -> Transport:
-        """Where the sends go; replacing it applies to the next send."""
+        """Where the sends go (wrapped to sign them when the outbox signs); replacing it applies to the next send."""
         return self.pump.transport
 
     @transport.setter
     def transport(self, transport: Transport) -> None:
-        self.pump.transport = transport
+        self.pump.transport = self.options.sending_transport(transport)
 
     @property
     def in_flight(self) -> int:

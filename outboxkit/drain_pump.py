@@ -4,6 +4,11 @@
    exception is one failed attempt for that row only (traceback logged,
    message in ``last_error``); its neighbours go on.
 
+   Each row's destination (``Outbox.destination_for``) then decides whether
+   it goes now (``outboxkit.destination_gate``): rows of a destination whose
+   breaker is open, or that is slowed or over its cap, are given back unsent
+   with their attempts kept.
+
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
    ``timeout`` (connect, write, the whole answer; ``HttpTransport`` enforces
@@ -42,6 +47,8 @@ from typing import Generic, TypeVar
 from sqlalchemy import Engine
 
 from outboxkit.clock import Clock
+from outboxkit.destination_gate import DestinationGate
+from outboxkit.destinations import check_destination_name
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer, DrainCounts
 from outboxkit.drain_record import OutcomeConnection, Recorder
@@ -83,10 +90,12 @@ class PumpState:
     isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
     retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
+    awaiting_outcome: bool = False  # the last claim gave rows back for a destination's cap: claim after an outcome
 
 
 _WAKE = object()
 _STOP = object()
+_GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
 
 
 class CallEvents(queue.SimpleQueue[object]):
@@ -183,6 +192,7 @@ class SendPump(Generic[ResultT]):
         telemetry: Telemetry,
         claimer: Claimer,
         recorder: Recorder,
+        gate: DestinationGate,
         schema_problems: SchemaProblemLog,
         end_spell: Callable[[ResultT], ResultT],
     ) -> None:
@@ -194,6 +204,7 @@ class SendPump(Generic[ResultT]):
         self.telemetry = telemetry
         self.claimer = claimer
         self.recorder = recorder
+        self.gate = gate
         self._schema_problems = schema_problems
         self._end_spell = end_spell
         self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
@@ -258,10 +269,25 @@ class SendPump(Generic[ResultT]):
                     continue
                 if event is _STOP:
                     continue
-                row, token, attempt, started_at = typing.cast("tuple[Outbox, uuid.UUID, AttemptResult, datetime]", event)
+                if isinstance(event, tuple) and event[0] is _GIVEN_BACK:
+                    _, row, token, destination = event
+                    state.in_flight -= 1
+                    self.in_flight.give(1)
+                    result.claimed -= 1  # not sent, its attempt taken back
+                    self.gate.give_back(destination, row, token=token, now=self.clock.now())
+                    continue
+                row, token, attempt, started_at, destination = typing.cast(
+                    "tuple[Outbox, uuid.UUID, AttemptResult, datetime, str]", event
+                )
                 state.in_flight -= 1
                 self.in_flight.give(1)
-                decision = self.recorder.record(outcomes.get(), row, token, attempt, result, started_at=started_at)
+                if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
+                    state.awaiting_outcome, state.more_due = False, True
+                decision = self.recorder.record(
+                    outcomes.get(), row, token, attempt, result, started_at=started_at, destination=destination
+                )
+                if self.gate.take_released():  # its destination closed: the rows it held are due now
+                    state.more_due = True
                 if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
                     if state.next_due is None or decision.next_attempt_at < state.next_due:
                         state.next_due = decision.next_attempt_at
@@ -290,11 +316,17 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         deliveries, build_failures = self._build(rows)
-        self.in_flight.give(granted - len(deliveries))
+        admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
+        result.claimed -= admission.held + admission.capped  # given back unsent, their attempts kept
+        if admission.capped:
+            state.more_due, state.awaiting_outcome = False, True
+        self.in_flight.give(granted - len(admission.sends))
         timeout = self.options.timeout
-        for row, delivery in deliveries:
-            key = str(row.idempotency_key)
-            self.senders.submit(self._send_one, events, row, token, delivery, key, timeout)
+        for send in admission.sends:
+            key = str(send.row.idempotency_key)
+            self.senders.submit(
+                self._send_one, events, send.row, token, send.delivery, key, timeout, send.destination, send.probe
+            )
             state.in_flight += 1
         for row, failure in build_failures:
             self.recorder.record(outcomes.get(), row, token, failure, result)
@@ -313,6 +345,8 @@ class SendPump(Generic[ResultT]):
         delivery: Delivery,
         key: str,
         timeout: float,
+        destination: str,
+        probe_row: bool = False,
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
@@ -321,8 +355,12 @@ class SendPump(Generic[ResultT]):
         paused or starved after its claim never sends past its lease; a row
         whose lease is nearly over is not sent at all and is retried.
         """
-        attempt = None
         started_at = self.clock.now()
+        if not probe_row and self.gate.blocked(destination, now=started_at):
+            self.gate.finished(destination, row.id, None, now=started_at)
+            finished.put((_GIVEN_BACK, row, token, destination))
+            return
+        attempt = None
         started = time.monotonic()
         probe = self.telemetry.sending(self.job_name, row, delivery, key)  # may add a traceparent header
         try:
@@ -344,7 +382,8 @@ class SendPump(Generic[ResultT]):
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
             probe.sent(attempt)
-            finished.put((row, token, attempt, started_at))
+            self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
+            finished.put((row, token, attempt, started_at, destination))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -358,8 +397,11 @@ class SendPump(Generic[ResultT]):
                 extra=log_fields("drain.deadline_overrun", self.job_name, row),
             )
 
-    def _build(self, rows: list[Outbox]) -> tuple[list[tuple[Outbox, Delivery]], list[tuple[Outbox, AttemptResult]]]:
-        deliveries: list[tuple[Outbox, Delivery]] = []
+    def _build(
+        self, rows: list[Outbox]
+    ) -> tuple[list[tuple[Outbox, Delivery, str]], list[tuple[Outbox, AttemptResult]]]:
+        """Each row's delivery and destination; an exception in either is that row's failed attempt."""
+        deliveries: list[tuple[Outbox, Delivery, str]] = []
         failures: list[tuple[Outbox, AttemptResult]] = []
         for row in rows:
             try:
@@ -368,6 +410,7 @@ class SendPump(Generic[ResultT]):
                     raise DeliveryBuildError(
                         f"{type(row).__name__}.build_delivery returned {type(delivery).__name__}, not Delivery"
                     )
+                destination = check_destination_name(row.destination_for(delivery))
             except Exception as exc:
                 logger.error(
                     "%s: build_delivery failed for row %s\n%s", self.job_name, row.id, traceback.format_exc().rstrip(),
@@ -376,7 +419,7 @@ class SendPump(Generic[ResultT]):
                 error = f"build_delivery raised {type(exc).__name__}: {exc}"
                 failures.append((row, AttemptResult(failure=FailureKind.BUILD, error=error)))
             else:
-                deliveries.append((row, delivery))
+                deliveries.append((row, delivery, destination))
         return deliveries, failures
 
 

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from outboxkit.attempts import AttemptLog, AttemptRecord
 from outboxkit.clock import Clock
+from outboxkit.destination_gate import DestinationGate
 from outboxkit.drain_claim import DrainCounts
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, Decision, RetryPolicy
@@ -65,6 +66,7 @@ class Recorder:
         clock: Clock,
         telemetry: Telemetry,
         attempt_log: AttemptLog,
+        gate: DestinationGate | None = None,
     ) -> None:
         self.engine = engine
         self.queries = queries
@@ -73,6 +75,7 @@ class Recorder:
         self.clock = clock
         self.telemetry = telemetry
         self.attempt_log = attempt_log
+        self.gate = gate
 
     def record(
         self,
@@ -83,8 +86,13 @@ class Recorder:
         result: DrainCounts,
         *,
         started_at: datetime | None = None,
+        destination: str | None = None,
     ) -> Decision | None:
-        """Write one outcome; returns the decision, or None if nothing was written."""
+        """Write one outcome; returns the decision, or None if nothing was written.
+
+        When the outcome can change the state of the row's ``destination``
+        (``outboxkit.destination_gate``), both are written in one transaction.
+        """
         now = self.clock.now()
         decision = self.policy.decide(attempt, attempts=row.attempts, now=now)
         error = None if attempt.succeeded else (attempt.error or decision.reason)
@@ -99,7 +107,7 @@ class Recorder:
             error=error,
         )
         try:
-            written = self.queries.record_outcome(connection, outcome, now=now)
+            written = self._write(connection, outcome, row, attempt, destination, now=now)
         except Exception as exc:
             # The row keeps its lease and comes due again when it ends: a
             # redelivery with the same key, never a loss.
@@ -138,6 +146,32 @@ class Recorder:
             result.retried += 1
         self.telemetry.recorded(self.job_name, row, attempt, decision.status, now)
         return decision
+
+    def _write(
+        self,
+        connection: Connection,
+        outcome: Outcome,
+        row: Outbox,
+        attempt: AttemptResult,
+        destination: str | None,
+        *,
+        now: datetime,
+    ) -> bool:
+        reading = None
+        if self.gate is not None and destination is not None:
+            reading = self.gate.needs_record(destination, attempt, now=now)
+        if reading is None:
+            return self.queries.record_outcome(connection, outcome, now=now)  # one statement, its own transaction
+        assert self.gate is not None and destination is not None
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        with driver.transaction():  # BEGIN ... COMMIT on the autocommit connection: both writes or neither
+            written = self.queries.record_outcome(connection, outcome, now=now)
+            if written:
+                self.gate.record(
+                    connection, destination, reading, row_id=row.id, attempt=attempt, error=outcome.error, now=now
+                )
+        return written
 
     def flush_attempts(self, outcomes: OutcomeConnection) -> None:
         """Write the attempt history (outboxkit.attempts) on the outcome connection, which holds it.

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -49,9 +50,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
+from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.transport import Delivery, validate_timeout
+from outboxkit.webhook_signing import SigningTransport, WebhookSecrets
 
 if TYPE_CHECKING:
     from outboxkit.transport import Transport
@@ -91,6 +94,27 @@ class OutboxOptions:
     its send could start is not sent but retried, so a live delivery is
     never claimed twice.
 
+    ``sign_webhooks`` (default False) signs every request as Standard
+    Webhooks defines it (``webhook-id``, ``webhook-timestamp``,
+    ``webhook-signature``; see ``outboxkit.webhook_signing``).  Its secrets,
+    ``webhook_secrets``, come from settings
+    (``OUTBOXKIT_OUTBOXES__<KEY>__WEBHOOK_SECRETS``); an outbox that signs
+    without a secret, or has secrets but does not sign, is refused when the
+    kit starts.  They are never shown in the options' repr.
+
+    ``breaker`` (default None: off) turns on each destination's circuit
+    breaker with its thresholds (``BreakerOptions()``: 5 consecutive failures
+    open it, a 30 s cool-down doubling up to 600 s; see docs/destinations.md).
+    Off, every row is sent and retried on its own backoff whatever its
+    destination does.  It is opt-in while destinations have no admin page or
+    CLI: a 410 disables a destination until a person resumes it, and that is
+    done from Python for now (``DestinationStore.resume``).  ``destination_concurrency`` caps the sends in flight
+    to one destination while it is suspect (not yet answered with a success,
+    its last attempt failed, or one of its sends has been out longer than a
+    second) and other destinations have rows to send; default
+    ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
+    quarter of the send threads (``outboxkit.destination_gate``).
+
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows
     whose ``delivered_at`` is older than that, never a ``pending`` or
@@ -108,6 +132,10 @@ class OutboxOptions:
     lease_margin: float = LEASE_MARGIN_SECONDS
     retain_done_for: float | None = None
     transport: Transport | None = field(default=None, compare=False)
+    breaker: BreakerOptions | None = None
+    destination_concurrency: int | None = None
+    sign_webhooks: bool = False
+    webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
@@ -141,6 +169,17 @@ class OutboxOptions:
                 f"outbox {self.job_name!r}: retain_done_for must be None (keep delivered rows forever) or a number "
                 f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
+        self._check_signing_options()
+        if self.breaker is not None and not isinstance(self.breaker, BreakerOptions):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: breaker must be BreakerOptions(...) or None, got {type(self.breaker).__name__}"
+            )
+        cap = self.destination_concurrency
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.concurrency):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: destination_concurrency must be None or an integer from 1 to concurrency "
+                f"({self.concurrency}), got {cap!r}"
+            )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
                 raise ConfigurationError(
@@ -153,6 +192,43 @@ class OutboxOptions:
                     f"{self.lease_margin:g}s = {self.minimum_lease:g}s), "
                     "so a live delivery could be claimed again; raise lease or concurrency, or lower timeout or batch_size"
                 )
+
+    def _check_signing_options(self) -> None:
+        if not isinstance(self.sign_webhooks, bool):
+            raise ConfigurationError(f"outbox {self.job_name!r}: sign_webhooks must be True or False, got {self.sign_webhooks!r}")
+        if self.webhook_secrets is None:
+            return
+        if not isinstance(self.webhook_secrets, WebhookSecrets):  # a list of strings (or settings' SecretStr)
+            try:
+                object.__setattr__(self, "webhook_secrets", WebhookSecrets(self.webhook_secrets))
+            except (TypeError, ValueError) as exc:  # the message names a secret by position, never its value
+                raise ConfigurationError(f"outbox {self.job_name!r}: {exc}") from None
+        if not self.sign_webhooks:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r} has webhook secrets but does not sign its requests; declare "
+                "OutboxOptions(sign_webhooks=True), or remove the secrets"
+            )
+
+    def check_signing(self) -> None:
+        """Refuse an outbox that signs without a secret (the kit calls it at start-up)."""
+        if self.sign_webhooks and self.webhook_secrets is None:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r} signs its requests (sign_webhooks=True) but has no secret; set "
+                f"OUTBOXKIT_OUTBOXES__{self.settings_key.upper()}__WEBHOOK_SECRETS=whsec_... "
+                "(several, comma-separated, while rotating)"
+            )
+
+    def sending_transport(self, transport: Transport) -> Transport:
+        """The transport this outbox sends through: ``transport``, wrapped to sign each request when it signs."""
+        self.check_signing()
+        if not isinstance(self.webhook_secrets, WebhookSecrets):
+            return transport
+        return SigningTransport(transport, self.webhook_secrets)
+
+    @property
+    def destination_cap(self) -> int:
+        """Sends in flight to one suspect destination: ``destination_concurrency``, or a quarter of ``concurrency``."""
+        return self.destination_concurrency or max(1, self.concurrency // 4)
 
     @property
     def minimum_lease(self) -> float:
@@ -259,6 +335,17 @@ class Outbox:
     def build_delivery(self) -> Delivery:
         """Say what to send for this row.  Runs in the drain, after the claim commits."""
         raise NotImplementedError
+
+    def destination_for(self, delivery: Delivery) -> str:
+        """The destination this row's delivery goes to (``outboxkit.destinations``).
+
+        By default the URL's scheme, host and port.  Override it to name
+        destinations yourself (per tenant, per partner): rows that share a
+        name share a circuit breaker and a cap on sends in flight.  A name is
+        a string of 1 to 300 characters; anything else, or an exception, is a
+        failed attempt like an exception in ``build_delivery``.
+        """
+        return destination_of(delivery.url)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} status={self.status} attempts={self.attempts}>"

@@ -6,6 +6,7 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATTEMPTS=10
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__BACKOFF=1,5,30
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RETAIN_DONE_FOR=604800   # or "off"
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__WEBHOOK_SECRETS=whsec_new...,whsec_old...   # sign_webhooks outboxes
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
@@ -58,7 +59,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -80,6 +81,8 @@ ENV_PREFIX = "OUTBOXKIT_"
 # its test suite, benchmarks and fault tests own the prefixes.
 NON_SETTING_VARIABLES = frozenset({"OUTBOXKIT_APP"})
 NON_SETTING_PREFIXES = ("OUTBOXKIT_TEST_", "OUTBOXKIT_BENCH_", "OUTBOXKIT_FAULT_")
+# Settings whose values an error message never repeats.
+SECRET_SETTINGS = frozenset({"webhook_secrets"})
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -96,6 +99,15 @@ class OutboxOverride(BaseModel):
     # Seconds, or "off" to keep delivered rows forever whatever the class says
     # (the range is checked by OutboxOptions, which names the variable).
     retain_done_for: Annotated[float, Field(allow_inf_nan=False)] | Literal["off"] | None = None
+    # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.webhook_signing).
+    webhook_secrets: tuple[SecretStr, ...] | None = Field(default=None, min_length=1)
+
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _split_secrets(cls, value: object) -> object:
+        if isinstance(value, str):  # "whsec_a,whsec_b" from a shell
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @field_validator("backoff", mode="before")
     @classmethod
@@ -239,7 +251,10 @@ class OutboxKitSettings(BaseSettings):
 
 
 def _describe(error: ErrorDetails) -> str:
-    message = f"{error['msg']} (got {error['input']!r})"
+    if SECRET_SETTINGS & {part for part in error["loc"] if isinstance(part, str)}:
+        message = f"{error['msg']} (the value is not shown: it is a secret)"
+    else:
+        message = f"{error['msg']} (got {error['input']!r})"
     if error["type"] == "extra_forbidden":
         message += f"; per-outbox settings are {', '.join(OutboxOverride.model_fields)}"
     return message

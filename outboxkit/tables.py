@@ -24,6 +24,12 @@ a minute.  Kept as long as the attempt history.
 
 ``outboxkit_outbox_pauses`` lists the outboxes whose drains are paused (one
 row each); every drainer reads it before claiming (``outboxkit.pauses``).
+
+``outboxkit_destinations`` holds the state of each destination of each
+outbox (one row per pair, created by its first recorded outcome): the
+circuit breaker's status, its failure run, recent outcome counts, when it
+opened, the next probe, the last error (``outboxkit.destinations`` for the
+rules, ``outboxkit.destination_store`` for the statements).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-__all__ = ["attempts", "job_runs", "kit_metadata", "outbox_minutes", "outbox_pauses", "reset_audit"]
+__all__ = ["attempts", "destinations", "job_runs", "kit_metadata", "outbox_minutes", "outbox_pauses", "reset_audit"]
 
 kit_metadata = MetaData()
 
@@ -128,4 +134,34 @@ outbox_pauses = Table(
     Column("outbox", String(100), primary_key=True),
     Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("paused_by", String(300), nullable=False),
+)
+
+DESTINATION_STATUSES = ("healthy", "open", "half_open", "disabled")
+
+destinations = Table(
+    "outboxkit_destinations",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("destination", String(300), primary_key=True),
+    Column("status", String(16), nullable=False, server_default=text("'healthy'")),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("window_started_at", DateTime(timezone=True)),
+    Column("window_successes", Integer, nullable=False, server_default=text("0")),
+    Column("window_failures", Integer, nullable=False, server_default=text("0")),
+    Column("opened_at", DateTime(timezone=True)),
+    Column("cool_down", Float),
+    Column("next_probe_at", DateTime(timezone=True)),
+    Column("probe_row_id", BigInteger),
+    Column("probe_until", DateTime(timezone=True)),
+    Column("held_until", DateTime(timezone=True)),
+    Column("slowed_until", DateTime(timezone=True)),
+    Column("last_error", Text),
+    Column("last_status_code", SmallInteger),
+    Column("last_failure_at", DateTime(timezone=True)),
+    Column("last_success_at", DateTime(timezone=True)),
+    Column("changed_by", String(300)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(
+        "status IN (" + ", ".join(f"'{status}'" for status in DESTINATION_STATUSES) + ")", name="ck_outboxkit_destinations_status"
+    ),
 )

@@ -45,9 +45,7 @@ and it does so on use, so the mixin works (and stores nothing) without it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import operator
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -204,7 +202,7 @@ class OutboxTracing(Observer):
             present = {name.lower() for name in delivery.headers}
             carrier = {name: value for name, value in carrier.items() if name.lower() not in present}
         if carrier:
-            delivery = _with_headers(delivery, carrier)
+            delivery = delivery.with_headers(carrier)
         return delivery, (span, self._context.attach(active))
 
     def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
@@ -268,23 +266,3 @@ class OutboxTracing(Observer):
         if not isinstance(carrier, dict):
             return None
         return self._propagate.extract({str(name): str(value) for name, value in carrier.items()})
-
-
-_DELIVERY_FIELDS = tuple(item.name for item in dataclasses.fields(Delivery))
-_delivery_values = operator.attrgetter(*_DELIVERY_FIELDS)
-
-
-def _with_headers(delivery: Delivery, extra: dict[str, str]) -> Delivery:
-    """A copy of ``delivery`` with ``extra`` headers added.
-
-    Built without re-running ``Delivery``'s validation (which encodes the
-    JSON body again): the fields were validated when the application built
-    it, and propagator headers are plain ASCII.  The application's object is
-    left as it was.
-    """
-    copy = object.__new__(Delivery)
-    setattr_ = object.__setattr__
-    for name, value in zip(_DELIVERY_FIELDS, _delivery_values(delivery), strict=True):
-        setattr_(copy, name, value)
-    setattr_(copy, "headers", {**delivery.headers, **extra})
-    return copy

@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import json as jsonlib
 import math
+import operator
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import date, datetime, time
 from decimal import Decimal
 from enum import Enum
@@ -112,6 +113,25 @@ class Delivery:
     def body(self) -> bytes | None:
         """The encoded JSON body, or None when there is none."""
         return self._body
+
+    def with_headers(self, extra: Mapping[str, str]) -> Delivery:
+        """A copy carrying ``extra`` headers, which replace any of the same name (in any letter case).
+
+        For the kit's own headers (trace context, webhook signatures), which
+        are plain ASCII: they are not validated again, and the body is not
+        encoded again.  This delivery is left as it was.
+        """
+        replaced = {name.lower() for name in extra}
+        copy = object.__new__(Delivery)
+        for name, value in zip(_DELIVERY_FIELDS, _delivery_values(self), strict=True):
+            object.__setattr__(copy, name, value)
+        headers = {name: value for name, value in self.headers.items() if name.lower() not in replaced}
+        object.__setattr__(copy, "headers", {**headers, **extra})
+        return copy
+
+
+_DELIVERY_FIELDS = tuple(item.name for item in fields(Delivery))
+_delivery_values = operator.attrgetter(*_DELIVERY_FIELDS)
 
 
 def encode_json(value: object) -> bytes:

@@ -42,8 +42,8 @@ from outboxkit.admin.page_inputs import (
 from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.errors import PageInputError
-from outboxkit.operations.replay import DEFAULT_REPLAY_BATCH, MAX_REPLAY_BATCH
 from outboxkit.operations.charts import WINDOWS
+from outboxkit.operations.replay import DEFAULT_REPLAY_BATCH, MAX_REPLAY_BATCH
 from outboxkit.operations.schemas import STATUS_VALUES, ActionResult, ControlResult
 from outboxkit.operations.service import OperationsService
 

@@ -58,7 +58,7 @@ class HistoryEntry:
     transaction_started_at: datetime
     written_at: datetime
     application_name: str
-    kind: str  # claim, outcome or other
+    kind: str  # claim, outcome, given_back (a claim returned unsent, its attempt taken back) or other
     attempts: int
     status: str
     next_attempt_at: datetime | None
@@ -136,11 +136,16 @@ class Ledger:
         """(row, before, after) where a committed transaction left fewer attempts than the one before."""
         decreases = []
         for row_id, entries in self._history_by_row.items():
-            committed: dict[int, int] = {}
+            committed: dict[int, HistoryEntry] = {}
             for entry in entries:  # in write order; one row's writers are serialised by its lock
-                committed[entry.transaction_id] = entry.attempts  # the transaction's last write is what it committed
+                committed[entry.transaction_id] = entry  # the transaction's last write is what it committed
             values = list(committed.values())
-            decreases += [(row_id, a, b) for a, b in zip(values, values[1:], strict=False) if b < a]
+            decreases += [
+                (row_id, a.attempts, b.attempts)
+                for a, b in zip(values, values[1:], strict=False)
+                # A row held back for its destination gives its claim's attempt back: one, unsent.
+                if b.attempts < a.attempts and not (b.kind == "given_back" and a.kind == "claim" and b.attempts == a.attempts - 1)
+            ]
         return decreases
 
     def sends_beyond_attempts(self) -> list[tuple[str, int, int]]:
@@ -172,7 +177,7 @@ class Ledger:
                 if entry.kind == "claim":
                     count += open_claim
                     open_claim = True
-                elif entry.kind == "outcome":
+                elif entry.kind in ("outcome", "given_back"):
                     open_claim = False
             count += open_claim
         return count
@@ -204,7 +209,7 @@ class Ledger:
                     continue
                 began = claim.next_attempt_at - lease
                 settled = any(
-                    entry.kind == "outcome" and previous.written_at <= entry.written_at <= claim.written_at
+                    entry.kind in ("outcome", "given_back") and previous.written_at <= entry.written_at <= claim.written_at
                     for entry in self._history_by_row[row_id]
                 )
                 if not settled and began + CLOCK_GRANULARITY < previous.next_attempt_at:

@@ -24,7 +24,10 @@ from outboxkit import Delivery, Outbox, OutboxOptions
 __all__ = ["FAULT_OPTIONS", "FaultBase", "FaultEvent", "install_fault_schema", "row_history"]
 
 # batch_size == concurrency: one round of sends per batch, so the lease is
-# timeout + lease_margin = 2 s.
+# timeout + lease_margin = 2 s.  The scenarios pin the per-row outcome rules and
+# crash safety, row by row, so the destination breaker is off: it would hold a
+# failing receiver's rows back for a cool-down, on purpose (its own scenarios are
+# tests/integration/test_destination_drain.py and test_destination_store.py).
 FAULT_OPTIONS = OutboxOptions(
     job_name="fault-events",
     backoff=(0.05, 0.1, 0.2),
@@ -33,6 +36,7 @@ FAULT_OPTIONS = OutboxOptions(
     concurrency=16,
     timeout=0.5,
     lease_margin=1.5,
+    breaker=None,
 )
 
 
@@ -81,6 +85,7 @@ BEGIN
         NEW.id, txid_current(), now(), clock_timestamp(), current_setting('application_name'),
         CASE
             WHEN NEW.claim_token IS NOT NULL AND NEW.claim_token IS DISTINCT FROM OLD.claim_token THEN 'claim'
+            WHEN OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL AND NEW.attempts < OLD.attempts THEN 'given_back'
             WHEN OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL THEN 'outcome'
             ELSE 'other'
         END,

@@ -1,0 +1,325 @@
+"""Destinations under a failing receiver: isolation, probes across processes, recovery, signing cost.
+
+Against a real PostgreSQL (a scratch database it creates and drops), the
+example ``WebhookOutbox`` and two receivers on 127.0.0.1: ``bench/receiver.py``
+(healthy, answers 200 at once) and a dead one that accepts TCP connections and
+never answers (a blackholed partner) until told to answer.
+
+1. **Isolation**, default options with the breaker turned on (concurrency 32, timeout 10 s,
+   ``breaker=BreakerOptions()``; the breaker is opt-in):
+   1,000 rows to the healthy receiver (``healthy_rows_per_s_without``); then
+   1,000 rows of which every tenth goes to the dead receiver, until the 900
+   healthy rows are delivered (``healthy_rows_per_s_with_dead_10pct``), each
+   with a fresh drainer; ``--repeat`` interleaved pairs, medians reported.
+   Once with the drain loop (``Drainer.start``, as the kit runs it), once
+   with ``Drainer.drain`` called in a loop (the ``_drain_calls`` keys).
+2. **Probes across processes**: 100 rows to the dead receiver, two drainer
+   processes (background loops) with a 5 s cool-down; from the end of the
+   first cool-down, the requests reaching the dead receiver during
+   ``--window`` seconds (``dead_destination_sends_per_min``, and the shortest
+   gap between two of them); the sends of rows already handed to a send
+   thread when the breaker opened are counted apart.
+3. **Recovery**: the dead receiver starts answering (its hanging connections
+   are closed, as a restart does); ``recovery_s`` is the time until every
+   row the breaker held at that moment is delivered, against a target of
+   cool-down + 1 s (``recovery_all_rows_s`` also waits for the rows that were
+   in their own backoff after a failed attempt, such as the last probe).
+4. ``signing_cpu_us_per_row`` from bench/signing.py.
+
+Run::
+
+    .venv/bin/python bench/destinations.py               # about two minutes
+    .venv/bin/python bench/destinations.py --window 30   # quicker
+
+The last line is one JSON object with those keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
+
+import psycopg  # noqa: E402
+from exampleapp.models import Base, WebhookOutbox  # noqa: E402
+from sqlalchemy import Engine, create_engine, func, insert, select, text  # noqa: E402
+
+from bench.ceilings import scratch_database  # noqa: E402
+from bench.drain_throughput import ReceiverProcess  # noqa: E402
+from bench.signing import SECRETS, delivery_of, microseconds_per_row  # noqa: E402
+from outboxkit import Drainer, HttpTransport  # noqa: E402
+from outboxkit.destinations import BreakerOptions  # noqa: E402
+from outboxkit.tables import destinations as destination_table  # noqa: E402
+from outboxkit.tables import kit_metadata  # noqa: E402
+
+PROBE_COOL_DOWN = 5.0
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
+
+
+class DeadReceiver:
+    """Accepts connections and never answers, until ``answer()``: then it answers 200 to every request."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._lock = threading.Lock()
+        self._held: list[socket.socket] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request that reached it
+        self.answering = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def answer(self) -> None:
+        with self._lock:
+            self.answering = True
+            held, self._held = self._held, []
+        for connection in held:  # as a restart does: the hanging connections drop
+            connection.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        buffer = b""
+        with connection:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    try:
+                        chunk = connection.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+                    0,
+                )
+                while len(buffer) < length:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                buffer = buffer[length:]
+                with self._lock:
+                    self.arrivals.append(time.monotonic())
+                    if not self.answering:
+                        self._held.append(connection)
+                        hold = True
+                    else:
+                        hold = False
+                if hold:
+                    threading.Event().wait(3600)  # until answer() closes the connection under us
+                    return
+                connection.sendall(RESPONSE)
+
+    def close(self) -> None:
+        self._listener.close()
+        self.answer()
+
+
+def insert_rows(engine: Engine, urls: list[str]) -> None:
+    with engine.begin() as connection:
+        connection.execute(insert(WebhookOutbox), [{"event": "bench", "target_url": url, "payload": {"n": n}} for n, url in
+                                                  enumerate(urls)])
+
+
+def delivered_to(engine: Engine, url: str) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(
+            select(func.count()).where(WebhookOutbox.status == "done", WebhookOutbox.target_url == url)
+        ).scalar_one())
+
+
+def clear(engine: Engine) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(f"TRUNCATE {WebhookOutbox.__tablename__}"))
+        connection.execute(destination_table.delete())
+
+
+def healthy_rate(engine: Engine, healthy_url: str, dead_url: str | None, rows: int, *, calls: bool) -> float:
+    """Rows/s of the healthy receiver's rows, default options: the drain loop, or ``Drainer.drain`` called in a loop."""
+    clear(engine)
+    urls = [dead_url if dead_url is not None and n % 10 == 9 else healthy_url for n in range(rows)]
+    urls = [f"{url}/hook" for url in urls]  # type: ignore[misc]
+    insert_rows(engine, urls)
+    healthy = sum(1 for url in urls if url.startswith(healthy_url))
+    stop = threading.Event()
+    with HttpTransport() as transport:
+        options = dataclasses.replace(WebhookOutbox.__outbox__, breaker=BreakerOptions())  # opt-in; measured on
+        drainer = Drainer(engine, WebhookOutbox, transport=transport, options=options)
+
+        def drain_in_a_loop() -> None:
+            while not stop.is_set():
+                if not drainer.drain(stop=stop).claimed:
+                    stop.wait(0.05)  # the rows left are held, or wait for a place under their destination's cap
+
+        loop = threading.Thread(target=drain_in_a_loop)
+        started = time.monotonic()
+        if calls:
+            loop.start()
+        else:
+            drainer.start(poll_seconds=1)  # as the kit runs it (kit.lifespan, outboxkit worker)
+        while delivered_to(engine, f"{healthy_url}/hook") < healthy:
+            threading.Event().wait(0.02)
+        elapsed = time.monotonic() - started
+        stop.set()
+        if calls:
+            loop.join()  # the last sends to the dead receiver end by their deadline; not counted
+        drainer.close()
+    return healthy / elapsed
+
+
+def run_worker(sqlalchemy_url: str, stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+    engine = create_engine(sqlalchemy_url, pool_size=5)
+    options = dataclasses.replace(
+        WebhookOutbox.__outbox__, breaker=BreakerOptions(cool_down=PROBE_COOL_DOWN, max_cool_down=PROBE_COOL_DOWN)
+    )
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, WebhookOutbox, transport=transport, options=options)
+        drainer.start(poll_seconds=1)
+        stop.wait()
+        drainer.close()
+    engine.dispose()
+
+
+def held_rows(engine: Engine) -> list[int]:
+    """The rows the breaker holds now: pending, due exactly at the destination's hold end."""
+    with engine.connect() as connection:
+        held_until = connection.execute(select(destination_table.c.held_until)).scalar_one()
+        return list(connection.scalars(
+            select(WebhookOutbox.id).where(WebhookOutbox.status == "pending", WebhookOutbox.next_attempt_at == held_until)
+        ))
+
+
+def all_done(engine: Engine, ids: list[int]) -> bool:
+    with engine.connect() as connection:
+        return not connection.execute(
+            select(func.count()).where(WebhookOutbox.id.in_(ids), WebhookOutbox.status != "done")
+        ).scalar_one()
+
+
+def breaker_status(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return connection.execute(select(destination_table.c.status)).scalar_one_or_none()
+
+
+def probes_and_recovery(engine: Engine, sqlalchemy_url: str, dead: DeadReceiver, *, window: float) -> dict[str, float]:
+    clear(engine)
+    insert_rows(engine, [f"{dead.url}/hook"] * 100)
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    workers = [context.Process(target=run_worker, args=(sqlalchemy_url, stop)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while breaker_status(engine) not in ("open", "half_open"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the dead destination's breaker did not open within 120 s")
+            threading.Event().wait(0.1)
+        opened = time.monotonic()
+        # Rows already handed to a send thread when the breaker opened may still go out in its first
+        # moments; they are counted apart.  Probes are counted from the end of the first cool-down.
+        threading.Event().wait(PROBE_COOL_DOWN + window)
+        first_probe_from = opened + PROBE_COOL_DOWN
+        at_opening = [moment for moment in dead.arrivals if opened <= moment < first_probe_from]
+        probes = [moment for moment in dead.arrivals if first_probe_from <= moment < first_probe_from + window]
+        gaps = [later - earlier for earlier, later in zip(probes, probes[1:], strict=False)]
+        waiting = held_rows(engine)
+        switched = time.monotonic()
+        dead.answer()
+        recovery = None
+        while delivered_to(engine, f"{dead.url}/hook") < 100:
+            if recovery is None and all_done(engine, waiting):
+                recovery = time.monotonic() - switched
+            if time.monotonic() - switched > 120:
+                raise RuntimeError("the rows did not flow within 120 s of the receiver answering")
+            threading.Event().wait(0.05)
+        recovery_all = time.monotonic() - switched
+        recovery = recovery if recovery is not None else recovery_all
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    return {
+        "dead_destination_sends_per_min": len(probes) * 60 / window,
+        "dead_destination_sends_in_window": len(probes),
+        "sends_already_handed_out_when_it_opened": len(at_opening),
+        "shortest_gap_between_probes_s": min(gaps) if gaps else float("nan"),
+        "recovery_s": recovery,
+        "recovery_all_rows_s": recovery_all,
+        "rows_held_at_switch": len(waiting),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved pairs of runs; medians reported")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of probes counted while the breaker is open")
+    options = parser.parse_args()
+    scratch = scratch_database()
+    with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{scratch.name}"')
+    engine = create_engine(scratch.sqlalchemy_url, pool_size=10)
+    healthy = ReceiverProcess()
+    dead = DeadReceiver()
+    try:
+        Base.metadata.create_all(engine)
+        kit_metadata.create_all(engine)
+        isolation: dict[str, object] = {}
+        for calls in (False, True):
+            mode = "drain calls in a loop" if calls else "the drain loop"
+            withouts, withs = [], []
+            for _ in range(options.repeat):  # interleaved, so a busy moment of the host weighs on both
+                withouts.append(healthy_rate(engine, healthy.url, None, options.rows, calls=calls))
+                withs.append(healthy_rate(engine, healthy.url, dead.url, options.rows, calls=calls))
+                print(f"{mode}: healthy rows/s without a dead destination: {withouts[-1]:.1f}; with 10% of rows to a "
+                      f"blackholed one: {withs[-1]:.1f} ({withs[-1] / withouts[-1]:.2f})", flush=True)
+            without, with_dead = statistics.median(withouts), statistics.median(withs)
+            suffix = "_drain_calls" if calls else ""
+            isolation.update({
+                f"healthy_rows_per_s_with_dead_10pct{suffix}": round(with_dead, 1),
+                f"healthy_rows_per_s_without{suffix}": round(without, 1),
+                f"healthy_ratio{suffix}": round(with_dead / without, 3),
+                f"healthy_ratio_per_pair{suffix}": [round(one / other, 3) for one, other in zip(withs, withouts, strict=True)],
+            })
+        figures = probes_and_recovery(engine, scratch.sqlalchemy_url, dead, window=options.window)
+        for name, value in figures.items():
+            print(f"{name}: {value:.2f}", flush=True)
+        signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
+    finally:
+        dead.close()
+        healthy.stop()
+        engine.dispose()
+        with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
+    result = {
+        **isolation,
+        **{name: round(value, 2) for name, value in figures.items()},
+        "probe_cool_down_s": PROBE_COOL_DOWN,
+        "recovery_target_s": PROBE_COOL_DOWN + 1,
+        "signing_cpu_us_per_row": round(signing, 2),
+        "rows": options.rows,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

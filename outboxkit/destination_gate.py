@@ -1,0 +1,310 @@
+"""Where the drain meets destinations: which claimed rows go out, and what their outcomes do to the breaker.
+
+Between the build and the send (``outboxkit.drain_pump``), ``admit`` sorts a
+claimed batch by destination and decides, for each destination:
+
+* **Open, half-open or disabled** (``outboxkit.destinations``): its rows are
+  not sent.  They are held (``DestinationStore.hold``): the attempt the claim
+  counted is taken back, and they are due again when the hold ends, so a
+  destination that is down spends no attempts and costs one claim per row per
+  cool-down.  When the cool-down is over, the first of its rows tries to
+  become the probe (``DestinationStore.try_probe``, one conditional UPDATE: at
+  most one probe per destination across every process); the others are held
+  until the probe's lease ends, or until its success releases them at once.
+* **Slowed** by a ``Retry-After`` (429, or 503): held until then.
+* **Suspect** (it has not yet answered this drainer with a success, its
+  last attempt here failed, its stored state shows a failure run, or one of
+  its sends has been out longer than ``SLOW_SEND_SECONDS``): at most
+  ``OutboxOptions.destination_cap`` of its sends are in flight from this
+  drainer; the rows beyond are not sent, keep their attempts and are due
+  again one ``timeout`` later if it is failing, ``SLOW_SEND_SECONDS`` later
+  if it is slow, and at once (behind the rows already due) if it is merely
+  not yet proven.  The cap protects the other destinations, so it applies only
+  when there are others (in the batch, or with sends in flight): an outbox
+  that sends to one receiver sends as before.  A destination proven healthy
+  is not capped, so one fast receiver still gets every send thread; a
+  receiver that never answers holds at most the cap from its first send
+  (among others), and one that starts hanging holds at most what it was sent
+  in the second before its sends count as slow.
+
+Rows admitted before an outcome closed their destination (queued in the
+send pool behind slower sends) are checked again just before their send
+(``blocked``): a non-probe row whose destination this drainer now knows to
+be open, disabled or slowed is given back unsent, like a held row
+(``give_back``).  Another process learns of it at its next claim.
+
+``record`` applies an outcome to its destination's stored state; the
+recorder calls it in the same transaction that writes the row's outcome
+(``outboxkit.drain_record``), only when the outcome can change that state:
+a success at a destination known to be healthy writes nothing more than the
+row, so healthy delivery pays no extra round trip.
+
+With ``OutboxOptions.breaker = None`` no state is read or written and only
+the cap applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine
+
+from outboxkit.destination_store import DestinationStore
+from outboxkit.destinations import DestinationState, Reading, Signal, Status, signal_of
+from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.policy import AttemptResult
+from outboxkit.transport import Delivery
+
+__all__ = ["SLOW_SEND_SECONDS", "Admission", "DestinationGate", "Send"]
+
+logger = logging.getLogger("outboxkit.drain")
+
+# A send out longer than this makes its destination suspect (capped), whatever its state says.
+SLOW_SEND_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A row cleared to go: its delivery, its destination, and whether it is its destination's probe."""
+
+    row: Outbox
+    delivery: Delivery
+    destination: str
+    probe: bool = False
+
+
+@dataclass(slots=True)
+class Admission:
+    """What ``admit`` decided for one claimed batch."""
+
+    sends: list[Send] = field(default_factory=list)
+    held: int = 0  # rows of destinations that are open, half-open, disabled or slowed: not sent, attempts kept
+    capped: int = 0  # rows of suspect destinations beyond their cap: not sent, attempts kept
+
+
+@dataclass(slots=True)
+class _Local:
+    """This drainer's own view of one destination: its sends in flight and how its last attempt went."""
+
+    in_flight: dict[int, float] = field(default_factory=dict)  # row id -> time.monotonic() when handed to the pool
+    proven: bool = False  # it answered a send of this drainer with a success
+    failing: bool = False  # its last answer here was a failure
+
+    def slow(self, now: float) -> bool:
+        return any(now - since > SLOW_SEND_SECONDS for since in self.in_flight.values())
+
+    def suspect(self, state: DestinationState | None, now: float) -> bool:
+        return not self.proven or self.failing or self.slow(now) or _failing(state)
+
+    def retry_in(self, state: DestinationState | None, now: float, timeout: float) -> float:
+        """When rows over the cap come back: a failing destination frees a place when a send times out,
+        a slow one sooner, and one merely not yet proven as soon as an answer comes (they go to the back
+        of the due rows, so the next claims take other rows first)."""
+        if self.failing or _failing(state):
+            return timeout
+        return min(SLOW_SEND_SECONDS, timeout) if self.slow(now) else 0.0
+
+
+def _failing(state: DestinationState | None) -> bool:
+    return state is not None and (state.consecutive_failures > 0 or state.status != Status.HEALTHY.value)
+
+
+class DestinationGate:
+    """The drain's destination step for one outbox; thread-safe (several drains of one drainer share it)."""
+
+    def __init__(self, engine: Engine, outbox: type[Outbox], *, options: OutboxOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self.store = DestinationStore(outbox)
+        self.breaker = options.breaker
+        self.cap = options.destination_cap
+        self._lock = threading.Lock()
+        self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
+        self._local: defaultdict[str, _Local] = defaultdict(_Local)
+        self._released = False  # a recorded outcome made held rows due now
+
+    def admit(self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime) -> Admission:
+        """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring)."""
+        admission = Admission()
+        groups: dict[str, list[tuple[Outbox, Delivery]]] = defaultdict(list)
+        for row, delivery, destination in rows:
+            groups[destination].append((row, delivery))
+        states = self._read_states(list(groups)) if self.breaker is not None else {}
+        for destination, group in groups.items():
+            state = states.get(destination)
+            probe = False
+            if state is not None and state.wait_until(now) is not None:
+                group, probe = self._hold_back(destination, state, group, token=token, now=now, admission=admission)
+            alone = len(groups) == 1 and self._alone(destination)
+            group = self._within_cap(
+                destination, state, group, uncapped=probe or alone, token=token, now=now, admission=admission
+            )
+            admission.sends.extend(
+                Send(row, delivery, destination, probe=probe and index == 0) for index, (row, delivery) in enumerate(group)
+            )
+        return admission
+
+    def finished(self, destination: str, row_id: int, attempt: AttemptResult | None, *, now: datetime) -> None:
+        """A send came back (``attempt``) or was not made (None): free its place under the cap, note whether it failed."""
+        reading = signal_of(attempt, now=now) if attempt is not None else None
+        with self._lock:
+            local = self._local[destination]
+            local.in_flight.pop(row_id, None)
+            if reading is not None:
+                local.failing = reading.signal is Signal.FAILURE
+                local.proven = local.proven or reading.signal is Signal.SUCCESS
+
+    def needs_record(self, destination: str, attempt: AttemptResult, *, now: datetime) -> Reading | None:
+        """The reading to store for this outcome, or None when it cannot change the destination's state."""
+        if self.breaker is None:
+            return None
+        reading = signal_of(attempt, now=now)
+        if reading is None:
+            return None
+        with self._lock:
+            known = self._known.get(destination)
+        quiet = known is None or (
+            known.status == Status.HEALTHY.value and known.consecutive_failures == 0 and known.slowed_until is None
+        )
+        if reading.signal is Signal.SUCCESS and reading.slow_down is None and quiet:
+            return None
+        return reading
+
+    def record(
+        self,
+        connection: Connection,
+        destination: str,
+        reading: Reading,
+        *,
+        row_id: int,
+        attempt: AttemptResult,
+        error: str | None,
+        now: datetime,
+    ) -> None:
+        """Apply an outcome to the destination's stored state, in the caller's transaction."""
+        assert self.breaker is not None
+        before, after = self.store.record(
+            connection,
+            destination,
+            reading,
+            now=now,
+            row_id=row_id,
+            error=error,
+            status_code=attempt.status_code,
+            options=self.breaker,
+        )
+        with self._lock:
+            self._known[destination] = after
+            if before.held_until is not None and after.held_until is None:
+                self._released = True
+        if after.status != before.status:
+            logger.warning(
+                "%s: destination %s is %s (was %s): %s",
+                self.options.job_name,
+                destination,
+                after.status,
+                before.status,
+                after.changed_by or "a success",
+            )
+
+    def _alone(self, destination: str) -> bool:
+        """No other destination has a send in flight here: a cap would protect nobody."""
+        with self._lock:
+            return all(not local.in_flight for name, local in self._local.items() if name != destination)
+
+    def blocked(self, destination: str, *, now: datetime) -> bool:
+        """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
+
+        Asked by a send thread just before a (non-probe) send: rows admitted
+        before an outcome opened the breaker are given back instead of sent.
+        """
+        with self._lock:
+            known = self._known.get(destination)
+        return known is not None and known.wait_until(now) is not None
+
+    def give_back(self, destination: str, row: Outbox, *, token: uuid.UUID, now: datetime) -> None:
+        """A row ``blocked`` kept from its send: held like those a claim holds (due now if the hold ended meanwhile)."""
+        with self.engine.begin() as connection:
+            if self.store.hold(connection, destination, ids=[row.id], token=token, now=now) is None:
+                self.store.release(connection, ids=[row.id], token=token, until=now, now=now)
+
+    def take_released(self) -> bool:
+        """Whether an outcome recorded here made held rows due now since the last call (the pump claims again)."""
+        with self._lock:
+            released, self._released = self._released, False
+        return released
+
+    # -- the steps of admit --------------------------------------------------
+
+    def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
+        with self.engine.connect() as connection:
+            states = self.store.states(connection, destinations)
+        with self._lock:
+            for destination in destinations:
+                if destination in states:
+                    self._known[destination] = states[destination]
+                else:
+                    self._known.pop(destination, None)
+        return states
+
+    def _hold_back(
+        self,
+        destination: str,
+        state: DestinationState,
+        group: list[tuple[Outbox, Delivery]],
+        *,
+        token: uuid.UUID,
+        now: datetime,
+        admission: Admission,
+    ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
+        """The rows that may still go (the probe first, if this drainer won it), holding the others."""
+        probe = False
+        if state.probe_due(now):
+            first = group[0][0]
+            assert first.claimed_until is not None
+            with self.engine.begin() as connection:
+                probe = self.store.try_probe(connection, destination, row_id=first.id, now=now, probe_until=first.claimed_until)
+        waiting = group[1:] if probe else group
+        if not waiting:
+            return group[:1], probe
+        with self.engine.begin() as connection:
+            until = self.store.hold(connection, destination, ids=[row.id for row, _ in waiting], token=token, now=now)
+        if until is None:  # the destination recovered meanwhile: everything goes
+            return group, probe
+        admission.held += len(waiting)
+        return (group[:1] if probe else []), probe
+
+    def _within_cap(
+        self,
+        destination: str,
+        state: DestinationState | None,
+        group: list[tuple[Outbox, Delivery]],
+        *,
+        uncapped: bool,
+        token: uuid.UUID,
+        now: datetime,
+        admission: Admission,
+    ) -> list[tuple[Outbox, Delivery]]:
+        """The rows within the destination's cap (all, if it is not suspect or ``uncapped``), registered as in flight."""
+        if not group:
+            return group
+        clock = time.monotonic()
+        with self._lock:
+            local = self._local[destination]
+            room = len(group) if uncapped or not local.suspect(state, clock) else max(0, self.cap - len(local.in_flight))
+            allowed, over = group[:room], group[room:]
+            for row, _ in allowed:
+                local.in_flight[row.id] = clock
+            wait = local.retry_in(state, clock, self.options.timeout)
+        if over:
+            later = now + timedelta(seconds=wait)
+            with self.engine.begin() as connection:
+                self.store.release(connection, ids=[row.id for row, _ in over], token=token, until=later, now=now)
+            admission.capped += len(over)
+        return allowed

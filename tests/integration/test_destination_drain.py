@@ -1,0 +1,315 @@
+"""Destinations in a real drain: a failing receiver is contained, healthy ones keep flowing, nothing is lost.
+
+Real database, real receivers on 127.0.0.1: ``Receiver`` (answers as told) and
+``Blackhole`` (accepts TCP connections and never answers).  The drainers run
+on the manual clock, so cool-downs and backoffs pass when a test says so.
+The invariant checked throughout: a row's ``attempts`` equals the number of
+requests that carried its key, so a row held back while its destination was
+open spent nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, delete
+
+from outboxkit import Drainer, HttpTransport
+from outboxkit.destination_store import DestinationStore
+from outboxkit.destinations import BreakerOptions
+from outboxkit.tables import destinations as destination_table
+from tests.support.models import SampleEvent
+from tests.support.receiver import Receiver, Reply
+
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+
+
+class Blackhole:
+    """A TCP listener that accepts every connection and never answers; counts connections open at once."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._connections: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.open_now = 0
+        self.most_open = 0
+        self.accepted = 0
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._connections.append(connection)
+                self.accepted += 1
+                self.open_now = sum(1 for item in self._connections if _alive(item))
+                self.most_open = max(self.most_open, self.open_now)
+
+    def __enter__(self) -> Blackhole:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+
+
+def _alive(connection: socket.socket) -> bool:
+    try:
+        connection.setblocking(False)
+        return connection.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True  # nothing to read yet and not closed: the sender still waits
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def failing_receiver() -> Iterator[Receiver]:
+    with Receiver() as receiver:
+        yield receiver
+
+
+def attempts_match_requests(read_events, *receivers: Receiver) -> None:
+    sent: dict[str | None, int] = {}
+    for receiver in receivers:
+        for key, count in receiver.count_by_key().items():
+            sent[key] = sent.get(key, 0) + count
+    for row in read_events().values():
+        assert row.attempts == sent.get(str(row.idempotency_key), 0), row
+
+
+def state(engine: Engine, url: str):
+    from outboxkit.destinations import destination_of
+
+    with engine.connect() as connection:
+        return DestinationStore(SampleEvent).states(connection, [destination_of(url)]).get(destination_of(url))
+
+
+def insert_at(engine: Engine, url: str, payloads: list[dict]) -> list[int]:
+    from sqlalchemy import insert
+
+    statement = insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True)
+    with engine.begin() as connection:
+        return list(connection.scalars(statement, [{"target_url": url + "/hook", "payload": payload} for payload in payloads]))
+
+
+# -- the breaker in a drain --------------------------------------------------------------
+
+
+def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_their_attempts(
+    engine, make_drainer, clock, failing_receiver, read_events
+):
+    failing_receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(6)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    assert drainer.drain().retried == 6  # all six were out before the breaker opened
+    assert state(engine, failing_receiver.url).status == "open"
+    clock.advance(seconds=30)  # past every row's backoff, inside the cool-down
+    assert drainer.drain().claimed == 0  # claimed, held back, not sent
+    assert len(failing_receiver.requests) == 6
+    clock.advance(seconds=31)  # the cool-down is over: one probe, which fails
+    drainer.drain()
+    assert len(failing_receiver.requests) == 7
+    reopened = state(engine, failing_receiver.url)
+    assert reopened.status == "open" and reopened.cool_down == 120
+    clock.advance(seconds=119)
+    drainer.drain()
+    assert len(failing_receiver.requests) == 7
+    failing_receiver.respond = lambda request: Reply(status=200)
+    clock.advance(seconds=2)  # the next probe succeeds: the breaker closes and the waiting rows flow at once
+    result = drainer.drain()
+    assert result.delivered == 6 and state(engine, failing_receiver.url).status == "healthy"
+    assert {row.status for row in read_events().values()} == {"done"}
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_two_drainers_send_one_probe_between_them(engine, make_drainer, clock, failing_receiver, read_events):
+    failing_receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3)])
+    first = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    second = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    first.drain()
+    assert state(engine, failing_receiver.url).status == "open"
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3, 40)])
+    clock.advance(seconds=61)
+    threads = [threading.Thread(target=drainer.drain) for drainer in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(failing_receiver.requests) == 4
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_gone_disables_the_destination_until_a_person_resumes_it(engine, make_drainer, clock, failing_receiver, read_events):
+    failing_receiver.respond = lambda request: Reply(status=410)
+    insert_at(engine, failing_receiver.url, [{"n": 0}])
+    drainer = make_drainer(breaker=BREAKER)
+    assert drainer.drain().stuck == 1  # a 4xx: the row itself is stuck, as always
+    disabled = state(engine, failing_receiver.url)
+    assert disabled.status == "disabled" and disabled.last_status_code == 410
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(1, 5)])
+    clock.advance(days=2)
+    drainer.drain()
+    assert len(failing_receiver.requests) == 1  # nothing else was sent, not even a probe
+    failing_receiver.respond = lambda request: Reply(status=200)
+    with engine.begin() as connection:
+        DestinationStore(SampleEvent).resume(connection, disabled.destination, now=clock.now(), actor="alice")
+    assert drainer.drain().delivered == 4
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_retry_after_on_429_slows_the_whole_destination(engine, make_drainer, clock, failing_receiver, read_events):
+    failing_receiver.respond = lambda request: Reply(status=429, headers={"Retry-After": "120"})
+    insert_at(engine, failing_receiver.url, [{"n": 0}])
+    drainer = make_drainer(breaker=BREAKER)
+    drainer.drain()
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(1, 4)])
+    failing_receiver.respond = lambda request: Reply(status=200)
+    drainer.drain()
+    assert len(failing_receiver.requests) == 1  # the new rows wait with the first one
+    clock.advance(seconds=121)
+    assert drainer.drain().delivered == 4
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_a_probe_row_whose_build_fails_is_not_the_probe(engine, make_drainer, clock, failing_receiver, read_events):
+    failing_receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    drainer.drain()
+    with engine.begin() as connection:
+        connection.execute(delete(SampleEvent))
+    broken, fine = insert_at(engine, failing_receiver.url, [{"raise": True}, {"n": 9}])
+    failing_receiver.respond = lambda request: Reply(status=200)
+    clock.advance(seconds=61)
+    drainer.drain()
+    rows = read_events()
+    assert rows[broken].attempts == 1 and rows[broken].last_error.startswith("build_delivery raised")
+    assert rows[fine].status == "done"
+    assert state(engine, failing_receiver.url).status == "healthy"  # the row that was built probed, and closed it
+
+
+def test_a_destination_state_deleted_by_hand_loses_no_row(engine, make_drainer, clock, failing_receiver, read_events):
+    failing_receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    drainer.drain()
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3, 6)])
+    clock.advance(seconds=10)
+    drainer.drain()  # the new rows are held until the probe
+    with engine.begin() as connection:
+        connection.execute(delete(destination_table))
+    failing_receiver.respond = lambda request: Reply(status=200)
+    clock.advance(seconds=51)
+    assert drainer.drain().delivered == 6
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_a_flapping_receiver_loses_nothing(engine, make_drainer, clock, failing_receiver, read_events):
+    answers = iter([503, 200] * 100)
+    lock = threading.Lock()
+
+    def flap(request):
+        with lock:
+            return Reply(status=next(answers))
+
+    failing_receiver.respond = flap
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(20)])
+    drainer = make_drainer(breaker=BREAKER, max_attempts=20)
+    for _ in range(30):
+        drainer.drain()
+        if all(row.status == "done" for row in read_events().values()):
+            break
+        clock.advance(seconds=120)
+    assert {row.status for row in read_events().values()} == {"done"}
+    attempts_match_requests(read_events, failing_receiver)
+
+
+def test_destinations_named_by_the_outbox_have_their_own_breakers(
+    engine, make_drainer, clock, failing_receiver, read_events, monkeypatch
+):
+    monkeypatch.setattr(SampleEvent, "destination_for", lambda self, delivery: f"tenant-{self.payload['tenant']}")
+    failing_receiver.respond = lambda request: Reply(status=503 if request.body["tenant"] == "a" else 200)
+    insert_at(engine, failing_receiver.url, [{"tenant": "a", "n": n} for n in range(3)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    drainer.drain()
+    insert_at(engine, failing_receiver.url, [{"tenant": tenant, "n": n} for n in range(3) for tenant in "ab"])
+    clock.advance(seconds=10)
+    result = drainer.drain()
+    assert result.delivered == 3  # tenant b flows at the same URL while tenant a's breaker is open
+    with engine.connect() as connection:
+        states = {item.destination: item.status for item in DestinationStore(SampleEvent).all_states(connection)}
+    assert states["tenant-a"] == "open"
+    assert states.get("tenant-b", "healthy") == "healthy"  # a destination with nothing but successes needs no row
+    attempts_match_requests(read_events, failing_receiver)
+
+
+# -- isolation: a hanging receiver holds at most its cap ------------------------------------
+
+
+def test_healthy_destinations_keep_flowing_while_another_hangs(engine, receiver, read_events):
+    """On the system clock: rows beyond a cap come back a second later, as in production."""
+    options = dataclasses.replace(
+        SampleEvent.__outbox__, concurrency=8, batch_size=20, timeout=30, destination_concurrency=2, breaker=BREAKER
+    )
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
+        try:
+            with Blackhole() as blackhole:
+                insert_at(engine, blackhole.url, [{"n": n} for n in range(10)])  # the dead rows come first
+                insert_at(engine, receiver.url, [{"n": n} for n in range(40)])
+                drainer.start(poll_seconds=1)
+                receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
+                assert blackhole.most_open <= 2
+                drainer.stop(wait=False)
+        finally:
+            drainer.close()  # the blackhole closed its connections: the hanging sends have ended
+    rows = read_events()
+    assert sum(row.status == "done" for row in rows.values()) == 40
+    assert all(row.status == "pending" for row in rows.values() if row.target_url.startswith(blackhole.url))
+
+
+def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
+    engine, make_drainer, failing_receiver, read_events
+):
+    """One send thread: the first answer opens the breaker while the second send is out; the rest never go."""
+    first = threading.Event()
+
+    def respond(request):
+        if not first.is_set():
+            first.set()
+            return Reply(status=503)
+        return Reply(status=503, hang=True)  # until the test has seen the breaker open
+
+    failing_receiver.respond = respond
+    ids = insert_at(engine, failing_receiver.url, [{"n": n} for n in range(5)])
+    drainer = make_drainer(breaker=BreakerOptions(failures=1, cool_down=60), concurrency=1, batch_size=5, max_attempts=20)
+    draining = threading.Thread(target=drainer.drain)
+    draining.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (current := state(engine, failing_receiver.url)) is None or current.status != "open":
+            assert time.monotonic() < deadline, "the breaker did not open"
+            threading.Event().wait(0.02)
+    finally:
+        failing_receiver.release()
+        draining.join(timeout=60)
+    assert len(failing_receiver.requests) == 2
+    rows = read_events()
+    assert [(rows[row_id].status, rows[row_id].attempts) for row_id in ids[2:]] == [("pending", 0)] * 3
+    attempts_match_requests(read_events, failing_receiver)
