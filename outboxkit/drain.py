@@ -79,7 +79,8 @@ from outboxkit.clock import Clock, SystemClock
 from outboxkit.destination_gate import DestinationGate
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
-from outboxkit.drain_pump import Background, CallEvents, PumpState, SendPump
+from outboxkit.drain_loop import Background, CallEvents, PumpState
+from outboxkit.drain_pump import SendPump
 from outboxkit.drain_record import Recorder
 from outboxkit.errors import KitClosedError
 from outboxkit.model import Outbox, OutboxOptions

@@ -22,11 +22,11 @@ The pump claims (``outboxkit.drain_claim``), hands the rows to the send pool
 and records each outcome as it comes back (``outboxkit.drain_record``), on
 the one thread that runs it.  It keeps the pool fed: it claims the next rows
 while the previous ones' slowest sends are still out, once no more rows are
-in flight than the refill threshold (``refill_threshold``).  After a claim
+in flight than the refill threshold (``drain_loop.refill_threshold``).  After a claim
 that took a row alone because its last worker died mid-delivery, nothing more
 is claimed until that row is recorded, so a row that kills its worker takes
 no freshly claimed neighbour down with it.  The background loop's pump waits
-for an outcome, a wake-up or the earliest due time it knows of (``Background``).
+for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Background``).
 """
 
 from __future__ import annotations
@@ -34,15 +34,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import threading
 import time
 import traceback
 import typing
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Generic
 
 from sqlalchemy import Engine
 
@@ -50,7 +48,8 @@ from outboxkit.clock import Clock
 from outboxkit.destination_gate import DestinationGate
 from outboxkit.destinations import check_destination_name
 from outboxkit.diagnostics import SchemaProblemLog
-from outboxkit.drain_claim import Claimer, DrainCounts
+from outboxkit.drain_claim import Claimer
+from outboxkit.drain_loop import RETRY_CLAIM_SECONDS, STOP, WAKE, Background, PumpState, ResultT, refill_threshold
 from outboxkit.drain_record import OutcomeConnection, Recorder
 from outboxkit.errors import DeliveryBuildError
 from outboxkit.model import Outbox, OutboxOptions
@@ -60,16 +59,10 @@ from outboxkit.send_pool import InFlightLimit, SendPool
 from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.transport import Delivery, Transport
 
-__all__ = ["Background", "CallEvents", "PumpState", "SendPump", "refill_threshold"]
+__all__ = ["SendPump"]
 
 logger = logging.getLogger("outboxkit.drain")
 
-# The background loop's timings.  A claim that could not take rows that are
-# due (another transaction holds their locks: a concurrent claim for a moment,
-# an application transaction for longer), or that this drainer's other drains
-# left no in-flight slot for, is retried this soon, doubling while it goes on:
-RETRY_CLAIM_SECONDS = 0.05
-RETRY_CLAIM_MAX_SECONDS = 5.0
 # A send that outlives its deadline by more than this is reported: the lease assumes it cannot.
 DEADLINE_SLACK_SECONDS = 1.0
 # A send's deadline ends this long before its row's lease (a third of the lease margin, at most 5 s),
@@ -78,100 +71,7 @@ DEADLINE_SLACK_SECONDS = 1.0
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
 
-ResultT = TypeVar("ResultT", bound=DrainCounts)
-
-
-@dataclass
-class PumpState:
-    """What a pump knows between two events; the background loop keeps it across database errors."""
-
-    in_flight: int = 0  # rows handed to the send pool whose outcome is not yet recorded
-    more_due: bool = True  # a claim may find rows: nothing said otherwise since the last empty claim
-    isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
-    next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
-    retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
-    awaiting_outcome: bool = False  # the last claim gave rows back for a destination's cap: claim after an outcome
-
-
-_WAKE = object()
-_STOP = object()
 _GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
-
-
-class CallEvents(queue.SimpleQueue[object]):
-    """The outcome queue of one drain call; once the call gave up (a database error), outcomes free their slot instead."""
-
-    def __init__(self, in_flight: InFlightLimit) -> None:
-        super().__init__()
-        self._in_flight = in_flight
-        self._lock = threading.Lock()
-        self._abandoned = False
-
-    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
-        with self._lock:
-            if not self._abandoned:
-                super().put(item, block, timeout)
-                return
-        self._in_flight.give(1)  # nobody will record it: the row's lease brings it back
-
-    def abandon(self) -> None:
-        """No more outcomes are read: free the slots of those already queued, and of every later one as it comes."""
-        with self._lock:
-            self._abandoned = True
-            queued = 0
-            while True:
-                try:
-                    self.get_nowait()
-                except queue.Empty:
-                    break
-                queued += 1
-        self._in_flight.give(queued)
-
-
-class Background(Generic[ResultT]):
-    """The background loop's controls: its thread, its event queue, its stop flag, its busy spell's result."""
-
-    def __init__(self, result: ResultT, poll_seconds: float) -> None:
-        self.poll_seconds = poll_seconds
-        self.events: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.stopping = threading.Event()
-        self.result = result
-        self.failing: str | None = None  # the database error being retried, logged once
-        self._wake_lock = threading.Lock()
-        self._wake_queued = False
-        self.thread: threading.Thread | None = None
-
-    def wake(self) -> None:
-        # At most one wake-up waits in the queue: a burst of notifications costs one claim.
-        with self._wake_lock:
-            if self._wake_queued:
-                return
-            self._wake_queued = True
-        self.events.put(_WAKE)
-
-    def woken(self) -> None:
-        with self._wake_lock:
-            self._wake_queued = False
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.events.put(_STOP)
-
-    def wait_seconds(self, state: PumpState, *, blocked: bool, now: datetime) -> float | None:
-        """How long to wait for the next event; None waits for an outcome."""
-        if blocked:
-            return RETRY_CLAIM_SECONDS
-        if state.more_due or self.stopping.is_set():
-            return None  # in-flight outcomes come first
-        if state.next_due is None:
-            return self.poll_seconds
-        until_due = (state.next_due - now).total_seconds()
-        if until_due > 0:
-            state.retry_wait = RETRY_CLAIM_SECONDS
-            return min(until_due, self.poll_seconds)
-        # Rows are due but the last claim took none: locked by another transaction.
-        wait, state.retry_wait = state.retry_wait, min(state.retry_wait * 2, RETRY_CLAIM_MAX_SECONDS)
-        return min(wait, self.poll_seconds)
 
 
 class SendPump(Generic[ResultT]):
@@ -262,12 +162,12 @@ class SendPump(Generic[ResultT]):
                 except queue.Empty:
                     state.more_due = True  # a row came due (or the safety-net poll)
                     continue
-                if event is _WAKE:
+                if event is WAKE:
                     assert background is not None
                     background.woken()
                     state.more_due = True
                     continue
-                if event is _STOP:
+                if event is STOP:
                     continue
                 if isinstance(event, tuple) and event[0] is _GIVEN_BACK:
                     _, row, token, destination = event
@@ -421,23 +321,3 @@ class SendPump(Generic[ResultT]):
             else:
                 deliveries.append((row, delivery, destination))
         return deliveries, failures
-
-
-def refill_threshold(batch_size: int, concurrency: int) -> int:
-    """Claim again once this few rows are left in flight: ``max(concurrency, batch_size // 2)``.
-
-    At least ``concurrency``, so every send thread still has a row while the
-    next claim is made, and at least half a batch, so a few rows wait queued
-    behind the busy threads: a claim (a round trip, a commit, ORM loading,
-    and the GIL shared with the send threads) can take long enough that
-    threads finishing meanwhile would otherwise sit idle.  Against
-    a 50 ms receiver, refilling at 25 instead of 16 rows kept 14.6-15.0 of 16
-    threads busy on average instead of 12.9-14.7, at the cost of smaller
-    claims.  Rows in flight never exceed ``batch_size``, so each row is still
-    sent within the rounds its lease allows.  When ``concurrency`` is at
-    least ``batch_size`` the pool cannot be kept full by one batch, and the
-    threshold is half a batch (``batch_size // 2``), below ``concurrency``.
-    """
-    if concurrency >= batch_size:
-        return batch_size // 2  # the pool cannot be kept full; claim at half a batch
-    return max(concurrency, batch_size // 2)

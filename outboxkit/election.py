@@ -1,5 +1,8 @@
 """Leader election: exactly one process runs the schedule.
 
+(This module runs a little past 400 lines on purpose: the state machine and
+the prose that says which invariant each step protects belong together.)
+
 Many processes run the application (uvicorn ``--workers N``, several hosts);
 each runs one ``LeaderElection``.  The one that holds a PostgreSQL session
 advisory lock leads and runs the scheduler; the others stand by.  The state

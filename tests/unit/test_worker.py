@@ -10,7 +10,7 @@ def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next
     from datetime import datetime, timedelta, timezone
 
     from outboxkit.drain import DrainResult
-    from outboxkit.drain_pump import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, Background, PumpState
+    from outboxkit.drain_loop import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, Background, PumpState
 
     background = Background(DrainResult(job_name="sample-events"), poll_seconds=60.0)
     now = datetime(2030, 1, 1, tzinfo=timezone.utc)
