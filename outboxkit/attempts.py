@@ -43,6 +43,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from outboxkit.log_events import log_fields
+
 __all__ = ["ERROR_EXCERPT_CHARS", "FLUSH_ROWS", "AttemptLog", "AttemptRecord", "sender_identity"]
 
 logger = logging.getLogger("outboxkit.attempts")
@@ -200,6 +202,7 @@ class AttemptLog:
                     len(records),
                     message,
                     "; run the kit's migration outboxkit_0003 (`alembic upgrade heads`)" if missing else "",
+                    extra=log_fields("attempts.dropped", self.outbox_name, records=len(records)),
                 )
         else:
             self._failing = None

@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
+from outboxkit.log_events import log_fields
+
 if TYPE_CHECKING:
     from outboxkit.scheduler import OutboxScheduler
     from outboxkit.settings import OutboxKitSettings
@@ -80,26 +82,30 @@ def _start(kit: Runtime) -> None:
         try:
             kit.worker.start()
         except Exception:
-            logger.exception("the drain loops could not start; the API starts without them")
+            logger.exception("the drain loops could not start; the API starts without them",
+                extra=log_fields("integration.drain_start_failed"))
     else:
-        logger.info("drain loops disabled (OUTBOXKIT_DRAIN_ENABLED=false) in this process")
+        logger.info("drain loops disabled (OUTBOXKIT_DRAIN_ENABLED=false) in this process",
+            extra=log_fields("integration.drain_disabled"))
     if not kit.settings.scheduler_enabled:
-        logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false) in this process")
+        logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false) in this process",
+            extra=log_fields("integration.scheduler_disabled"))
         return
     try:
         kit.scheduler.elect()
     except Exception:
-        logger.exception("the scheduler could not start; the API starts without it")
+        logger.exception("the scheduler could not start; the API starts without it",
+            extra=log_fields("integration.scheduler_start_failed"))
 
 
 def _stop(kit: Runtime, close_kit: bool) -> None:
     try:
         kit.worker.stop()
     except Exception:
-        logger.exception("stopping the drain loops failed")
+        logger.exception("stopping the drain loops failed", extra=log_fields("integration.drain_stop_failed"))
     try:
         kit.scheduler.resign()
     except Exception:
-        logger.exception("stopping the scheduler failed")
+        logger.exception("stopping the scheduler failed", extra=log_fields("integration.scheduler_stop_failed"))
     if close_kit:
         kit.close()

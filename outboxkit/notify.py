@@ -38,6 +38,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError
+from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox
 
 __all__ = [
@@ -175,7 +176,8 @@ class NotifyListener:
                 self._listen(connection)
             except psycopg.Error as exc:
                 if not self._stopping.is_set():
-                    logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__)
+                    logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__,
+                        extra=log_fields("notify.connection_lost"))
             finally:
                 self.backend_pid = None
                 connection.close()
@@ -190,7 +192,8 @@ class NotifyListener:
             stop=lambda retry_state: self._stopping.is_set(),
             sleep=self._sleep,
             before_sleep=lambda state: logger.warning(
-                "listener cannot connect: %s", state.outcome.exception() if state.outcome else "?"
+                "listener cannot connect: %s", state.outcome.exception() if state.outcome else "?",
+                extra=log_fields("notify.connect_failed"),
             ),
             reraise=True,
         )
@@ -218,7 +221,7 @@ class NotifyListener:
             reconnected = self.generation > 1
             self._changed.notify_all()
         if reconnected:
-            logger.info("listener reconnected; waking every drain once to catch up")
+            logger.info("listener reconnected; waking every drain once to catch up", extra=log_fields("notify.reconnected"))
         # Notifications sent while nobody listened (before this leader, or
         # while disconnected) are gone: one drain each picks up what they announced.
         for callback in self.channels.values():

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.log_events import log_fields
 
 if TYPE_CHECKING:
     from outboxkit.model import Outbox
@@ -42,25 +43,6 @@ logger = logging.getLogger("outboxkit.telemetry")
 
 # Decision.status -> the outcome an operator counts.
 _OUTCOMES = {"done": "delivered", "pending": "retried", "stuck": "stuck"}
-
-
-def log_fields(event: str, outbox: str | None = None, row: Outbox | None = None, **fields: object) -> dict[str, object]:
-    """The ``extra=`` of a kit log line: its event name and fields, for a JSON formatter.
-
-    The human-readable message stays as it is; a formatter that prints
-    record attributes finds ``event_name`` (e.g. ``drain.row_stuck``, listed in
-    docs/operations.md), ``outbox``, ``row`` and ``attempt`` (for a row), and
-    the event's own fields.  The key is ``event_name``, not ``event``, which
-    structlog's stdlib bridge uses for the message.
-    """
-    values: dict[str, object] = {"event_name": event}
-    if outbox is not None:
-        values["outbox"] = outbox
-    if row is not None:
-        values["row"] = row.id
-        values["attempt"] = row.attempts
-    values.update(fields)
-    return values
 
 
 def outcome_name(status: str) -> str:
@@ -227,4 +209,5 @@ class Telemetry:
         if key in self._reported:
             return
         self._reported.add(key)  # once: a broken observer must not flood the log from the hot path
-        logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook)
+        logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook,
+            extra=log_fields("telemetry.observer_failed", observer=type(observer).__name__, hook=hook))
