@@ -262,6 +262,12 @@ class Drainer:
         """True while the background loop runs (or is finishing its rows in flight)."""
         return self._background is not None
 
+    @property
+    def loop_alive(self) -> bool:
+        """True while the background loop's thread is alive (False once it died or was stopped)."""
+        background = self._background
+        return background is not None and background.thread is not None and background.thread.is_alive()
+
     def wake(self) -> None:
         """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""
         background = self._background

@@ -41,11 +41,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.health import HealthServer
 from outboxkit.operator_queries import admin_queries_for
 from outboxkit.telemetry import Observer, log_fields, status_class
 
@@ -274,17 +275,19 @@ class OutboxMetrics(Observer):
         """
         return MetricsApp(self._prometheus.make_asgi_app(registry=self.registry))
 
-    def serve(self, port: int, *, host: str = "127.0.0.1") -> MetricsServer:
-        """A standalone exporter on ``host:port`` in a daemon thread (``port=0`` picks a free one)."""
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ConfigurationError(f"the metrics port must be 0-65535, got {port!r}")
-        try:
-            server, thread = self._prometheus.start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:  # in use, or an address this host does not have
-            raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-        exporter = MetricsServer(server, thread)
+    def serve(
+        self, port: int, *, host: str = "127.0.0.1", readiness: Callable[[], str | None] | None = None
+    ) -> MetricsServer:
+        """A standalone exporter on ``host:port`` in a daemon thread (``port=0`` picks a free one).
+
+        It answers ``/metrics``, ``/healthz`` (200 while the process answers)
+        and ``/readyz`` (200, or 503 with the reason ``readiness()`` returns;
+        always 200 without one), and 404 on any other path
+        (``outboxkit.health``).
+        """
+        exporter = MetricsServer(HealthServer(port=port, host=host, readiness=readiness, metrics=self.render))
         self._servers.append(exporter)
-        logger.info("serving metrics on http://%s:%d/metrics", host, exporter.port,
+        logger.info("serving metrics on http://%s:%d/metrics (and /healthz, /readyz)", host, exporter.port,
                     extra=log_fields("metrics.serving", host=host, port=exporter.port))
         return exporter
 
@@ -321,25 +324,23 @@ class MetricsApp:
 class MetricsServer:
     """A running standalone exporter: ``port`` it listens on; ``close()`` stops it."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: HealthServer) -> None:
         self._server = server
-        self._thread = thread
-        self._closed = False
-        self.port: int = server.server_port
+        self.port: int = server.port
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._server.close()
 
 
 @contextlib.contextmanager
-def serve_worker_metrics(kit: KitCore, *, port: int | None, host: str = "127.0.0.1") -> Iterator[OutboxMetrics | None]:
+def serve_worker_metrics(
+    kit: KitCore, *, port: int | None, host: str = "127.0.0.1", readiness: Callable[[], str | None] | None = None
+) -> Iterator[OutboxMetrics | None]:
     """For ``outboxkit worker --metrics-port``: serve the kit's metrics on ``host:port`` while the block runs.
+
+    The same port answers ``/healthz`` and ``/readyz`` (``readiness``, the
+    worker's ``DrainWorker.readiness``); see ``OutboxMetrics.serve``.
 
     ``port=None`` does nothing.  An ``OutboxMetrics`` the application already
     attached to the kit is served as it is; otherwise one is made for the
@@ -350,7 +351,7 @@ def serve_worker_metrics(kit: KitCore, *, port: int | None, host: str = "127.0.0
         return
     attached = [observer for observer in kit.telemetry.observers if isinstance(observer, OutboxMetrics)]
     metrics = attached[0] if attached else OutboxMetrics(kit)
-    server = metrics.serve(port, host=host)
+    server = metrics.serve(port, host=host, readiness=readiness)
     try:
         yield metrics
     finally:

@@ -102,6 +102,26 @@ class DrainWorker:
             extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
 
+    def readiness(self) -> str | None:
+        """None when this worker is ready (its drain loops run and the database answers), else why not.
+
+        What ``/readyz`` of ``outboxkit worker --metrics-port`` reports
+        (503 with the reason); ``/healthz`` only says the process answers.
+        """
+        drainers = self.drainers
+        if not drainers:
+            return "the drain loops are not running"
+        stopped = [drainer.job_name for drainer in drainers if not drainer.loop_alive]
+        if stopped:
+            return f"the drain loop of {', '.join(stopped)} has stopped"
+        try:
+            with self.kit.engine.connect() as connection:
+                connection.exec_driver_sql("SELECT 1")
+        except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"the database does not answer: {type(exc).__name__}: {first_line}"
+        return None
+
     def wake(self) -> None:
         """Wake every loop now (as a notification would)."""
         for drainer in self.drainers:

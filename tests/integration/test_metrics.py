@@ -223,7 +223,7 @@ def test_serve_worker_metrics_serves_while_the_block_runs_and_refuses_a_taken_po
         [server] = metrics._servers
         answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
         assert answer.status_code == 200 and "outboxkit_attempts_total" in answer.text
-        with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 127.0.0.1:{server.port}"):
+        with pytest.raises(ConfigurationError, match=f"cannot serve metrics and health checks on 127.0.0.1:{server.port}"):
             metrics.serve(server.port)
     assert not kit.telemetry.enabled  # the block's own OutboxMetrics is closed with it
     with pytest.raises(httpx.TransportError):
@@ -287,3 +287,43 @@ def test_row_gauges_are_nan_until_their_first_read_and_the_refresh_error_counter
         assert math.isnan(value(scraped, name, outbox="sample-events")), name
     assert value(scraped, "outboxkit_row_refresh_errors_total") >= 1
     assert not [name for name, _ in scraped if "gauge" in name and name.endswith("_total")]
+
+
+def test_the_worker_port_answers_liveness_readiness_and_metrics_at_their_paths_only(kit):
+    from outboxkit.worker import DrainWorker
+
+    worker = DrainWorker(kit)
+    with serve_worker_metrics(kit, port=0, readiness=worker.readiness) as metrics:
+        [server] = metrics._servers
+        base = f"http://127.0.0.1:{server.port}"
+        assert httpx.get(f"{base}/healthz", timeout=10).text == "ok\n"
+        not_ready = httpx.get(f"{base}/readyz", timeout=10)
+        assert (not_ready.status_code, not_ready.text) == (503, "not ready: the drain loops are not running\n")
+        worker.start()
+        try:
+            ready = httpx.get(f"{base}/readyz", timeout=10)
+            assert (ready.status_code, ready.text) == (200, "ready\n")
+        finally:
+            worker.stop()
+        assert httpx.get(f"{base}/readyz", timeout=10).status_code == 503
+        assert "outboxkit_attempts_total" in httpx.get(f"{base}/metrics", timeout=10).text
+        for path in ("/", "/metrics/", "/health", "/healthz/x", "/favicon.ico"):
+            answer = httpx.get(base + path, timeout=10)
+            assert answer.status_code == 404 and "outboxkit_" not in answer.text, path
+
+
+def test_a_worker_whose_database_does_not_answer_is_not_ready():
+    from sqlalchemy import create_engine
+
+    from outboxkit.worker import DrainWorker
+
+    unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nothing", connect_args={"connect_timeout": 5})
+    kit = make_kit(unreachable, listen_enabled=False)
+    worker = DrainWorker(kit)
+    worker.start()
+    try:
+        reason = worker.readiness()
+    finally:
+        worker.stop()
+        kit.close()
+    assert reason is not None and reason.startswith("the database does not answer: OperationalError")
