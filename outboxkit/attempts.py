@@ -37,6 +37,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -132,8 +133,16 @@ class AttemptRecord:
 class AttemptLog:
     """Buffers one outbox's attempt records and writes them in batches (see the module).  Thread-safe."""
 
-    def __init__(self, outbox_name: str, *, keep_days: float, table: str | None = None) -> None:
+    def __init__(
+        self,
+        outbox_name: str,
+        *,
+        keep_days: float,
+        table: str | None = None,
+        on_dropped: Callable[[int], None] | None = None,
+    ) -> None:
         self.outbox_name = outbox_name
+        self._on_dropped = on_dropped or (lambda records: None)  # the drainer's telemetry counts them
         self.keep = timedelta(days=keep_days)
         self._sample = _SAMPLE.format(table=table) if table else None
         self._lock = threading.Lock()
@@ -189,6 +198,7 @@ class AttemptLog:
                 self._next_maintenance = time.monotonic() + TRIM_INTERVAL_SECONDS
                 self._maintain(driver, now=now)
         except Exception as exc:
+            self._on_dropped(len(records))
             if driver is None or driver.broken or driver.closed:
                 connection.invalidate()
                 raise

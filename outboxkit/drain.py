@@ -131,7 +131,12 @@ class Drainer:
         self._schema_problems = SchemaProblemLog(logger)
         self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
         # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
-        self.attempt_log = AttemptLog(self.job_name, keep_days=attempt_history_days, table=self.queries.table_name)
+        self.attempt_log = AttemptLog(
+            self.job_name,
+            keep_days=attempt_history_days,
+            table=self.queries.table_name,
+            on_dropped=lambda records: self.telemetry.attempts_dropped(self.job_name, records),
+        )
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.
         self.claimer = Claimer(

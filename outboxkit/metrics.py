@@ -19,13 +19,15 @@ Two kinds of figure, with different costs:
   (``outboxkit.telemetry``) as the drain works: attempts by outcome and
   status-code class, delivery latency (``created_at`` to ``done``), send
   duration, drain run duration, database errors, leadership changes, job
-  runs.  They count what *this process* did; sum them across processes.
+  runs and each job's last success, the NOTIFY listener's connection and
+  reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
 * The row gauges (pending, in flight, stuck, oldest due age) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
   default) with the admin's status-count query, which stays on the partial
   indexes; a scrape never queries the database.  Until the first read
-  succeeds they are NaN, never a reassuring 0.
+  succeeds they are NaN, never a reassuring 0.  ``outboxkit_outbox_paused``
+  is read with them.
 
 Metrics live in a registry the object owns (a fresh ``CollectorRegistry``)
 or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
@@ -45,9 +47,12 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import ProgrammingError
+
 from outboxkit.errors import ConfigurationError
 from outboxkit.health import HealthServer
 from outboxkit.operator_queries import admin_queries_for
+from outboxkit.pauses import paused_outboxes
 from outboxkit.telemetry import Observer, log_fields, status_class
 
 if TYPE_CHECKING:
@@ -169,6 +174,25 @@ class OutboxMetrics(Observer):
             "outboxkit_job_run_duration_seconds", "One scheduled job run, fence to recorded end", ["job"],
             buckets=RUN_BUCKETS, registry=registry,
         )
+        self.outbox_paused = gauge(
+            "outboxkit_outbox_paused", "1 while an operator has paused the outbox's drains (table-wide; NaN until read)",
+            outbox, registry=registry,
+        )
+        self.job_last_success = gauge(
+            "outboxkit_job_last_success_timestamp_seconds", "When a run of the job last ended ok in this process (Unix time)",
+            ["job"], registry=registry,
+        )
+        self.listener_connected = gauge(
+            "outboxkit_listener_connected", "1 while this process's NOTIFY listener holds its connection", registry=registry
+        )
+        self.listener_reconnects = counter(
+            "outboxkit_listener_reconnects", "The NOTIFY listener connected again after losing its connection",
+            registry=registry,
+        )
+        self.attempt_history_dropped = counter(
+            "outboxkit_attempt_history_dropped", "Attempt-history records that could not be written (delivery went on)",
+            outbox, registry=registry,
+        )
         for change in ("elected", "demoted"):
             self.leadership_changes.labels(change=change)
 
@@ -178,13 +202,14 @@ class OutboxMetrics(Observer):
         if children is None:
             children = (self.delivery_latency.labels(outbox=job_name), self.send_duration.labels(outbox=job_name))
             self._per_outbox[job_name] = children
-            for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age):
+            for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age, self.outbox_paused):
                 # NaN until the first successful read: a 0 would say "healthy" about a table nobody has read
                 # (the database down at start), and comparisons with NaN never fire an alert either way.
                 gauge.labels(outbox=job_name).set(math.nan)
             for kind in ("call", "loop"):
                 self.drain_run_duration.labels(outbox=job_name, kind=kind)
             self.drain_errors.labels(outbox=job_name)
+            self.attempt_history_dropped.labels(outbox=job_name)
             self._attempt("delivered", job_name, 200)
         return children
 
@@ -226,6 +251,16 @@ class OutboxMetrics(Observer):
     def job_finished(self, job_id: str, job_name: str, record: RunRecord, seconds: float) -> None:
         self.job_runs.labels(job=job_id, outcome=record.outcome).inc()
         self.job_run_duration.labels(job=job_id).observe(seconds)
+        if record.outcome == "ok":
+            self.job_last_success.labels(job=job_id).set(time.time())
+
+    def listener_changed(self, *, connected: bool, reconnected: bool) -> None:
+        self.listener_connected.set(1 if connected else 0)
+        if reconnected:
+            self.listener_reconnects.inc()
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        self.attempt_history_dropped.labels(outbox=job_name).inc(records)
 
     # -- the row gauges --------------------------------------------------------
 
@@ -242,6 +277,18 @@ class OutboxMetrics(Observer):
                 age = (now - counts.oldest_due_at).total_seconds() if counts.oldest_due_at is not None else 0.0
                 self.oldest_due_age.labels(outbox=job_name).set(max(0.0, age))
         self.gauges_refreshed.set(time.time())
+        self._refresh_pauses()
+
+    def _refresh_pauses(self) -> None:
+        """``outboxkit_outbox_paused`` per outbox; left NaN while the pauses table is missing (migration outboxkit_0003)."""
+        try:
+            with self.kit.engine.connect() as connection:
+                paused = paused_outboxes(connection)
+        except ProgrammingError:
+            return  # the table is missing: the drains log it (pause.table_missing); the rows gauges still count
+        for outbox in self.kit.outboxes:
+            job_name = outbox.__outbox__.job_name
+            self.outbox_paused.labels(outbox=job_name).set(1 if job_name in paused else 0)
 
     def _refresh_loop(self) -> None:
         while not self._stopping.is_set():

@@ -125,6 +125,8 @@ class NotifyListener:
     sent while nobody listened are gone.  After a dropped connection it
     reconnects with jittered exponential backoff (tenacity) and LISTENs again.
     ``generation`` counts successful (re)connections; tests wait on it.
+    ``on_connection(connected, reconnected)``, if given, is called on each
+    connection (``reconnected`` after the first) and each loss.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class NotifyListener:
         channels: Mapping[str, Callable[[], None]],
         poll_seconds: float = 0.25,
         max_backoff_seconds: float = 10.0,
+        on_connection: Callable[[bool, bool], None] | None = None,
     ) -> None:
         if not channels:
             raise InvalidValueError("NotifyListener needs at least one channel")
@@ -152,6 +155,8 @@ class NotifyListener:
         self._changed = threading.Condition()
         self.generation = 0
         self.backend_pid: int | None = None
+        # (connected, reconnected): the worker hands it to telemetry (the listener's connection gauges).
+        self._on_connection = on_connection or (lambda connected, reconnected: None)
         self._thread = threading.Thread(target=self._run, name="outboxkit-listener", daemon=True)
 
     def start(self) -> None:
@@ -181,6 +186,7 @@ class NotifyListener:
             finally:
                 self.backend_pid = None
                 connection.close()
+                self._on_connection(False, False)
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop cuts the backoff short
@@ -220,6 +226,7 @@ class NotifyListener:
             self.generation += 1
             reconnected = self.generation > 1
             self._changed.notify_all()
+        self._on_connection(True, reconnected)
         if reconnected:
             logger.info("listener reconnected; waking every drain once to catch up", extra=log_fields("notify.reconnected"))
         # Notifications sent while nobody listened (before this leader, or

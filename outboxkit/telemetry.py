@@ -4,7 +4,8 @@ The kit owns one ``Telemetry`` (``kit.telemetry``) and hands it to its
 drainers, its leader election and its job runner, which call its hooks at a
 handful of points: a send starts and ends, an outcome is written, rows are
 parked, a drain run or a busy spell of a drain loop ends, the election
-changes state, a scheduled job run ends.
+changes state, a scheduled job run ends, the NOTIFY listener connects or
+loses its connection, attempt-history records are dropped.
 
 Until something is attached the hooks do nothing: each is one method call
 that finds no observer and returns, so telemetry off costs nothing
@@ -85,6 +86,12 @@ class Observer:
 
     def job_finished(self, job_id: str, job_name: str, record: RunRecord, seconds: float) -> None:
         """A scheduled job run ended: ``record.outcome`` is ``ok``, ``error`` or ``skipped``."""
+
+    def listener_changed(self, *, connected: bool, reconnected: bool) -> None:
+        """The NOTIFY listener connected (``reconnected``: not for the first time) or lost its connection."""
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        """``records`` attempt-history records could not be written and were dropped (delivery went on)."""
 
 
 class SendProbe:
@@ -194,6 +201,14 @@ class Telemetry:
     def job_finished(self, job_id: str, job_name: str, record: RunRecord, seconds: float) -> None:
         if self._observers:
             self._each("job_finished", job_id, job_name, record, seconds)
+
+    def listener_changed(self, *, connected: bool, reconnected: bool = False) -> None:
+        if self._observers:
+            self._each("listener_changed", connected=connected, reconnected=reconnected)
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        if self._observers and records:
+            self._each("attempts_dropped", job_name, records)
 
     # -- helpers -------------------------------------------------------------
 

@@ -91,8 +91,13 @@ class DrainWorker:
             self._drainers = drainers
             if settings.listen_enabled:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
+                telemetry = self.kit.telemetry
                 self._listener = NotifyListener(
-                    connect=self.kit.session_connector(listener_application_name()), channels=channels
+                    connect=self.kit.session_connector(listener_application_name()),
+                    channels=channels,
+                    on_connection=lambda connected, reconnected: telemetry.listener_changed(
+                        connected=connected, reconnected=reconnected
+                    ),
                 )
                 self._listener.start()
         logger.info(
