@@ -50,7 +50,7 @@ from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.queries import OutboxQueries
 from outboxkit.send_pool import InFlightLimit, SendPool
-from outboxkit.telemetry import Telemetry, log_fields
+from outboxkit.telemetry import Telemetry, log_fields, outcome_name
 from outboxkit.transport import Delivery, Transport
 
 __all__ = ["Background", "CallEvents", "PumpState", "SendPump", "refill_threshold"]
@@ -343,7 +343,7 @@ class SendPump(Generic[ResultT]):
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
-            probe.sent(attempt)
+            probe.sent(attempt, outcome=outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts)))
             finished.put((row, token, attempt, started_at))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:

@@ -222,7 +222,9 @@ class OutboxMetrics(Observer):
 
     # -- hooks (outboxkit.telemetry.Observer) ----------------------------------
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
         self._prepare(job_name)[1].observe(seconds)
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:

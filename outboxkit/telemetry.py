@@ -22,6 +22,7 @@ once per observer and hook, and the delivery goes on untouched.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -69,8 +70,16 @@ class Observer:
     def sending(self, job_name: str, row: Outbox, delivery: Delivery, key: str) -> tuple[Delivery, Any]:
         return delivery, None
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
-        """A send returned (``seconds`` of wall time); its outcome is not decided yet."""
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
+        """A send returned (``seconds`` of wall time).
+
+        ``outcome`` is what the outcome rules make of it (``delivered``,
+        ``retried``, ``stuck``) before it is written: a row reset meanwhile
+        is recorded as ``lost_claim`` instead (see ``recorded``).  An
+        override that does not take ``outcome`` is called without it.
+        """
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:
         """An outcome was decided: ``delivered``, ``retried``, ``stuck`` or ``lost_claim`` (not written)."""
@@ -107,11 +116,14 @@ class SendProbe:
         self._states: list[tuple[Observer, Any]] = []
         self._started = time.perf_counter()
 
-    def sent(self, attempt: AttemptResult) -> None:
+    def sent(self, attempt: AttemptResult, *, outcome: str = "") -> None:
         seconds = time.perf_counter() - self._started
         for observer, state in reversed(self._states):  # the reverse of sending: a span opened last closes first
             try:
-                observer.sent(self._job_name, self._row, state, attempt, seconds)
+                if self._telemetry._takes_outcome(observer):
+                    observer.sent(self._job_name, self._row, state, attempt, seconds, outcome=outcome)
+                else:  # an observer written before sent() took the outcome
+                    observer.sent(self._job_name, self._row, state, attempt, seconds)
             except Exception:
                 self._telemetry._failed(observer, "sent")
 
@@ -124,7 +136,7 @@ class _NoProbe:
     def __init__(self, delivery: Delivery) -> None:
         self.delivery = delivery
 
-    def sent(self, attempt: AttemptResult) -> None:
+    def sent(self, attempt: AttemptResult, *, outcome: str = "") -> None:
         return None
 
 
@@ -133,6 +145,7 @@ class Telemetry:
 
     def __init__(self) -> None:
         self._observers: tuple[Observer, ...] = ()
+        self._with_outcome: frozenset[int] = frozenset()  # ids of observers whose sent() takes outcome=
         self._lock = threading.Lock()
         self._reported: set[tuple[int, str]] = set()
 
@@ -151,6 +164,8 @@ class Telemetry:
         with self._lock:
             if observer not in self._observers:
                 self._observers = (*self._observers, observer)
+                if _takes_outcome(observer):
+                    self._with_outcome = self._with_outcome | {id(observer)}
 
     def detach(self, observer: Observer) -> None:
         """Stop calling ``observer`` (a no-op if it is not attached)."""
@@ -212,6 +227,9 @@ class Telemetry:
 
     # -- helpers -------------------------------------------------------------
 
+    def _takes_outcome(self, observer: Observer) -> bool:
+        return id(observer) in self._with_outcome
+
     def _each(self, hook: str, *args: Any, **kwargs: Any) -> None:
         for observer in self._observers:
             try:
@@ -226,3 +244,11 @@ class Telemetry:
         self._reported.add(key)  # once: a broken observer must not flood the log from the hot path
         logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook,
             extra=log_fields("telemetry.observer_failed", observer=type(observer).__name__, hook=hook))
+
+
+def _takes_outcome(observer: Observer) -> bool:
+    """Whether ``observer.sent`` accepts ``outcome=`` (one written before it existed does not)."""
+    try:
+        return "outcome" in inspect.signature(observer.sent).parameters
+    except Exception:  # an observer whose attributes fail: its hooks fail too, and are reported when called
+        return False

@@ -17,8 +17,9 @@ What it records:
   (``url.full`` redacted as the OpenTelemetry conventions ask: a user and
   password in the URL become ``REDACTED:REDACTED``, and the values of the
   query parameters named in ``redacted_query_parameters`` become
-  ``REDACTED``), and ``http.response.status_code`` (or ``error.type`` for an attempt without
-  an answer).  A failed attempt has status ERROR.  Its trace context is
+  ``REDACTED``), ``http.response.status_code`` (or ``error.type`` for an attempt without
+  an answer) and ``outboxkit.outcome`` (``delivered``, ``retried`` or ``stuck``, as the
+  outcome rules decide it).  A failed attempt has status ERROR.  Its trace context is
   injected into the request headers with the global propagator (W3C
   ``traceparent``, plus ``tracestate``/``baggage`` when present), unless the
   application's ``build_delivery`` set that header itself, and the span is
@@ -207,9 +208,13 @@ class OutboxTracing(Observer):
             delivery = _with_headers(delivery, carrier)
         return delivery, (span, self._context.attach(active))
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
         span, token = state
         try:
+            if outcome:
+                span.set_attribute("outboxkit.outcome", outcome)
             if attempt.status_code is not None:
                 span.set_attribute("http.response.status_code", attempt.status_code)
             if attempt.failure is not None:
