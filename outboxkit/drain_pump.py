@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
@@ -294,7 +294,7 @@ class SendPump(Generic[ResultT]):
         timeout = self.options.timeout
         for row, delivery in deliveries:
             key = str(row.idempotency_key)
-            self.senders.submit(self._send_one, events, row, token, delivery, key, timeout)
+            self.senders.submit(self._send_one, events, row, token, delivery, key, timeout, result.telemetry_links)
             state.in_flight += 1
         for row, failure in build_failures:
             self.recorder.record(outcomes.get(), row, token, failure, result)
@@ -313,6 +313,7 @@ class SendPump(Generic[ResultT]):
         delivery: Delivery,
         key: str,
         timeout: float,
+        run_links: dict[int, list[Any]],
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
@@ -343,7 +344,8 @@ class SendPump(Generic[ResultT]):
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
-            probe.sent(attempt, outcome=outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts)))
+            outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
+            probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
             finished.put((row, token, attempt, started_at))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:

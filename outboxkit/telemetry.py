@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.log_events import log_fields
+from outboxkit.results import MAX_RUN_LINKS
 
 if TYPE_CHECKING:
     from outboxkit.model import Outbox
@@ -81,6 +82,15 @@ class Observer:
         override that does not take ``outcome`` is called without it.
         """
 
+    def link(self, state: Any) -> Any:
+        """What the drain run that made this send keeps of it (``state`` from ``sending``), or None.
+
+        The run's ``DrainResult.telemetry_links[id(observer)]`` holds them
+        (up to ``MAX_RUN_LINKS``) when ``drain_finished`` is called: tracing
+        keeps each attempt span's context and links the run's span to them.
+        """
+        return None
+
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:
         """An outcome was decided: ``delivered``, ``retried``, ``stuck`` or ``lost_claim`` (not written)."""
 
@@ -116,7 +126,10 @@ class SendProbe:
         self._states: list[tuple[Observer, Any]] = []
         self._started = time.perf_counter()
 
-    def sent(self, attempt: AttemptResult, *, outcome: str = "") -> None:
+    def sent(
+        self, attempt: AttemptResult, *, outcome: str = "", run_links: dict[int, list[Any]] | None = None
+    ) -> None:
+        """The send returned; ``run_links`` (the drain run's ``telemetry_links``) gathers each observer's ``link``."""
         seconds = time.perf_counter() - self._started
         for observer, state in reversed(self._states):  # the reverse of sending: a span opened last closes first
             try:
@@ -124,8 +137,14 @@ class SendProbe:
                     observer.sent(self._job_name, self._row, state, attempt, seconds, outcome=outcome)
                 else:  # an observer written before sent() took the outcome
                     observer.sent(self._job_name, self._row, state, attempt, seconds)
+                link = observer.link(state) if run_links is not None else None
             except Exception:
                 self._telemetry._failed(observer, "sent")
+                continue
+            if link is not None and run_links is not None:
+                kept = run_links.setdefault(id(observer), [])  # send threads append at once: both atomic
+                if len(kept) < MAX_RUN_LINKS:
+                    kept.append(link)
 
 
 class _NoProbe:
@@ -136,7 +155,9 @@ class _NoProbe:
     def __init__(self, delivery: Delivery) -> None:
         self.delivery = delivery
 
-    def sent(self, attempt: AttemptResult, *, outcome: str = "") -> None:
+    def sent(
+        self, attempt: AttemptResult, *, outcome: str = "", run_links: dict[int, list[Any]] | None = None
+    ) -> None:
         return None
 
 

@@ -26,8 +26,9 @@ What it records:
   current during the send, so an instrumented transport nests its own span
   under it.
 * ``drain <job_name>``, an INTERNAL span per drain call or busy spell of a
-  drain loop that did something (claimed, parked, failed), with its counts.
-  It is recorded when the run ends (start and end times as they were).
+  drain loop that did something (claimed, parked, failed), with its counts
+  and a link to each of its attempts' spans (the first ``MAX_RUN_LINKS``,
+  128).  It is recorded when the run ends (start and end times as they were).
 
 Linking a delivery to the business transaction: an outbox that adds
 ``OutboxTracingMixin`` gets a nullable ``trace_context`` text column whose
@@ -226,6 +227,10 @@ class OutboxTracing(Observer):
             self._context.detach(token)
             span.end()
 
+    def link(self, state: Any) -> Any:
+        span, _ = state
+        return span.get_span_context()  # the drain run's span links to each of its attempts
+
     def drain_finished(self, job_name: str, result: DrainResult, *, kind: str, seconds: float) -> None:
         failed = bool(result.error or result.errors)
         if not (result.eventful or failed):
@@ -233,7 +238,10 @@ class OutboxTracing(Observer):
         end = time.time_ns()
         attributes: dict[str, str | int] = {"outboxkit.outbox": job_name, "outboxkit.drain.kind": kind}
         attributes.update({f"outboxkit.drain.{name}": value for name, value in result.as_counts().items()})
-        span = self.tracer.start_span(f"drain {job_name}", attributes=attributes, start_time=end - int(seconds * 1e9))
+        links = [self._trace.Link(context) for context in result.telemetry_links.get(id(self), ())]
+        span = self.tracer.start_span(
+            f"drain {job_name}", attributes=attributes, links=links, start_time=end - int(seconds * 1e9)
+        )
         if failed:
             span.set_status(self._trace.Status(self._error, (result.error or result.errors[-1])[:200]))
         span.end(end_time=end)

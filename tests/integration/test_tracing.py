@@ -260,3 +260,18 @@ def test_an_observer_whose_sent_takes_no_outcome_is_still_called(kit, engine, re
         connection.execute(insert(SampleEvent), [{"target_url": receiver.url + "/events", "payload": {"n": 1}}])
     assert kit.drain(SampleEvent).delivered == 1
     assert len(counting.seconds) == 1
+
+
+def test_a_drain_runs_span_links_to_each_of_its_attempt_spans(kit, engine, receiver, spans):
+    provider, exporter = spans
+    with engine.begin() as connection:
+        connection.execute(
+            insert(SampleEvent), [{"target_url": receiver.url + "/events", "payload": {"n": n}} for n in range(3)]
+        )
+    OutboxTracing(kit, tracer_provider=provider)
+    assert kit.drain(SampleEvent).delivered == 3
+
+    attempts = {span.context.span_id for span in named(exporter, "deliver sample-events")}
+    [drain] = named(exporter, "drain sample-events")
+    assert len(attempts) == 3
+    assert {link.context.span_id for link in drain.links} == attempts
