@@ -17,19 +17,56 @@ One small threaded HTTP server answers exactly three paths:
 
 and 404 everywhere else, so a probe or a scraper pointed at the wrong path
 fails instead of reading a page of metrics.  ``GET`` and ``HEAD`` only.
+
+``ProbeApp`` answers the same two probes as ASGI routes of an application
+(``outboxkit.integration.liveness_app`` and ``readiness_app``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from outboxkit.errors import ConfigurationError
 
-__all__ = ["METRICS_CONTENT_TYPE", "HealthServer"]
+__all__ = ["METRICS_CONTENT_TYPE", "HealthServer", "ProbeApp", "ready_answer"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
+LIVE = (200, b"ok\n")
+
+
+def ready_answer(readiness: Callable[[], str | None]) -> tuple[int, bytes]:
+    """``/readyz``'s status and body: 200 ``ready``, or 503 ``not ready: <reason>``."""
+    try:
+        reason = readiness()
+    except Exception as exc:  # a readiness check that breaks says so, never "ready"
+        reason = f"the readiness check failed: {type(exc).__name__}: {exc}"
+    return (200, b"ready\n") if reason is None else (503, f"not ready: {reason}\n".encode())
+
+
+class ProbeApp:
+    """An ASGI app answering a liveness probe (``readiness=None``: 200 ``ok``) or a readiness probe.
+
+    For an application's own routes: ``app.add_route("/readyz", ProbeApp(check))``
+    (``outboxkit.integration.readiness_app`` builds it for a kit).  The
+    check runs in a thread: it may query the database.
+    """
+
+    def __init__(self, readiness: Callable[[], str | None] | None = None) -> None:
+        self._readiness = readiness
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._readiness is None:
+            status, body = LIVE
+        else:
+            status, body = await asyncio.to_thread(ready_answer, self._readiness)
+        headers = [(b"content-type", TEXT.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 class HealthServer:
@@ -77,15 +114,11 @@ def _handler(readiness: Callable[[], str | None], metrics: Callable[[], bytes] |
 
         def _answer(self, *, head: bool) -> None:
             path = self.path.split("?", 1)[0]
-            content_type = "text/plain; charset=utf-8"
+            content_type = TEXT
             if path == "/healthz":
-                status, body = 200, b"ok\n"
+                status, body = LIVE
             elif path == "/readyz":
-                try:
-                    reason = readiness()
-                except Exception as exc:  # a readiness check that breaks says so, never "ready"
-                    reason = f"the readiness check failed: {type(exc).__name__}: {exc}"
-                status, body = (200, b"ready\n") if reason is None else (503, f"not ready: {reason}\n".encode())
+                status, body = ready_answer(readiness)
             elif path == "/metrics" and metrics is not None:
                 status, body, content_type = 200, metrics(), METRICS_CONTENT_TYPE
             else:

@@ -39,12 +39,25 @@ from outboxkit.notify import NotifyListener, channel_for, listener_application_n
 from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from outboxkit.core import KitCore
     from outboxkit.drain import Drainer
 
-__all__ = ["DrainWorker"]
+__all__ = ["DrainWorker", "database_readiness"]
 
 logger = logging.getLogger("outboxkit.worker")
+
+
+def database_readiness(engine: Engine) -> str | None:
+    """None when the database answers ``SELECT 1``, else why not (one line)."""
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"the database does not answer: {type(exc).__name__}: {first_line}"
+    return None
 
 
 class DrainWorker:
@@ -119,13 +132,7 @@ class DrainWorker:
         stopped = [drainer.job_name for drainer in drainers if not drainer.loop_alive]
         if stopped:
             return f"the drain loop of {', '.join(stopped)} has stopped"
-        try:
-            with self.kit.engine.connect() as connection:
-                connection.exec_driver_sql("SELECT 1")
-        except Exception as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return f"the database does not answer: {type(exc).__name__}: {first_line}"
-        return None
+        return database_readiness(self.kit.engine)
 
     def wake(self) -> None:
         """Wake every loop now (as a notification would)."""
