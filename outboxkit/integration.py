@@ -114,19 +114,19 @@ def _start(kit: Runtime) -> None:
             kit.worker.start()
         except Exception:
             logger.exception("the drain loops could not start; the API starts without them",
-                extra=log_fields("integration.drain_start_failed"))
+                             extra=log_fields("integration.drain_start_failed"))
     else:
         logger.info("drain loops disabled (OUTBOXKIT_DRAIN_ENABLED=false) in this process",
-            extra=log_fields("integration.drain_disabled"))
+                    extra=log_fields("integration.drain_disabled"))
     if not kit.settings.scheduler_enabled:
         logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false) in this process",
-            extra=log_fields("integration.scheduler_disabled"))
+                    extra=log_fields("integration.scheduler_disabled"))
         return
     try:
         kit.scheduler.elect()
     except Exception:
         logger.exception("the scheduler could not start; the API starts without it",
-            extra=log_fields("integration.scheduler_start_failed"))
+                         extra=log_fields("integration.scheduler_start_failed"))
 
 
 def _stop(kit: Runtime, close_kit: bool) -> None:

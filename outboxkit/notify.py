@@ -182,7 +182,7 @@ class NotifyListener:
             except psycopg.Error as exc:
                 if not self._stopping.is_set():
                     logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__,
-                        extra=log_fields("notify.connection_lost"))
+                                   extra=log_fields("notify.connection_lost"))
             finally:
                 self.backend_pid = None
                 connection.close()

@@ -133,7 +133,7 @@ class _OccurrenceScheduler(BackgroundScheduler):
             scheduled_for = self._queue(job_id).get(timeout=self.HANDOFF_TIMEOUT_SECONDS)
         except queue.Empty:
             logger.error("%s: no fire time was handed over by the scheduler; this run is skipped", job_id,
-                extra=log_fields("job.not_handed_over", job=job_id))
+                         extra=log_fields("job.not_handed_over", job=job_id))
             return
         run(scheduled_for)
 
@@ -231,7 +231,7 @@ class OutboxScheduler:
             scheduler.start()
             self._scheduler = scheduler
         logger.info("scheduler started with %d job(s)", len(self._jobs),
-            extra=log_fields("scheduler.started", jobs=len(self._jobs)))
+                    extra=log_fields("scheduler.started", jobs=len(self._jobs)))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the scheduler; ``wait=False`` returns without waiting for running jobs (a lost lock)."""

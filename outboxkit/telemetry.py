@@ -264,7 +264,7 @@ class Telemetry:
             return
         self._reported.add(key)  # once: a broken observer must not flood the log from the hot path
         logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook,
-            extra=log_fields("telemetry.observer_failed", observer=type(observer).__name__, hook=hook))
+                         extra=log_fields("telemetry.observer_failed", observer=type(observer).__name__, hook=hook))
 
 
 def _takes_outcome(observer: Observer) -> bool:
