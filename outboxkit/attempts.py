@@ -37,11 +37,14 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import Connection
+
+from outboxkit.log_events import log_fields
 
 __all__ = ["ERROR_EXCERPT_CHARS", "FLUSH_ROWS", "AttemptLog", "AttemptRecord", "sender_identity"]
 
@@ -131,12 +134,19 @@ class AttemptLog:
     """Buffers one outbox's attempt records and writes them in batches (see the module).  Thread-safe."""
 
     def __init__(
-        self, outbox_name: str, *, keep_days: float, table: str | None = None, prepared_statements: bool = False
+        self,
+        outbox_name: str,
+        *,
+        keep_days: float,
+        table: str | None = None,
+        prepared_statements: bool = False,
+        on_dropped: Callable[[int], None] | None = None,
     ) -> None:
         self.outbox_name = outbox_name
         # psycopg's prepare= for every statement: False never prepares (a transaction-mode pooler
         # before PgBouncer 1.21 loses prepared statements), True prepares (the operator opted in).
         self.prepare = prepared_statements
+        self._on_dropped = on_dropped or (lambda records: None)  # the drainer's telemetry counts them
         self.keep = timedelta(days=keep_days)
         self._sample = _SAMPLE.format(table=table) if table else None
         self._lock = threading.Lock()
@@ -192,6 +202,7 @@ class AttemptLog:
                 self._next_maintenance = time.monotonic() + TRIM_INTERVAL_SECONDS
                 self._maintain(driver, now=now)
         except Exception as exc:
+            self._on_dropped(len(records))
             if driver is None or driver.broken or driver.closed:
                 connection.invalidate()
                 raise
@@ -205,6 +216,7 @@ class AttemptLog:
                     len(records),
                     message,
                     "; run the kit's migration outboxkit_0003 (`alembic upgrade heads`)" if missing else "",
+                    extra=log_fields("attempts.dropped", self.outbox_name, records=len(records)),
                 )
         else:
             self._failing = None

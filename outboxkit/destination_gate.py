@@ -57,6 +57,7 @@ from sqlalchemy import Connection, Engine
 
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import DestinationState, Reading, Signal, Status, signal_of
+from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult
 from outboxkit.transport import Delivery
@@ -211,6 +212,8 @@ class DestinationGate:
                 after.status,
                 before.status,
                 after.changed_by or "a success",
+                extra=log_fields("destination.changed", self.options.job_name, destination=destination,
+                                 status=after.status, previous=before.status),
             )
 
     def _alone(self, destination: str) -> bool:

@@ -137,7 +137,11 @@ class Drainer:
         self.telemetry = telemetry if telemetry is not None else Telemetry()  # hooks; no-ops unless attached
         # Attempt history (outboxkit.attempts) and the operator's pause (outboxkit.pauses).
         self.attempt_log = AttemptLog(
-            self.job_name, keep_days=attempt_history_days, table=self.queries.table_name, prepared_statements=prepared_statements
+            self.job_name,
+            keep_days=attempt_history_days,
+            table=self.queries.table_name,
+            prepared_statements=prepared_statements,
+            on_dropped=lambda records: self.telemetry.attempts_dropped(self.job_name, records),
         )
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.
@@ -271,6 +275,12 @@ class Drainer:
     def running(self) -> bool:
         """True while the background loop runs (or is finishing its rows in flight)."""
         return self._background is not None
+
+    @property
+    def loop_alive(self) -> bool:
+        """True while the background loop's thread is alive (False once it died or was stopped)."""
+        background = self._background
+        return background is not None and background.thread is not None and background.thread.is_alive()
 
     def wake(self) -> None:
         """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""

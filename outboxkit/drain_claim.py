@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -53,6 +53,7 @@ class DrainCounts(Protocol):
     batches: int
     errors: list[str]
     started: float
+    telemetry_links: dict[int, list[Any]]
 
     @property
     def eventful(self) -> bool: ...

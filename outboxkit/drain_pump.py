@@ -40,7 +40,7 @@ import typing
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Generic
+from typing import Any, Generic
 
 from sqlalchemy import Engine
 
@@ -56,7 +56,7 @@ from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.queries import OutboxQueries
 from outboxkit.send_pool import InFlightLimit, SendPool
-from outboxkit.telemetry import Telemetry, log_fields
+from outboxkit.telemetry import Telemetry, log_fields, outcome_name
 from outboxkit.transport import Delivery, Transport
 
 __all__ = ["SendPump"]
@@ -225,7 +225,8 @@ class SendPump(Generic[ResultT]):
         for send in admission.sends:
             key = str(send.row.idempotency_key)
             self.senders.submit(
-                self._send_one, events, send.row, token, send.delivery, key, timeout, send.destination, send.probe
+                self._send_one, events, send.row, token, send.delivery, key, timeout, send.destination, send.probe,
+                result.telemetry_links,
             )
             state.in_flight += 1
         for row, failure in build_failures:
@@ -246,7 +247,8 @@ class SendPump(Generic[ResultT]):
         key: str,
         timeout: float,
         destination: str,
-        probe_row: bool = False,
+        probe_row: bool,
+        run_links: dict[int, list[Any]],
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
@@ -281,7 +283,8 @@ class SendPump(Generic[ResultT]):
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
-            probe.sent(attempt)
+            outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
+            probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
             self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
             finished.put((row, token, attempt, started_at, destination))
         elapsed = time.monotonic() - started

@@ -254,7 +254,8 @@ class LeaderElection:
                     if self._sleep(self.standby_probe_seconds, self._stopping):
                         break
         except Exception:  # a bug here must not kill the thread silently with the lock held
-            logger.exception("leader election failed unexpectedly; resigning")
+            logger.exception("leader election failed unexpectedly; resigning",
+                             extra=log_fields("election.failed", leader=self.identity))
         finally:
             self._resign()
 
@@ -308,7 +309,8 @@ class LeaderElection:
 
     def _campaign_lost(self) -> None:
         if self.state is ElectionState.UNELECTED:
-            logger.warning("another process holds the leader lock; stopping the unelected scheduler")
+            logger.warning("another process holds the leader lock; stopping the unelected scheduler",
+                           extra=log_fields("election.unelected_stopped", leader=self.identity))
             self._call_demoted(wait=False)
             self._set_state(ElectionState.STANDBY)
         self._announce(logging.INFO, "standby: another process holds the leader lock", "election.standby")
@@ -337,7 +339,8 @@ class LeaderElection:
         if self._call_elected():
             self._set_state(ElectionState.LEADER)
             return
-        logger.error("the scheduler failed to start; giving the leader lock back so another process can lead")
+        logger.error("the scheduler failed to start; giving the leader lock back so another process can lead",
+                     extra=log_fields("election.promotion_failed", leader=self.identity))
         self._release()
         self._set_state(ElectionState.STANDBY)
 
@@ -407,14 +410,16 @@ class LeaderElection:
             self._on_elected()
             return True
         except Exception:
-            logger.exception("starting the scheduler failed")
+            logger.exception("starting the scheduler failed",
+                             extra=log_fields("election.scheduler_start_failed", leader=self.identity))
             return False
 
     def _call_demoted(self, *, wait: bool) -> None:
         try:
             self._on_demoted(wait)
         except Exception:
-            logger.exception("stopping the scheduler failed")
+            logger.exception("stopping the scheduler failed",
+                             extra=log_fields("election.scheduler_stop_failed", leader=self.identity))
 
     def _announce(self, level: int, message: str, event: str) -> None:
         if message != self._announced:  # log changes, not every probe

@@ -19,13 +19,15 @@ Two kinds of figure, with different costs:
   (``outboxkit.telemetry``) as the drain works: attempts by outcome and
   status-code class, delivery latency (``created_at`` to ``done``), send
   duration, drain run duration, database errors, leadership changes, job
-  runs.  They count what *this process* did; sum them across processes.
+  runs and each job's last success, the NOTIFY listener's connection and
+  reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
 * The row gauges (pending, in flight, stuck, oldest due age) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
   default) with the admin's status-count query, which stays on the partial
   indexes; a scrape never queries the database.  Until the first read
-  succeeds they are NaN, never a reassuring 0.
+  succeeds they are NaN, never a reassuring 0.  ``outboxkit_outbox_paused``
+  is read with them.
 
 Metrics live in a registry the object owns (a fresh ``CollectorRegistry``)
 or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
@@ -41,12 +43,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import ProgrammingError
+
 from outboxkit.errors import ConfigurationError
+from outboxkit.health import HealthServer
 from outboxkit.operator_queries import admin_queries_for
+from outboxkit.pauses import paused_outboxes
 from outboxkit.telemetry import Observer, log_fields, status_class
 
 if TYPE_CHECKING:
@@ -168,6 +174,25 @@ class OutboxMetrics(Observer):
             "outboxkit_job_run_duration_seconds", "One scheduled job run, fence to recorded end", ["job"],
             buckets=RUN_BUCKETS, registry=registry,
         )
+        self.outbox_paused = gauge(
+            "outboxkit_outbox_paused", "1 while an operator has paused the outbox's drains (table-wide; NaN until read)",
+            outbox, registry=registry,
+        )
+        self.job_last_success = gauge(
+            "outboxkit_job_last_success_timestamp_seconds", "When a run of the job last ended ok in this process (Unix time)",
+            ["job"], registry=registry,
+        )
+        self.listener_connected = gauge(
+            "outboxkit_listener_connected", "1 while this process's NOTIFY listener holds its connection", registry=registry
+        )
+        self.listener_reconnects = counter(
+            "outboxkit_listener_reconnects", "The NOTIFY listener connected again after losing its connection",
+            registry=registry,
+        )
+        self.attempt_history_dropped = counter(
+            "outboxkit_attempt_history_dropped", "Attempt-history records that could not be written (delivery went on)",
+            outbox, registry=registry,
+        )
         for change in ("elected", "demoted"):
             self.leadership_changes.labels(change=change)
 
@@ -177,13 +202,14 @@ class OutboxMetrics(Observer):
         if children is None:
             children = (self.delivery_latency.labels(outbox=job_name), self.send_duration.labels(outbox=job_name))
             self._per_outbox[job_name] = children
-            for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age):
+            for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age, self.outbox_paused):
                 # NaN until the first successful read: a 0 would say "healthy" about a table nobody has read
                 # (the database down at start), and comparisons with NaN never fire an alert either way.
                 gauge.labels(outbox=job_name).set(math.nan)
             for kind in ("call", "loop"):
                 self.drain_run_duration.labels(outbox=job_name, kind=kind)
             self.drain_errors.labels(outbox=job_name)
+            self.attempt_history_dropped.labels(outbox=job_name)
             self._attempt("delivered", job_name, 200)
         return children
 
@@ -196,7 +222,9 @@ class OutboxMetrics(Observer):
 
     # -- hooks (outboxkit.telemetry.Observer) ----------------------------------
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
         self._prepare(job_name)[1].observe(seconds)
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:
@@ -225,6 +253,16 @@ class OutboxMetrics(Observer):
     def job_finished(self, job_id: str, job_name: str, record: RunRecord, seconds: float) -> None:
         self.job_runs.labels(job=job_id, outcome=record.outcome).inc()
         self.job_run_duration.labels(job=job_id).observe(seconds)
+        if record.outcome == "ok":
+            self.job_last_success.labels(job=job_id).set(time.time())
+
+    def listener_changed(self, *, connected: bool, reconnected: bool) -> None:
+        self.listener_connected.set(1 if connected else 0)
+        if reconnected:
+            self.listener_reconnects.inc()
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        self.attempt_history_dropped.labels(outbox=job_name).inc(records)
 
     # -- the row gauges --------------------------------------------------------
 
@@ -241,6 +279,18 @@ class OutboxMetrics(Observer):
                 age = (now - counts.oldest_due_at).total_seconds() if counts.oldest_due_at is not None else 0.0
                 self.oldest_due_age.labels(outbox=job_name).set(max(0.0, age))
         self.gauges_refreshed.set(time.time())
+        self._refresh_pauses()
+
+    def _refresh_pauses(self) -> None:
+        """``outboxkit_outbox_paused`` per outbox; left NaN while the pauses table is missing (migration outboxkit_0003)."""
+        try:
+            with self.kit.engine.connect() as connection:
+                paused = paused_outboxes(connection)
+        except ProgrammingError:
+            return  # the table is missing: the drains log it (pause.table_missing); the rows gauges still count
+        for outbox in self.kit.outboxes:
+            job_name = outbox.__outbox__.job_name
+            self.outbox_paused.labels(outbox=job_name).set(1 if job_name in paused else 0)
 
     def _refresh_loop(self) -> None:
         while not self._stopping.is_set():
@@ -274,17 +324,19 @@ class OutboxMetrics(Observer):
         """
         return MetricsApp(self._prometheus.make_asgi_app(registry=self.registry))
 
-    def serve(self, port: int, *, host: str = "127.0.0.1") -> MetricsServer:
-        """A standalone exporter on ``host:port`` in a daemon thread (``port=0`` picks a free one)."""
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ConfigurationError(f"the metrics port must be 0-65535, got {port!r}")
-        try:
-            server, thread = self._prometheus.start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:  # in use, or an address this host does not have
-            raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-        exporter = MetricsServer(server, thread)
+    def serve(
+        self, port: int, *, host: str = "127.0.0.1", readiness: Callable[[], str | None] | None = None
+    ) -> MetricsServer:
+        """A standalone exporter on ``host:port`` in a daemon thread (``port=0`` picks a free one).
+
+        It answers ``/metrics``, ``/healthz`` (200 while the process answers)
+        and ``/readyz`` (200, or 503 with the reason ``readiness()`` returns;
+        always 200 without one), and 404 on any other path
+        (``outboxkit.health``).
+        """
+        exporter = MetricsServer(HealthServer(port=port, host=host, readiness=readiness, metrics=self.render))
         self._servers.append(exporter)
-        logger.info("serving metrics on http://%s:%d/metrics", host, exporter.port,
+        logger.info("serving metrics on http://%s:%d/metrics (and /healthz, /readyz)", host, exporter.port,
                     extra=log_fields("metrics.serving", host=host, port=exporter.port))
         return exporter
 
@@ -321,25 +373,23 @@ class MetricsApp:
 class MetricsServer:
     """A running standalone exporter: ``port`` it listens on; ``close()`` stops it."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: HealthServer) -> None:
         self._server = server
-        self._thread = thread
-        self._closed = False
-        self.port: int = server.server_port
+        self.port: int = server.port
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._server.close()
 
 
 @contextlib.contextmanager
-def serve_worker_metrics(kit: KitCore, *, port: int | None, host: str = "127.0.0.1") -> Iterator[OutboxMetrics | None]:
+def serve_worker_metrics(
+    kit: KitCore, *, port: int | None, host: str = "127.0.0.1", readiness: Callable[[], str | None] | None = None
+) -> Iterator[OutboxMetrics | None]:
     """For ``outboxkit worker --metrics-port``: serve the kit's metrics on ``host:port`` while the block runs.
+
+    The same port answers ``/healthz`` and ``/readyz`` (``readiness``, the
+    worker's ``DrainWorker.readiness``); see ``OutboxMetrics.serve``.
 
     ``port=None`` does nothing.  An ``OutboxMetrics`` the application already
     attached to the kit is served as it is; otherwise one is made for the
@@ -350,7 +400,7 @@ def serve_worker_metrics(kit: KitCore, *, port: int | None, host: str = "127.0.0
         return
     attached = [observer for observer in kit.telemetry.observers if isinstance(observer, OutboxMetrics)]
     metrics = attached[0] if attached else OutboxMetrics(kit)
-    server = metrics.serve(port, host=host)
+    server = metrics.serve(port, host=host, readiness=readiness)
     try:
         yield metrics
     finally:

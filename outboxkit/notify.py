@@ -39,6 +39,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from outboxkit.connections import SessionConnector, session_connector
 from outboxkit.errors import InvalidValueError
+from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox
 from outboxkit.sessions import NotASessionError, SessionIdentity, not_a_session, on_own_backend, prove_session
 
@@ -133,6 +134,9 @@ class NotifyListener:
     transaction-mode pooler is refused: ``refusal`` holds the
     ``NotASessionError``, it is logged, and the listener stops (the drain
     loops go on at due times and polls).
+
+    ``on_connection(connected, reconnected)``, if given, is called on each
+    connection (``reconnected`` after the first) and each loss.
     """
 
     def __init__(
@@ -145,6 +149,7 @@ class NotifyListener:
         max_backoff_seconds: float = 10.0,
         source: str = "the LISTEN connection's source",
         session_check_seconds: float = 15.0,
+        on_connection: Callable[[bool, bool], None] | None = None,
     ) -> None:
         if not channels:
             raise InvalidValueError("NotifyListener needs at least one channel")
@@ -166,6 +171,8 @@ class NotifyListener:
         self._changed = threading.Condition()
         self.generation = 0
         self.backend_pid: int | None = None
+        # (connected, reconnected): the worker hands it to telemetry (the listener's connection gauges).
+        self._on_connection = on_connection or (lambda connected, reconnected: None)
         self._thread = threading.Thread(target=self._run, name="outboxkit-listener", daemon=True)
 
     def start(self) -> None:
@@ -197,13 +204,16 @@ class NotifyListener:
                 return
             except psycopg.Error as exc:
                 if not self._stopping.is_set():
-                    logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__)
+                    logger.warning("listener lost its connection (%s); reconnecting", str(exc).strip() or type(exc).__name__,
+                                   extra=log_fields("notify.connection_lost"))
             finally:
                 self.backend_pid = None
                 connection.close()
+                self._on_connection(False, False)
 
     def _refuse(self, exc: NotASessionError) -> None:
-        logger.error("the listener stops: %s; the drain loops go on at due times and polls", exc)
+        logger.error("the listener stops: %s; the drain loops go on at due times and polls", exc,
+                     extra=log_fields("notify.refused"))
         with self._changed:
             self.refusal = exc
             self._changed.notify_all()
@@ -218,7 +228,8 @@ class NotifyListener:
             stop=lambda retry_state: self._stopping.is_set(),
             sleep=self._sleep,
             before_sleep=lambda state: logger.warning(
-                "listener cannot connect: %s", state.outcome.exception() if state.outcome else "?"
+                "listener cannot connect: %s", state.outcome.exception() if state.outcome else "?",
+                extra=log_fields("notify.connect_failed"),
             ),
             reraise=True,
         )
@@ -248,8 +259,9 @@ class NotifyListener:
             self.generation += 1
             reconnected = self.generation > 1
             self._changed.notify_all()
+        self._on_connection(True, reconnected)
         if reconnected:
-            logger.info("listener reconnected; waking every drain once to catch up")
+            logger.info("listener reconnected; waking every drain once to catch up", extra=log_fields("notify.reconnected"))
         # Notifications sent while nobody listened (before this leader, or
         # while disconnected) are gone: one drain each picks up what they announced.
         for callback in self.channels.values():

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import ProgrammingError
 
+from outboxkit.log_events import log_fields
 from outboxkit.tables import outbox_pauses
 
 __all__ = ["PAUSE_CACHE_SECONDS", "Pause", "PauseCheck", "is_paused", "pause", "paused_outboxes", "resume"]
@@ -114,5 +115,6 @@ class PauseCheck:
                     "%s: outboxkit_outbox_pauses does not exist, so this outbox cannot be paused; "
                     "run the kit's migration outboxkit_0003 (`alembic upgrade heads`)",
                     self.job_name,
+                    extra=log_fields("pause.table_missing", self.job_name),
                 )
             return False

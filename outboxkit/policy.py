@@ -149,13 +149,22 @@ class RetryPolicy:
         assert code is not None
         return code in RETRYABLE_STATUS_CODES or 500 <= code <= 599
 
+    def status_for(self, result: AttemptResult, *, attempts: int) -> str:
+        """The status the outcome rules give: ``done``, ``stuck`` or ``pending`` (``decide`` without the times)."""
+        if result.succeeded:
+            return "done"
+        if not self.is_retryable(result) or attempts >= self.max_attempts:
+            return "stuck"
+        return "pending"
+
     def decide(self, result: AttemptResult, *, attempts: int, now: datetime) -> Decision:
         """Apply the outcome rules.  ``attempts`` counts the attempt just made."""
-        if result.succeeded:
+        status = self.status_for(result, attempts=attempts)
+        if status == "done":
             return Decision("done", reason=f"HTTP {result.status_code}")
-        if not self.is_retryable(result):
-            return Decision("stuck", reason="rejected by the receiver; not retried")
-        if attempts >= self.max_attempts:
+        if status == "stuck":
+            if not self.is_retryable(result):
+                return Decision("stuck", reason="rejected by the receiver; not retried")
             return Decision("stuck", reason=f"max attempts ({self.max_attempts}) reached")
         delay = self.delay_for(attempts)
         asked = parse_retry_after(result.retry_after, now)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.log_events import log_fields
 from outboxkit.sessions import NotASessionError, automatic_prepares_through_a_pool, check_session
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ def session_source_accepted(kit: OutboxKit, application_name: str, *, purpose: s
     except NotASessionError as exc:
         if kit.settings.is_production:
             raise
-        logger.warning("%s; not in production, so this process goes on without it", exc)
+        logger.warning("%s; not in production, so this process goes on without it", exc,
+                       extra=log_fields("pooler.session_refused"))
         return False
     return True
 
@@ -77,7 +79,7 @@ def check_engine(kit: OutboxKit) -> None:
     )
     if kit.settings.is_production:
         raise ConfigurationError(message)
-    logger.warning("%s; not in production, so the kit goes on", message)
+    logger.warning("%s; not in production, so the kit goes on", message, extra=log_fields("pooler.engine_prepares"))
 
 
 def _within_time(check: Callable[[], Result], *, what: str) -> Result | None:
@@ -95,7 +97,7 @@ def _within_time(check: Callable[[], Result], *, what: str) -> Result | None:
     thread.join(CHECK_SECONDS)
     if not outcome:
         logger.warning("could not check %s against poolers within %gs (the database does not answer); going on",
-                       what, CHECK_SECONDS)
+                       what, CHECK_SECONDS, extra=log_fields("pooler.check_timed_out"))
         return None
     finished, value = outcome[0]
     if not finished:

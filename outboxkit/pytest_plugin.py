@@ -3,9 +3,9 @@
 Installing outboxkit registers this plugin (the ``pytest11`` entry point
 ``outboxkit.pytest_plugin``); with plugin autoloading off, enable it with
 ``pytest_plugins = ["outboxkit.pytest_plugin"]`` in your top-level
-conftest.py.  It is inert: it adds no hooks and no options, and a fixture
-does nothing until a test requests it.  Every fixture is named
-``outboxkit_*``.
+conftest.py.  It is inert: its one hook declares one ini option
+(``outboxkit_database_prefix``, below), and a fixture does nothing until a
+test requests it.  Every fixture is named ``outboxkit_*``.
 
 Configure it in your conftest.py by overriding two fixtures (or setting one
 environment variable)::
@@ -21,6 +21,12 @@ The fixtures, from the bottom up:
 
 ``outboxkit_server_url`` (session)
     A database on the server where the plugin may ``CREATE DATABASE``.
+``outboxkit_database_prefix`` (session)
+    How the test databases' names start (``outboxkit_test`` by default):
+    ``OUTBOXKIT_TEST_DATABASE_PREFIX`` or the ini option
+    ``outboxkit_database_prefix``, the variable first.  Lower-case letters,
+    digits and ``_``, at most 30 characters, so a shared server shows whose
+    databases are whose.
 ``outboxkit_metadata`` (session)
     Your ``MetaData`` (or a list of them).  Required.
 ``outboxkit_create_schema`` (session)
@@ -42,15 +48,22 @@ The fixtures, from the bottom up:
     A ``RecordingTransport`` answering 200; override it for strict mode or to
     forward to an ``HttpTransport`` under respx.  After the test it raises
     ``UnexpectedSendError`` for any unexpected send nobody reported.
+``outboxkit_settings`` (test)
+    The environment's ``OutboxKitSettings`` with ``drain_enabled`` and
+    ``scheduler_enabled`` off: a lifespan given the kit (``TestClient(app)``)
+    starts no drain loop and no election, so nothing sends in the background
+    and ``drain_until_idle`` delivers every row when the test says so.
 ``outboxkit_kit`` (test)
-    An ``OutboxKit`` on this test's database with that clock and that
-    transport (attached, so sends are recorded per outbox).  It stays open
-    for the whole test (its scheduler is not started) and is closed after it.
+    An ``OutboxKit`` on this test's database with those settings, that clock
+    and that transport (attached, so sends are recorded per outbox).  It
+    stays open for the whole test (its scheduler is not started) and is
+    closed after it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 
@@ -60,17 +73,37 @@ from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.engine import make_url
 
 from outboxkit.clock import ManualClock
-from outboxkit.errors import InvalidTypeError
+from outboxkit.errors import InvalidTypeError, InvalidValueError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.notify import install_trigger_sql
+from outboxkit.settings import OutboxKitSettings
 from outboxkit.tables import kit_metadata
 from outboxkit.testing import RecordingTransport
 from outboxkit.transport import Transport
 
-__all__ = ["TemplateDatabase", "outboxes_of"]
+__all__ = ["TemplateDatabase", "check_prefix", "outboxes_of"]
 
 SERVER_URL_VARIABLE = "OUTBOXKIT_TEST_DATABASE_URL"
+PREFIX_VARIABLE = "OUTBOXKIT_TEST_DATABASE_PREFIX"
+PREFIX_INI_OPTION = "outboxkit_database_prefix"
+DEFAULT_PREFIX = "outboxkit_test"
+# A prefix, then "_<pid>_<6 hex>_<n>" or "_template": PostgreSQL keeps 63 bytes of a name.
+_PREFIX_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,29}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(PREFIX_INI_OPTION, f"how outboxkit's test database names start (default {DEFAULT_PREFIX})", default=None)
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a safe start of a database name; otherwise ``InvalidValueError`` saying what is allowed."""
+    if not _PREFIX_PATTERN.fullmatch(prefix):
+        raise InvalidValueError(
+            f"the test database prefix {prefix!r} is not allowed: use 1 to 30 lower-case letters, digits and _, "
+            f"starting with a letter or _ (set {PREFIX_VARIABLE} or the ini option {PREFIX_INI_OPTION})"
+        )
+    return prefix
 
 
 def outboxes_of(metadatas: Sequence[MetaData]) -> list[type[Outbox]]:
@@ -94,9 +127,11 @@ class TemplateDatabase:
     channels are per database too.
     """
 
-    def __init__(self, server_url: str, create_schema: Callable[[Engine], None]) -> None:
+    def __init__(
+        self, server_url: str, create_schema: Callable[[Engine], None], *, prefix: str = DEFAULT_PREFIX
+    ) -> None:
         self.server_url = _libpq_url(server_url)
-        self.prefix = f"outboxkit_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.prefix = f"{check_prefix(prefix)}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.template = f"{self.prefix}_template"
         self._count = 0
         self._execute(f'CREATE DATABASE "{self.template}"')
@@ -164,6 +199,16 @@ def outboxkit_server_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def outboxkit_database_prefix(pytestconfig: pytest.Config) -> str:
+    """How the test databases' names start: ``OUTBOXKIT_TEST_DATABASE_PREFIX``, the ini option, or ``outboxkit_test``."""
+    prefix = os.environ.get(PREFIX_VARIABLE) or pytestconfig.getini(PREFIX_INI_OPTION) or DEFAULT_PREFIX
+    try:
+        return check_prefix(str(prefix))
+    except InvalidValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def outboxkit_metadata() -> MetaData | Sequence[MetaData]:
     """Your models' metadata.  Override this fixture."""
     pytest.fail(
@@ -204,10 +249,10 @@ def outboxkit_create_schema(
 
 @pytest.fixture(scope="session")
 def outboxkit_template(
-    outboxkit_server_url: str, outboxkit_create_schema: Callable[[Engine], None]
+    outboxkit_database_prefix: str, outboxkit_server_url: str, outboxkit_create_schema: Callable[[Engine], None]
 ) -> Iterator[TemplateDatabase]:
     """The migrated template database, built once per session and dropped at its end."""
-    template = TemplateDatabase(outboxkit_server_url, outboxkit_create_schema)
+    template = TemplateDatabase(outboxkit_server_url, outboxkit_create_schema, prefix=outboxkit_database_prefix)
     yield template
     template.close()
 
@@ -244,14 +289,27 @@ def outboxkit_transport() -> Iterator[RecordingTransport]:
 
 
 @pytest.fixture
+def outboxkit_settings() -> OutboxKitSettings:
+    """The environment's settings with the background work off: no drain loops, no election, in any lifespan."""
+    return OutboxKitSettings.from_environment().model_copy(update={"drain_enabled": False, "scheduler_enabled": False})
+
+
+@pytest.fixture
 def outboxkit_kit(
     outboxkit_engine: Engine,
     outboxkit_outboxes: list[type[Outbox]],
+    outboxkit_settings: OutboxKitSettings,
     outboxkit_clock: ManualClock,
     outboxkit_transport: Transport,
 ) -> Iterator[OutboxKit]:
     """A kit on this test's database: manual clock, recording transport attached, open until the test ends."""
-    kit = OutboxKit(outboxkit_engine, outboxes=outboxkit_outboxes, clock=outboxkit_clock, transport=outboxkit_transport)
+    kit = OutboxKit(
+        outboxkit_engine,
+        outboxes=outboxkit_outboxes,
+        settings=outboxkit_settings,
+        clock=outboxkit_clock,
+        transport=outboxkit_transport,
+    )
     if isinstance(outboxkit_transport, RecordingTransport):
         outboxkit_transport.attach(kit)
     yield kit

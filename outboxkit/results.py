@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["DrainResult", "RunRecord"]
+__all__ = ["MAX_RUN_LINKS", "DrainResult", "RunRecord"]
+
+# How many attempt spans a drain run's span links to, at most (the OpenTelemetry SDK's default link limit).
+MAX_RUN_LINKS = 128
 
 
 @dataclass
@@ -30,6 +34,9 @@ class DrainResult:
     batches: int = 0
     errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic, repr=False, compare=False)  # monotonic; for telemetry
+    # Per attached observer (by id), what it kept of each send of this run (tracing: the attempt spans'
+    # contexts, which the run's span links to); at most MAX_RUN_LINKS each.
+    telemetry_links: dict[int, list[Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -48,6 +55,9 @@ class DrainResult:
         self.batches += other.batches
         self.errors.extend(other.errors)
         self.error = other.error or self.error
+        for observer, links in other.telemetry_links.items():
+            kept = self.telemetry_links.setdefault(observer, [])
+            kept.extend(links[: max(0, MAX_RUN_LINKS - len(kept))])
 
     def as_counts(self) -> dict[str, int]:
         return {

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox
 from outboxkit.operator_queries import admin_queries_for
 from outboxkit.scheduled_jobs import JobContext, ScheduledJob, every
@@ -116,6 +117,7 @@ def delete_delivered_rows(
             logger.info(
                 "%s: retention stopped at its limit (%d rows, %g s) after deleting %d; the rest goes in the next run",
                 outbox.__outbox__.job_name, limits.max_rows, limits.max_seconds, deleted,
+                extra=log_fields("retention.limit_reached", outbox.__outbox__.job_name, deleted=deleted),
             )
     return deleted
 

@@ -75,7 +75,14 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 
 @dataclass(frozen=True, kw_only=True)
 class JobContext:
-    """What one run of a job gets: its identity, its fire time and a fresh session."""
+    """What one run of a job gets: its identity, its fire time and a fresh session.
+
+    ``session`` is this run's own ``Session`` on the kit's engine; the job
+    commits it itself (``context.session.commit()``).  The runner only
+    closes it after the job returns or raises, and closing rolls back
+    whatever was not committed.  ``scheduled_for`` is the occurrence's fire
+    time (the fence's key), ``leader`` the ``host:pid`` running it.
+    """
 
     job_id: str
     job_name: str
@@ -288,6 +295,7 @@ class JobRunner:
                 "could not mark unfinished runs as abandoned (%s); if the error names "
                 "ck_outboxkit_job_runs_outcome, run the kit's migrations (alembic upgrade heads)",
                 exc,
+                extra=log_fields("job.abandon_failed"),
             )
             return 0
         for job_name, scheduled_for, leader in abandoned:
@@ -296,6 +304,7 @@ class JobRunner:
                 job_name,
                 scheduled_for.isoformat(),
                 leader,
+                extra=log_fields("job.abandoned", job_name=job_name, scheduled_for=scheduled_for.isoformat(), started_by=leader),
             )
         return len(abandoned)
 

@@ -40,6 +40,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from outboxkit.election import LeaderElection, leader_application_name
 from outboxkit.errors import ConfigurationError, UnknownJobError
+from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox
 from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.results import RunRecord
@@ -132,7 +133,8 @@ class _OccurrenceScheduler(BackgroundScheduler):
         try:
             scheduled_for = self._queue(job_id).get(timeout=self.HANDOFF_TIMEOUT_SECONDS)
         except queue.Empty:
-            logger.error("%s: no fire time was handed over by the scheduler; this run is skipped", job_id)
+            logger.error("%s: no fire time was handed over by the scheduler; this run is skipped", job_id,
+                         extra=log_fields("job.not_handed_over", job=job_id))
             return
         run(scheduled_for)
 
@@ -229,7 +231,8 @@ class OutboxScheduler:
             self.runner.abandon_unfinished(list(self._jobs))
             scheduler.start()
             self._scheduler = scheduler
-        logger.info("scheduler started with %d job(s)", len(self._jobs))
+        logger.info("scheduler started with %d job(s)", len(self._jobs),
+                    extra=log_fields("scheduler.started", jobs=len(self._jobs)))
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the scheduler; ``wait=False`` returns without waiting for running jobs (a lost lock)."""
@@ -238,7 +241,7 @@ class OutboxScheduler:
         if scheduler is None:
             return
         scheduler.shutdown(wait=wait)
-        logger.info("scheduler stopped")
+        logger.info("scheduler stopped", extra=log_fields("scheduler.stopped"))
 
     def _schedule(self, scheduler: _OccurrenceScheduler, job: ScheduledJob) -> None:
         def run_occurrence(scheduled_for: datetime) -> RunRecord:
@@ -288,6 +291,7 @@ class OutboxScheduler:
                         "without the lock (fail open, meant for a laptop); production must set "
                         "OUTBOXKIT_ENVIRONMENT=production, which runs no scheduler then",
                         self.settings.environment,
+                        extra=log_fields("scheduler.fails_open", environment=self.settings.environment),
                     )
                 check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
                 connection: dict[str, object] = {}

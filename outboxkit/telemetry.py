@@ -4,7 +4,8 @@ The kit owns one ``Telemetry`` (``kit.telemetry``) and hands it to its
 drainers, its leader election and its job runner, which call its hooks at a
 handful of points: a send starts and ends, an outcome is written, rows are
 parked, a drain run or a busy spell of a drain loop ends, the election
-changes state, a scheduled job run ends.
+changes state, a scheduled job run ends, the NOTIFY listener connects or
+loses its connection, attempt-history records are dropped.
 
 Until something is attached the hooks do nothing: each is one method call
 that finds no observer and returns, so telemetry off costs nothing
@@ -21,6 +22,7 @@ once per observer and hook, and the delivery goes on untouched.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -29,6 +31,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.log_events import log_fields
+from outboxkit.results import MAX_RUN_LINKS
 
 if TYPE_CHECKING:
     from outboxkit.model import Outbox
@@ -42,25 +46,6 @@ logger = logging.getLogger("outboxkit.telemetry")
 
 # Decision.status -> the outcome an operator counts.
 _OUTCOMES = {"done": "delivered", "pending": "retried", "stuck": "stuck"}
-
-
-def log_fields(event: str, outbox: str | None = None, row: Outbox | None = None, **fields: object) -> dict[str, object]:
-    """The ``extra=`` of a kit log line: its event name and fields, for a JSON formatter.
-
-    The human-readable message stays as it is; a formatter that prints
-    record attributes finds ``event_name`` (e.g. ``drain.row_stuck``, listed in
-    docs/operations.md), ``outbox``, ``row`` and ``attempt`` (for a row), and
-    the event's own fields.  The key is ``event_name``, not ``event``, which
-    structlog's stdlib bridge uses for the message.
-    """
-    values: dict[str, object] = {"event_name": event}
-    if outbox is not None:
-        values["outbox"] = outbox
-    if row is not None:
-        values["row"] = row.id
-        values["attempt"] = row.attempts
-    values.update(fields)
-    return values
 
 
 def outcome_name(status: str) -> str:
@@ -86,8 +71,25 @@ class Observer:
     def sending(self, job_name: str, row: Outbox, delivery: Delivery, key: str) -> tuple[Delivery, Any]:
         return delivery, None
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
-        """A send returned (``seconds`` of wall time); its outcome is not decided yet."""
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
+        """A send returned (``seconds`` of wall time).
+
+        ``outcome`` is what the outcome rules make of it (``delivered``,
+        ``retried``, ``stuck``) before it is written: a row reset meanwhile
+        is recorded as ``lost_claim`` instead (see ``recorded``).  An
+        override that does not take ``outcome`` is called without it.
+        """
+
+    def link(self, state: Any) -> Any:
+        """What the drain run that made this send keeps of it (``state`` from ``sending``), or None.
+
+        The run's ``DrainResult.telemetry_links[id(observer)]`` holds them
+        (up to ``MAX_RUN_LINKS``) when ``drain_finished`` is called: tracing
+        keeps each attempt span's context and links the run's span to them.
+        """
+        return None
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:
         """An outcome was decided: ``delivered``, ``retried``, ``stuck`` or ``lost_claim`` (not written)."""
@@ -104,6 +106,12 @@ class Observer:
     def job_finished(self, job_id: str, job_name: str, record: RunRecord, seconds: float) -> None:
         """A scheduled job run ended: ``record.outcome`` is ``ok``, ``error`` or ``skipped``."""
 
+    def listener_changed(self, *, connected: bool, reconnected: bool) -> None:
+        """The NOTIFY listener connected (``reconnected``: not for the first time) or lost its connection."""
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        """``records`` attempt-history records could not be written and were dropped (delivery went on)."""
+
 
 class SendProbe:
     """One send in progress: ``delivery`` is what to send; call ``sent(attempt)`` when it returns."""
@@ -118,13 +126,25 @@ class SendProbe:
         self._states: list[tuple[Observer, Any]] = []
         self._started = time.perf_counter()
 
-    def sent(self, attempt: AttemptResult) -> None:
+    def sent(
+        self, attempt: AttemptResult, *, outcome: str = "", run_links: dict[int, list[Any]] | None = None
+    ) -> None:
+        """The send returned; ``run_links`` (the drain run's ``telemetry_links``) gathers each observer's ``link``."""
         seconds = time.perf_counter() - self._started
         for observer, state in reversed(self._states):  # the reverse of sending: a span opened last closes first
             try:
-                observer.sent(self._job_name, self._row, state, attempt, seconds)
+                if self._telemetry._takes_outcome(observer):
+                    observer.sent(self._job_name, self._row, state, attempt, seconds, outcome=outcome)
+                else:  # an observer written before sent() took the outcome
+                    observer.sent(self._job_name, self._row, state, attempt, seconds)
+                link = observer.link(state) if run_links is not None else None
             except Exception:
                 self._telemetry._failed(observer, "sent")
+                continue
+            if link is not None and run_links is not None:
+                kept = run_links.setdefault(id(observer), [])  # send threads append at once: both atomic
+                if len(kept) < MAX_RUN_LINKS:
+                    kept.append(link)
 
 
 class _NoProbe:
@@ -135,7 +155,9 @@ class _NoProbe:
     def __init__(self, delivery: Delivery) -> None:
         self.delivery = delivery
 
-    def sent(self, attempt: AttemptResult) -> None:
+    def sent(
+        self, attempt: AttemptResult, *, outcome: str = "", run_links: dict[int, list[Any]] | None = None
+    ) -> None:
         return None
 
 
@@ -144,6 +166,7 @@ class Telemetry:
 
     def __init__(self) -> None:
         self._observers: tuple[Observer, ...] = ()
+        self._with_outcome: frozenset[int] = frozenset()  # ids of observers whose sent() takes outcome=
         self._lock = threading.Lock()
         self._reported: set[tuple[int, str]] = set()
 
@@ -162,6 +185,8 @@ class Telemetry:
         with self._lock:
             if observer not in self._observers:
                 self._observers = (*self._observers, observer)
+                if _takes_outcome(observer):
+                    self._with_outcome = self._with_outcome | {id(observer)}
 
     def detach(self, observer: Observer) -> None:
         """Stop calling ``observer`` (a no-op if it is not attached)."""
@@ -213,7 +238,18 @@ class Telemetry:
         if self._observers:
             self._each("job_finished", job_id, job_name, record, seconds)
 
+    def listener_changed(self, *, connected: bool, reconnected: bool = False) -> None:
+        if self._observers:
+            self._each("listener_changed", connected=connected, reconnected=reconnected)
+
+    def attempts_dropped(self, job_name: str, records: int) -> None:
+        if self._observers and records:
+            self._each("attempts_dropped", job_name, records)
+
     # -- helpers -------------------------------------------------------------
+
+    def _takes_outcome(self, observer: Observer) -> bool:
+        return id(observer) in self._with_outcome
 
     def _each(self, hook: str, *args: Any, **kwargs: Any) -> None:
         for observer in self._observers:
@@ -227,4 +263,13 @@ class Telemetry:
         if key in self._reported:
             return
         self._reported.add(key)  # once: a broken observer must not flood the log from the hot path
-        logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook)
+        logger.exception("telemetry observer %s failed in %s; the delivery is not affected", type(observer).__name__, hook,
+                         extra=log_fields("telemetry.observer_failed", observer=type(observer).__name__, hook=hook))
+
+
+def _takes_outcome(observer: Observer) -> bool:
+    """Whether ``observer.sent`` accepts ``outcome=`` (one written before it existed does not)."""
+    try:
+        return "outcome" in inspect.signature(observer.sent).parameters
+    except Exception:  # an observer whose attributes fail: its hooks fail too, and are reported when called
+        return False

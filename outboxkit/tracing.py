@@ -17,16 +17,18 @@ What it records:
   (``url.full`` redacted as the OpenTelemetry conventions ask: a user and
   password in the URL become ``REDACTED:REDACTED``, and the values of the
   query parameters named in ``redacted_query_parameters`` become
-  ``REDACTED``), and ``http.response.status_code`` (or ``error.type`` for an attempt without
-  an answer).  A failed attempt has status ERROR.  Its trace context is
+  ``REDACTED``), ``http.response.status_code`` (or ``error.type`` for an attempt without
+  an answer) and ``outboxkit.outcome`` (``delivered``, ``retried`` or ``stuck``, as the
+  outcome rules decide it).  A failed attempt has status ERROR.  Its trace context is
   injected into the request headers with the global propagator (W3C
   ``traceparent``, plus ``tracestate``/``baggage`` when present), unless the
   application's ``build_delivery`` set that header itself, and the span is
   current during the send, so an instrumented transport nests its own span
   under it.
 * ``drain <job_name>``, an INTERNAL span per drain call or busy spell of a
-  drain loop that did something (claimed, parked, failed), with its counts.
-  It is recorded when the run ends (start and end times as they were).
+  drain loop that did something (claimed, parked, failed), with its counts
+  and a link to each of its attempts' spans (the first ``MAX_RUN_LINKS``,
+  128).  It is recorded when the run ends (start and end times as they were).
 
 Linking a delivery to the business transaction: an outbox that adds
 ``OutboxTracingMixin`` gets a nullable ``trace_context`` text column whose
@@ -205,9 +207,13 @@ class OutboxTracing(Observer):
             delivery = delivery.with_headers(carrier)
         return delivery, (span, self._context.attach(active))
 
-    def sent(self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float) -> None:
+    def sent(
+        self, job_name: str, row: Outbox, state: Any, attempt: AttemptResult, seconds: float, *, outcome: str = ""
+    ) -> None:
         span, token = state
         try:
+            if outcome:
+                span.set_attribute("outboxkit.outcome", outcome)
             if attempt.status_code is not None:
                 span.set_attribute("http.response.status_code", attempt.status_code)
             if attempt.failure is not None:
@@ -219,6 +225,10 @@ class OutboxTracing(Observer):
             self._context.detach(token)
             span.end()
 
+    def link(self, state: Any) -> Any:
+        span, _ = state
+        return span.get_span_context()  # the drain run's span links to each of its attempts
+
     def drain_finished(self, job_name: str, result: DrainResult, *, kind: str, seconds: float) -> None:
         failed = bool(result.error or result.errors)
         if not (result.eventful or failed):
@@ -226,7 +236,10 @@ class OutboxTracing(Observer):
         end = time.time_ns()
         attributes: dict[str, str | int] = {"outboxkit.outbox": job_name, "outboxkit.drain.kind": kind}
         attributes.update({f"outboxkit.drain.{name}": value for name, value in result.as_counts().items()})
-        span = self.tracer.start_span(f"drain {job_name}", attributes=attributes, start_time=end - int(seconds * 1e9))
+        links = [self._trace.Link(context) for context in result.telemetry_links.get(id(self), ())]
+        span = self.tracer.start_span(
+            f"drain {job_name}", attributes=attributes, links=links, start_time=end - int(seconds * 1e9)
+        )
         if failed:
             span.set_status(self._trace.Status(self._error, (result.error or result.errors[-1])[:200]))
         span.end(end_time=end)

@@ -40,12 +40,25 @@ from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.telemetry import log_fields
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from outboxkit.core import KitCore
     from outboxkit.drain import Drainer
 
-__all__ = ["DrainWorker"]
+__all__ = ["DrainWorker", "database_readiness"]
 
 logger = logging.getLogger("outboxkit.worker")
+
+
+def database_readiness(engine: Engine) -> str | None:
+    """None when the database answers ``SELECT 1``, else why not (one line)."""
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"the database does not answer: {type(exc).__name__}: {first_line}"
+    return None
 
 
 class DrainWorker:
@@ -100,10 +113,14 @@ class DrainWorker:
             self._drainers = drainers
             if listen:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
+                telemetry = self.kit.telemetry
                 self._listener = NotifyListener(
                     connect=self.kit.session_connector(listener_application_name()),
                     channels=channels,
                     source=self.kit.session_source,
+                    on_connection=lambda connected, reconnected: telemetry.listener_changed(
+                        connected=connected, reconnected=reconnected
+                    ),
                 )
                 self._listener.start()
         logger.info(
@@ -112,6 +129,20 @@ class DrainWorker:
             " (woken by NOTIFY)" if listen else " (no NOTIFY: due times and polling only)",
             extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
+
+    def readiness(self) -> str | None:
+        """None when this worker is ready (its drain loops run and the database answers), else why not.
+
+        What ``/readyz`` of ``outboxkit worker --metrics-port`` reports
+        (503 with the reason); ``/healthz`` only says the process answers.
+        """
+        drainers = self.drainers
+        if not drainers:
+            return "the drain loops are not running"
+        stopped = [drainer.job_name for drainer in drainers if not drainer.loop_alive]
+        if stopped:
+            return f"the drain loop of {', '.join(stopped)} has stopped"
+        return database_readiness(self.kit.engine)
 
     def wake(self) -> None:
         """Wake every loop now (as a notification would)."""

@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from outboxkit.admin.api import READ_ERRORS, OutboxName, http_errors
 from outboxkit.admin.page_inputs import row_filter_from
 from outboxkit.admin.route_guard import AdminRoute
+from outboxkit.log_events import log_fields
 from outboxkit.operations.export import EXPORT_FORMATS, ExportFormat
 from outboxkit.operations.schemas import Status
 from outboxkit.operations.service import OperationsService
@@ -82,7 +83,7 @@ def _logged(chunks: Iterator[bytes], outbox: str) -> Iterator[bytes]:
         yield from chunks
     except Exception as exc:
         logger.error("outboxkit admin: the export of %s failed midway: %s", outbox, exc,
-                     extra={"event_name": "admin.export_failed", "outbox": outbox})
+                     extra=log_fields("admin.export_failed", outbox))
         raise
 
 

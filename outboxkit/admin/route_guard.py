@@ -46,6 +46,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.errors import BodyTooLarge
+from outboxkit.log_events import log_fields
 
 __all__ = [
     "DATABASE_UNAVAILABLE_ERRORS",
@@ -87,7 +88,9 @@ DATABASE_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 def report_database_unavailable(error: Exception) -> str:
     """Log one line about ``error`` (no traceback: it is the database's trouble, not a bug) and return the message to show."""
     logger.warning(
-        "outboxkit admin: the database is unreachable: %s", str(error).splitlines()[0] if str(error) else type(error).__name__
+        "outboxkit admin: the database is unreachable: %s",
+        str(error).splitlines()[0] if str(error) else type(error).__name__,
+        extra=log_fields("admin.database_unreachable"),
     )
     return (
         "The database is unreachable (connection refused, timed out or lost), so the admin cannot show or change "
@@ -203,7 +206,7 @@ class AdminRoute(APIRoute):
                     "outboxkit admin: unexpected error answering %s %s",
                     request.method,
                     request.url.path,
-                    extra={"event_name": "admin.unexpected_error"},
+                    extra=log_fields("admin.unexpected_error"),
                 )
                 return answer(request, 500, UNEXPECTED_ERROR_MESSAGE, "Something went wrong")
 

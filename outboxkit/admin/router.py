@@ -17,6 +17,7 @@ from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
+from outboxkit.log_events import log_fields
 from outboxkit.operations.job_status import JobSource
 from outboxkit.operations.service import OperationsService
 
@@ -103,7 +104,10 @@ def create_admin_router(
             "Pass dependencies=[Depends(require_admin)] with your auth check."
         )
     if not dependencies:
-        logger.warning("outboxkit admin is mounted with insecure_no_auth=True: anyone who can reach it can reset rows")
+        logger.warning(
+            "outboxkit admin is mounted with insecure_no_auth=True: anyone who can reach it can reset rows",
+            extra=log_fields("admin.insecure_no_auth"),
+        )
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
         raise ConfigurationError(f"page_size must be an integer from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
     if isinstance(preview_chars, bool) or not isinstance(preview_chars, int) or not 100 <= preview_chars <= 1_000_000:

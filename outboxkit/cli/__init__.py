@@ -253,7 +253,7 @@ def worker(
         "--scheduler", help="Also campaign for leadership and run the schedule when elected.")] = False,
     metrics_port: Annotated[int | None, typer.Option(
         "--metrics-port", metavar="PORT", min=0, max=65535, show_default=False,
-        help="Serve Prometheus metrics on this port (0: any free port, logged; needs the metrics extra).")] = None,
+        help="Serve /metrics, /healthz and /readyz on this port (0: any free port, logged; needs the metrics extra).")] = None,
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
@@ -269,7 +269,8 @@ def worker(
         drain_worker = DrainWorker(kit, outboxes=outboxes or None)
         if scheduler:
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
-        with serve_worker_metrics(kit, port=metrics_port, host=metrics_host):  # no-op without --metrics-port
+        # No-op without --metrics-port; with it, the port also answers /healthz and /readyz.
+        with serve_worker_metrics(kit, port=metrics_port, host=metrics_host, readiness=drain_worker.readiness):
             drain_worker.run_until_stopped()
 
 

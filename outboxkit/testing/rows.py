@@ -1,15 +1,32 @@
-"""Row assertions: ``outbox_rows`` reads an outbox's rows; ``assert_enqueued`` checks them and lists the table when not."""
+"""Row assertions: ``outbox_rows`` reads an outbox's rows; ``assert_enqueued`` checks them and lists the table when not.
+
+Both read through a ``Session``, an ``Engine`` or a ``Connection``.  An
+``AsyncEngine`` works too: they read through a sync psycopg engine on the
+same database (``outboxkit.database.kit_engine``), made for the call and
+disposed after it.  An ``AsyncSession`` or ``AsyncConnection`` cannot be
+read from sync code; they are refused with the call to make instead,
+``await session.run_sync(assert_enqueued, Outbox, ...)``, which also sees
+what the session flushed but did not commit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, inspect, select
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import ConfigurationError, OutboxAssertionError
+from outboxkit.database import kit_engine
+from outboxkit.errors import ConfigurationError, InvalidTypeError, OutboxAssertionError
 from outboxkit.model import Outbox
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+Bind = Session | Engine | Connection
 
 __all__ = ["assert_enqueued", "outbox_rows"]
 
@@ -18,27 +35,55 @@ _ROWS_SHOWN = 20  # how many rows a failure message lists before it summarises t
 
 
 def outbox_rows(
-    bind: Session | Engine | Connection, outbox: type[OutboxRow], *, status: str | None = None
+    bind: Bind | AsyncEngine, outbox: type[OutboxRow], *, status: str | None = None
 ) -> list[OutboxRow]:
     """Every row of ``outbox`` (optionally of one ``status``), oldest first.
 
     With a ``Session`` the rows come from it (including what it has flushed
-    but not committed); with an ``Engine`` or ``Connection`` they are read in
-    a fresh session and returned detached, every column loaded.
+    but not committed); with an ``Engine``, ``Connection`` or ``AsyncEngine``
+    they are read in a fresh session and returned detached, every column
+    loaded.
     """
     statement = select(outbox).order_by(outbox.id)
     if status is not None:
         statement = statement.where(outbox.status == status)
-    if isinstance(bind, Session):
-        return list(bind.scalars(statement))
-    with Session(bind, expire_on_commit=False) as session:
-        rows = list(session.scalars(statement))
-        session.expunge_all()
-    return rows
+    with _sync_bind(bind, "outbox_rows") as readable:
+        if isinstance(readable, Session):
+            return list(readable.scalars(statement))
+        with Session(readable, expire_on_commit=False) as session:
+            rows = list(session.scalars(statement))
+            session.expunge_all()
+        return rows
+
+
+@contextmanager
+def _sync_bind(bind: object, helper: str) -> Iterator[Bind]:
+    """``bind`` itself, a sync engine for an ``AsyncEngine`` (disposed after), or a refusal that says what to pass."""
+    if isinstance(bind, (Session, Engine, Connection)):
+        yield bind
+        return
+    asyncio_extension = sys.modules.get("sqlalchemy.ext.asyncio")  # loaded whenever an async object exists
+    if asyncio_extension is not None and isinstance(bind, asyncio_extension.AsyncEngine):
+        engine = kit_engine(bind)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+        return
+    if asyncio_extension is not None and isinstance(bind, (asyncio_extension.AsyncSession, asyncio_extension.AsyncConnection)):
+        kind = type(bind).__name__
+        raise InvalidTypeError(
+            f"{helper} reads synchronously and cannot use an {kind}; call it through the {kind}: "
+            f"`await {kind.lower().removeprefix('async')}.run_sync({helper}, OutboxClass, ...)` "
+            "(which also sees what it flushed), or pass an Engine or AsyncEngine"
+        )
+    raise InvalidTypeError(
+        f"{helper} needs a Session, Engine, Connection or AsyncEngine, got {type(bind).__name__}"
+    )
 
 
 def assert_enqueued(
-    bind: Session | Engine | Connection,
+    bind: Bind | AsyncEngine,
     outbox: type[OutboxRow],
     *,
     count: int = 1,
@@ -60,7 +105,8 @@ def assert_enqueued(
                 f"assert_enqueued(where=...) names {unknown}, not columns of {outbox.__name__}; "
                 f"its columns: {', '.join(columns)}"
             )
-    rows = outbox_rows(bind, outbox, status=status)
+    with _sync_bind(bind, "assert_enqueued") as readable:
+        rows = outbox_rows(readable, outbox, status=status)
     matching = [row for row in rows if _matches(row, where)]
     if len(matching) == count:
         return matching

@@ -263,7 +263,9 @@ def test_the_testing_guides_example_passes_its_own_tests(tmp_path):
     from tests.support.database import server_url
 
     files = guide_files(TESTING_GUIDE)
-    assert set(files) == {"shop/models.py", "shop/orders.py", "tests/conftest.py", "tests/test_orders.py"}
+    assert set(files) == {
+        "shop/models.py", "shop/orders.py", "shop/app.py", "tests/conftest.py", "tests/test_orders.py", "tests/test_app.py"
+    }
     for name, code in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,4 +280,4 @@ def test_the_testing_guides_example_passes_its_own_tests(tmp_path):
     )
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "6 passed" in done.stdout, done.stdout
+    assert "7 passed" in done.stdout, done.stdout

@@ -184,6 +184,8 @@ def test_job_runs_are_counted_by_outcome(kit):
     assert value(scraped, "outboxkit_job_runs_total", job="test.counts", outcome="skipped") == 1
     assert value(scraped, "outboxkit_job_runs_total", job="test.refuses", outcome="error") == 1
     assert value(scraped, "outboxkit_job_run_duration_seconds_count", job="test.counts") == 2
+    assert time.time() - 600 < value(scraped, "outboxkit_job_last_success_timestamp_seconds", job="test.counts") <= time.time()
+    assert ("outboxkit_job_last_success_timestamp_seconds", (("job", "test.refuses"),)) not in scraped  # never succeeded
 
 
 def test_two_kits_in_one_process_keep_their_own_registries(engine, receiver):
@@ -223,7 +225,7 @@ def test_serve_worker_metrics_serves_while_the_block_runs_and_refuses_a_taken_po
         [server] = metrics._servers
         answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
         assert answer.status_code == 200 and "outboxkit_attempts_total" in answer.text
-        with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 127.0.0.1:{server.port}"):
+        with pytest.raises(ConfigurationError, match=f"cannot serve metrics and health checks on 127.0.0.1:{server.port}"):
             metrics.serve(server.port)
     assert not kit.telemetry.enabled  # the block's own OutboxMetrics is closed with it
     with pytest.raises(httpx.TransportError):
@@ -283,7 +285,98 @@ def test_row_gauges_are_nan_until_their_first_read_and_the_refresh_error_counter
         kit.close()
         unreachable.dispose()
     for name in ("outboxkit_pending_rows", "outboxkit_in_flight_rows", "outboxkit_stuck_rows",
-                 "outboxkit_oldest_due_age_seconds"):
+                 "outboxkit_oldest_due_age_seconds", "outboxkit_outbox_paused"):
         assert math.isnan(value(scraped, name, outbox="sample-events")), name
     assert value(scraped, "outboxkit_row_refresh_errors_total") >= 1
     assert not [name for name, _ in scraped if "gauge" in name and name.endswith("_total")]
+
+
+def test_the_worker_port_answers_liveness_readiness_and_metrics_at_their_paths_only(kit):
+    from outboxkit.worker import DrainWorker
+
+    worker = DrainWorker(kit)
+    with serve_worker_metrics(kit, port=0, readiness=worker.readiness) as metrics:
+        [server] = metrics._servers
+        base = f"http://127.0.0.1:{server.port}"
+        assert httpx.get(f"{base}/healthz", timeout=10).text == "ok\n"
+        not_ready = httpx.get(f"{base}/readyz", timeout=10)
+        assert (not_ready.status_code, not_ready.text) == (503, "not ready: the drain loops are not running\n")
+        worker.start()
+        try:
+            ready = httpx.get(f"{base}/readyz", timeout=10)
+            assert (ready.status_code, ready.text) == (200, "ready\n")
+        finally:
+            worker.stop()
+        assert httpx.get(f"{base}/readyz", timeout=10).status_code == 503
+        assert "outboxkit_attempts_total" in httpx.get(f"{base}/metrics", timeout=10).text
+        for path in ("/", "/metrics/", "/health", "/healthz/x", "/favicon.ico"):
+            answer = httpx.get(base + path, timeout=10)
+            assert answer.status_code == 404 and "outboxkit_" not in answer.text, path
+
+
+def test_a_worker_whose_database_does_not_answer_is_not_ready():
+    from sqlalchemy import create_engine
+
+    from outboxkit.worker import DrainWorker
+
+    unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nothing", connect_args={"connect_timeout": 5})
+    kit = make_kit(unreachable, listen_enabled=False)
+    worker = DrainWorker(kit)
+    worker.start()
+    try:
+        reason = worker.readiness()
+    finally:
+        worker.stop()
+        kit.close()
+    assert reason is not None and reason.startswith("the database does not answer: OperationalError")
+
+
+def test_the_paused_gauge_follows_an_operators_pause(kit, engine):
+    from outboxkit.pauses import pause, resume
+
+    with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
+        metrics.refresh()
+        assert value(samples(metrics.render().decode()), "outboxkit_outbox_paused", outbox="sample-events") == 0
+        with engine.begin() as connection:
+            pause(connection, "sample-events", actor="test", now=datetime.now(UTC))
+        metrics.refresh()
+        assert value(samples(metrics.render().decode()), "outboxkit_outbox_paused", outbox="sample-events") == 1
+        with engine.begin() as connection:
+            resume(connection, "sample-events")
+        metrics.refresh()
+        assert value(samples(metrics.render().decode()), "outboxkit_outbox_paused", outbox="sample-events") == 0
+
+
+def test_the_listener_gauge_and_reconnect_counter_follow_its_connection(engine, database_url):
+    from tests.support.leadership import terminate_backend
+
+    kit = make_kit(engine, listen_enabled=True)
+    with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
+        def scraped(name: str) -> float:
+            return value(samples(metrics.render().decode()), name)
+
+        kit.worker.start()
+        try:
+            listener = kit.worker.listener
+            assert listener is not None and listener.wait_for_generation(1, timeout=30)
+            assert (scraped("outboxkit_listener_connected"), scraped("outboxkit_listener_reconnects_total")) == (1, 0)
+            assert listener.backend_pid is not None
+            terminate_backend(database_url, listener.backend_pid)
+            assert listener.wait_for_generation(2, timeout=60)
+            assert (scraped("outboxkit_listener_connected"), scraped("outboxkit_listener_reconnects_total")) == (1, 1)
+        finally:
+            kit.worker.stop()
+        assert scraped("outboxkit_listener_connected") == 0
+    kit.close()
+
+
+def test_dropped_attempt_history_records_are_counted(kit, engine, receiver):
+    from sqlalchemy import text
+
+    with engine.begin() as connection:
+        connection.execute(text("DROP TABLE outboxkit_attempts"))  # a database without the migration
+    insert_rows(engine, receiver.url + "/events", [{"n": 1}, {"n": 2}])
+    with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
+        assert kit.drain(SampleEvent).delivered == 2  # delivery goes on
+        scraped = samples(metrics.render().decode())
+    assert value(scraped, "outboxkit_attempt_history_dropped_total", outbox="sample-events") == 2

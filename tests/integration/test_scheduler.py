@@ -107,6 +107,30 @@ def test_job_failed_and_bad_return_values_are_recorded_as_errors(kit, engine):
     assert [run["outcome"] for run in runs(engine, "test.odd")] == ["error"]
 
 
+def test_a_job_keeps_only_what_it_commits_on_its_context_session(kit, engine):
+    # docs/election.md: the runner closes context.session, which rolls back whatever the job did not commit.
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE job_marks (name text)"))
+
+    def mark(name: str, *, commit: bool):
+        def job(context):
+            context.session.execute(text("INSERT INTO job_marks VALUES (:name)"), {"name": name})
+            if commit:
+                context.session.commit()
+            return {"marked": 1}
+
+        return job
+
+    kit.scheduler.add_job("test.commits", mark("committed", commit=True), every(minutes=1))
+    kit.scheduler.add_job("test.forgets", mark("forgotten", commit=False), every(minutes=1))
+    moment = datetime(2030, 1, 1, tzinfo=UTC)
+    outcomes = [kit.scheduler.run_job(job_id, scheduled_for=moment).outcome for job_id in ("test.commits", "test.forgets")]
+
+    assert outcomes == ["ok", "ok"]  # a job that forgot to commit still ends ok ...
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT name FROM job_marks")).scalars().all() == ["committed"]  # ... with nothing kept
+
+
 def test_async_job_runs_on_its_own_event_loop(kit, engine):
     async def count_rows(context):
         await asyncio.sleep(0)

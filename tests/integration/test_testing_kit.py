@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from outboxkit import ConfigurationError, ManualClock, OutboxKit, SystemClock
+from outboxkit.errors import InvalidTypeError
 from outboxkit.testing import (
     NotIdleError,
     OutboxAssertionError,
@@ -25,6 +26,8 @@ from outboxkit.testing import (
 )
 from tests.support.models import SampleEvent
 from tests.unit.test_testing_kit import HOOKS, recorder, send  # noqa: F401  (recorder: fixture)
+
+pytest_plugins = ["pytester"]
 
 
 def add_events(engine, *payloads: dict, next_attempt_at: datetime | None = None) -> list[int]:
@@ -184,3 +187,76 @@ def test_assert_enqueued_refuses_a_name_that_is_not_a_column(engine):
     columns = "target_url, kind, payload, id, "
     with pytest.raises(ConfigurationError, match=rf"names \['amount'\], not columns of SampleEvent; its columns: {columns}"):
         assert_enqueued(engine, SampleEvent, where={"amount": 5})
+
+
+# -- the pytest plugin's database names -------------------------------------------------------
+
+PREFIX_CONFTEST = (
+    "import pytest\n"
+    "from tests.support.models import SampleBase\n"
+    "@pytest.fixture(scope='session')\n"
+    "def outboxkit_metadata():\n"
+    "    return SampleBase.metadata\n"
+)
+PREFIX_TEST = (
+    "from sqlalchemy.engine import make_url\n"
+    "def test_names(outboxkit_database_url, outboxkit_template):\n"
+    "    print('NAMES', make_url(outboxkit_database_url).database, outboxkit_template.template)\n"
+)
+
+
+@pytest.mark.parametrize("configure", ["ini", "variable"])
+def test_the_plugins_test_databases_take_the_configured_prefix(pytester, monkeypatch, configure):
+    from tests.support.database import server_url
+
+    monkeypatch.setenv("OUTBOXKIT_TEST_DATABASE_URL", server_url())
+    monkeypatch.delenv("OUTBOXKIT_TEST_DATABASE_PREFIX", raising=False)
+    pytester.makeconftest(PREFIX_CONFTEST)
+    pytester.makepyfile(PREFIX_TEST)
+    if configure == "ini":
+        pytester.makeini("[pytest]\noutboxkit_database_prefix = shop_ini\n")
+    else:
+        pytester.makeini("[pytest]\noutboxkit_database_prefix = loses_to_the_variable\n")
+        monkeypatch.setenv("OUTBOXKIT_TEST_DATABASE_PREFIX", "shop_variable")
+
+    result = pytester.runpytest("-p", "outboxkit.pytest_plugin", "-p", "no:cacheprovider", "-s")
+
+    result.assert_outcomes(passed=1)
+    expected = "shop_ini" if configure == "ini" else "shop_variable"
+    result.stdout.re_match_lines([rf".*NAMES {expected}_\d+_[0-9a-f]{{6}}_1 {expected}_\d+_[0-9a-f]{{6}}_template"])
+
+
+# -- the row helpers with async SQLAlchemy objects -----------------------------------------------
+
+
+def test_the_row_helpers_read_through_an_async_engine(engine, database_url):
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    [row_id] = add_events(engine, {"n": 1})
+    async_engine = create_async_engine(database_url.replace("postgresql+psycopg://", "postgresql+psycopg_async://"))
+
+    [row] = assert_enqueued(async_engine, SampleEvent, where={"payload": {"n": 1}})
+    assert row.id == row_id
+    assert [each.id for each in outbox_rows(async_engine, SampleEvent, status="pending")] == [row_id]
+
+
+def test_the_row_helpers_refuse_an_async_session_naming_the_call_to_make(engine, database_url):
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    add_events(engine, {"n": 1})
+    async_engine = create_async_engine(database_url.replace("postgresql+psycopg://", "postgresql+psycopg_async://"))
+
+    async def check() -> int:
+        async with AsyncSession(async_engine) as session:
+            with pytest.raises(InvalidTypeError, match=r"await session\.run_sync\(assert_enqueued, OutboxClass"):
+                assert_enqueued(session, SampleEvent)
+            async with async_engine.connect() as connection:
+                with pytest.raises(InvalidTypeError, match=r"await connection\.run_sync\(outbox_rows"):
+                    outbox_rows(connection, SampleEvent)
+            rows = await session.run_sync(assert_enqueued, SampleEvent)  # the documented way works
+        await async_engine.dispose()
+        return len(rows)
+
+    assert asyncio.run(check()) == 1

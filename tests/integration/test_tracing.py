@@ -223,3 +223,55 @@ def test_the_default_redaction_covers_the_conventions_presigned_parameters(kit, 
 def test_redacted_query_parameters_given_as_one_string_is_refused(kit):
     with pytest.raises(ConfigurationError, match="list of parameter names"):
         OutboxTracing(kit, redacted_query_parameters="sig")
+
+
+def test_each_attempt_span_carries_the_outcome_the_rules_decide(kit, engine, receiver, spans):
+    provider, exporter = spans
+    answers = {"/ok": 200, "/later": 503, "/rejected": 422}
+    receiver.respond = lambda request: Reply(status=answers[request.path])
+    with engine.begin() as connection:
+        connection.execute(
+            insert(SampleEvent), [{"target_url": receiver.url + path, "payload": {"path": path}} for path in answers]
+        )
+    OutboxTracing(kit, tracer_provider=provider)
+    result = kit.drain(SampleEvent)
+    assert (result.delivered, result.retried, result.stuck) == (1, 1, 1)
+
+    outcomes = {
+        span.attributes["url.full"].removeprefix(receiver.url): span.attributes["outboxkit.outcome"]
+        for span in named(exporter, "deliver sample-events")
+    }
+    assert outcomes == {"/ok": "delivered", "/later": "retried", "/rejected": "stuck"}
+
+
+def test_an_observer_whose_sent_takes_no_outcome_is_still_called(kit, engine, receiver):
+    from outboxkit.telemetry import Observer
+
+    class Counting(Observer):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def sent(self, job_name, row, state, attempt, seconds):  # the signature before outcome= existed
+            self.seconds.append(seconds)
+
+    counting = Counting()
+    kit.telemetry.attach(counting)
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent), [{"target_url": receiver.url + "/events", "payload": {"n": 1}}])
+    assert kit.drain(SampleEvent).delivered == 1
+    assert len(counting.seconds) == 1
+
+
+def test_a_drain_runs_span_links_to_each_of_its_attempt_spans(kit, engine, receiver, spans):
+    provider, exporter = spans
+    with engine.begin() as connection:
+        connection.execute(
+            insert(SampleEvent), [{"target_url": receiver.url + "/events", "payload": {"n": n}} for n in range(3)]
+        )
+    OutboxTracing(kit, tracer_provider=provider)
+    assert kit.drain(SampleEvent).delivered == 3
+
+    attempts = {span.context.span_id for span in named(exporter, "deliver sample-events")}
+    [drain] = named(exporter, "drain sample-events")
+    assert len(attempts) == 3
+    assert {link.context.span_id for link in drain.links} == attempts

@@ -323,3 +323,42 @@ def test_an_answer_dripped_past_the_deadline_is_retried_and_never_sent_twice_at_
     with Session(engine) as session:
         row = session.scalars(select(SampleEvent)).one()
     assert (row.status, row.attempts, row.last_status_code, row.last_error) == ("done", 2, 200, None)
+
+
+def test_the_apps_probes_say_live_and_ready_only_while_its_drain_loops_run(engine):
+    from outboxkit.integration import liveness_app, readiness_app
+
+    kit = make_kit(engine, scheduler_enabled=False, listen_enabled=False)
+    app = FastAPI(lifespan=kit.lifespan)
+    app.add_route("/healthz", liveness_app())
+    app.add_route("/readyz", readiness_app(kit))
+    try:
+        outside = TestClient(app)  # no lifespan: the drain loops never started
+        not_ready = outside.get("/readyz")
+        assert (not_ready.status_code, not_ready.text) == (503, "not ready: the drain loops are not running\n")
+        assert outside.get("/healthz").text == "ok\n"
+        with TestClient(app) as client:
+            ready = client.get("/readyz")
+            assert (ready.status_code, ready.text) == (200, "ready\n")
+            assert client.get("/healthz").status_code == 200
+    finally:
+        kit.close()
+
+
+def test_an_app_that_does_not_drain_is_ready_when_its_database_answers(engine):
+    from sqlalchemy import create_engine
+
+    from outboxkit.integration import readiness_app
+
+    unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nothing", connect_args={"connect_timeout": 5})
+    for database, expected in ((engine, 200), (unreachable, 503)):
+        kit = make_kit(database, scheduler_enabled=False, drain_enabled=False)
+        app = FastAPI()
+        app.add_route("/readyz", readiness_app(kit))
+        try:
+            answer = TestClient(app).get("/readyz")
+        finally:
+            kit.close()
+        assert answer.status_code == expected, answer.text
+    assert answer.text.startswith("not ready: the database does not answer: OperationalError")
+    unreachable.dispose()

@@ -22,7 +22,10 @@ import yaml
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 RULES_FILE = DOCS / "alerts.yml"
 DASHBOARD_FILE = DOCS / "grafana-dashboard.json"
-PROMISED = {"OutboxkitDeliveryLagging", "OutboxkitStuckRowsGrowing", "OutboxkitNoLeader", "OutboxkitDeliveryFailureRatio"}
+PROMISED = {
+    "OutboxkitDeliveryLagging", "OutboxkitStuckRowsGrowing", "OutboxkitNoLeader", "OutboxkitDeliveryFailureRatio",
+    "OutboxkitOutboxPaused", "OutboxkitJobErrors",
+}
 
 
 def rules() -> dict[str, dict]:
@@ -67,6 +70,12 @@ def unit_tests() -> dict:
                 "input_series": [
                     series("outboxkit_oldest_due_age_seconds", "0 0 400x10", outbox="grants"),
                     series("outboxkit_oldest_due_age_seconds", "0x12", outbox="healthy"),
+                    series("outboxkit_oldest_due_age_seconds", "0 0 400x40", outbox="paused"),
+                    series("outboxkit_outbox_paused", "0x40", outbox="grants"),
+                    series("outboxkit_outbox_paused", "1x40", outbox="paused"),
+                    series("outboxkit_job_runs_total", "0x5 1x20", job="billing.invoices", outcome="error"),
+                    series("outboxkit_job_runs_total", "0+1x25", job="billing.invoices", outcome="ok"),
+                    series("outboxkit_job_runs_total", "0x25", job="reports.daily", outcome="error"),
                     series("outboxkit_stuck_rows", "0x40 3x20", outbox="grants"),
                     series("outboxkit_stuck_rows", "2x60", outbox="healthy"),
                     series("outboxkit_leader", "1x5 0x20"),
@@ -84,6 +93,26 @@ def unit_tests() -> dict:
                         "alertname": "OutboxkitDeliveryLagging",
                         "exp_alerts": [
                             fired("OutboxkitDeliveryLagging", "outbox grants: a due row has waited 6m 40s", outbox="grants")
+                        ],
+                    },
+                    {"eval_time": "20m", "alertname": "OutboxkitOutboxPaused", "exp_alerts": []},
+                    {
+                        "eval_time": "35m",
+                        "alertname": "OutboxkitOutboxPaused",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitOutboxPaused", "outbox paused: drains have been paused for over 30 minutes",
+                                outbox="paused",
+                            )
+                        ],
+                    },
+                    {"eval_time": "5m", "alertname": "OutboxkitJobErrors", "exp_alerts": []},
+                    {
+                        "eval_time": "9m",
+                        "alertname": "OutboxkitJobErrors",
+                        "exp_alerts": [
+                            fired("OutboxkitJobErrors", "job billing.invoices: a run failed in the last 15 minutes",
+                                  job="billing.invoices")
                         ],
                     },
                     {"eval_time": "35m", "alertname": "OutboxkitStuckRowsGrowing", "exp_alerts": []},

@@ -182,3 +182,15 @@ def test_install_notify_triggers_refuses_what_is_not_an_outbox():
         install_notify_triggers()
     with pytest.raises(ConfigurationError, match="is not a mapped Outbox subclass"):
         install_notify_triggers(SampleEvent, "sample_event_outbox")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix", ["Shop", "1shop", "shop-test", "x" * 31, 'a"; DROP DATABASE b'])
+def test_a_bad_test_database_prefix_fails_the_test_saying_what_is_allowed(pytester, monkeypatch, prefix):
+    monkeypatch.setenv("OUTBOXKIT_TEST_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/never-used")
+    monkeypatch.setenv("OUTBOXKIT_TEST_DATABASE_PREFIX", prefix)
+    pytester.makepyfile("def test_uses_a_database(outboxkit_template): pass")
+
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider")
+
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*the test database prefix*is not allowed: use 1 to 30 lower-case letters*"])
