@@ -44,7 +44,7 @@ from sqlalchemy import Engine
 from outboxkit.clock import Clock
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer, DrainCounts
-from outboxkit.drain_record import OutcomeConnection, Recorder
+from outboxkit.drain_record import FinishedSend, OutcomeConnection, OutcomeGrouping, Recorder
 from outboxkit.errors import DeliveryBuildError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
@@ -53,7 +53,7 @@ from outboxkit.send_pool import InFlightLimit, SendPool
 from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.transport import Delivery, Transport
 
-__all__ = ["Background", "CallEvents", "PumpState", "SendPump", "refill_threshold"]
+__all__ = ["Background", "CallEvents", "PumpState", "SendPump", "gather_group", "refill_threshold"]
 
 logger = logging.getLogger("outboxkit.drain")
 
@@ -185,6 +185,7 @@ class SendPump(Generic[ResultT]):
         recorder: Recorder,
         schema_problems: SchemaProblemLog,
         end_spell: Callable[[ResultT], ResultT],
+        grouping: OutcomeGrouping | None = None,
     ) -> None:
         self.engine = engine
         self.queries = queries
@@ -196,6 +197,7 @@ class SendPump(Generic[ResultT]):
         self.recorder = recorder
         self._schema_problems = schema_problems
         self._end_spell = end_spell
+        self.grouping = grouping or OutcomeGrouping()
         self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
         self.in_flight = InFlightLimit(self.options.batch_size)
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
@@ -251,20 +253,14 @@ class SendPump(Generic[ResultT]):
                 except queue.Empty:
                     state.more_due = True  # a row came due (or the safety-net poll)
                     continue
-                if event is _WAKE:
-                    assert background is not None
-                    background.woken()
-                    state.more_due = True
+                if not isinstance(event, FinishedSend):
+                    _control(event, state, background)
                     continue
-                if event is _STOP:
-                    continue
-                row, token, attempt, started_at = typing.cast("tuple[Outbox, uuid.UUID, AttemptResult, datetime]", event)
-                state.in_flight -= 1
-                self.in_flight.give(1)
-                decision = self.recorder.record(outcomes.get(), row, token, attempt, result, started_at=started_at)
-                if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
-                    if state.next_due is None or decision.next_attempt_at < state.next_due:
-                        state.next_due = decision.next_attempt_at
+                group, control = gather_group(event, events, in_flight=state.in_flight, grouping=self.grouping)
+                _control(control, state, background)  # before the write, which may raise: a wake-up is never lost
+                state.in_flight -= len(group)
+                self.in_flight.give(len(group))
+                self._record(group, state, outcomes, result)
 
     def _claim_and_send(
         self,
@@ -296,10 +292,20 @@ class SendPump(Generic[ResultT]):
             key = str(row.idempotency_key)
             self.senders.submit(self._send_one, events, row, token, delivery, key, timeout)
             state.in_flight += 1
-        for row, failure in build_failures:
-            self.recorder.record(outcomes.get(), row, token, failure, result)
+        if build_failures:
+            failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
+            self._record(failed, state, outcomes, result)
         if not state.more_due and background is not None:
             state.next_due = self._earliest_due()
+
+    def _record(
+        self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
+    ) -> None:
+        """Write a group's outcomes; a retry it records moves the loop's next due time earlier."""
+        for decision in self.recorder.record_group(outcomes.get(), group, result):
+            if decision.status == "pending" and decision.next_attempt_at is not None:
+                if state.next_due is None or decision.next_attempt_at < state.next_due:
+                    state.next_due = decision.next_attempt_at
 
     def _earliest_due(self) -> datetime | None:
         with self.engine.connect() as connection:
@@ -344,7 +350,7 @@ class SendPump(Generic[ResultT]):
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
             probe.sent(attempt)
-            finished.put((row, token, attempt, started_at))
+            finished.put(FinishedSend(row, token, attempt, started_at))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -378,6 +384,47 @@ class SendPump(Generic[ResultT]):
             else:
                 deliveries.append((row, delivery))
         return deliveries, failures
+
+
+def gather_group(
+    first: FinishedSend, events: queue.SimpleQueue[object], *, in_flight: int, grouping: OutcomeGrouping
+) -> tuple[list[FinishedSend], object | None]:
+    """The outcomes to write in one transaction with ``first``, and the control event that ended the gathering.
+
+    ``in_flight`` counts the rows sent whose outcome was not yet taken from
+    ``events``, ``first`` included.  Outcomes already queued join at once.
+    While other sends are still out, it waits for theirs, at most
+    ``grouping.max_delay`` after ``first`` was taken; once every row in
+    flight is in the group it stops, so with nothing else pending an
+    outcome is written at once.  At most ``grouping.max_rows`` outcomes.
+    A wake-up or a stop ends the gathering early and is returned (else
+    None), for the pump to act on before it writes.
+    """
+    group = [first]
+    deadline = time.monotonic() + grouping.max_delay
+    while len(group) < grouping.max_rows:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            remaining = deadline - time.monotonic()
+            if len(group) >= in_flight or remaining <= 0:
+                break
+            try:
+                event = events.get(timeout=remaining)
+            except queue.Empty:
+                break
+        if not isinstance(event, FinishedSend):
+            return group, event
+        group.append(event)
+    return group, None
+
+
+def _control(event: object, state: PumpState, background: Background[typing.Any] | None) -> None:
+    """Act on a wake-up (rows may be due) or a stop (the loop sees its flag) taken from the event queue."""
+    if event is _WAKE:
+        assert background is not None
+        background.woken()
+        state.more_due = True
 
 
 def refill_threshold(batch_size: int, concurrency: int) -> int:
