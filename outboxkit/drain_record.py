@@ -207,12 +207,17 @@ class Recorder:
         """After a group's statement failed: each row in its own transaction.  Returns those not failed, and the written."""
         kept: list[_Decided] = []
         written: set[int] = set()
-        for item in decided:
+        for index, item in enumerate(decided):
             try:
                 if self.queries.record_outcome(connection, item.outcome, now=now):
                     written.add(item.outcome.row_id)
             except Exception as exc:
-                self._raise_if_broken(connection, exc, [item], result)
+                try:
+                    self._raise_if_broken(connection, exc, decided[index:], result)  # none of the rest is written
+                except Exception:
+                    for done in kept:  # those written before the connection broke are counted and reported
+                        self._finish(done, done.outcome.row_id in written, result, now=now)
+                    raise
                 self._write_failed(exc, item, result)
                 continue
             kept.append(item)

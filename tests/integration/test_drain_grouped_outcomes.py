@@ -212,3 +212,39 @@ def test_a_send_still_out_does_not_hold_back_the_finished_outcomes(engine, inser
         drainer.close()
     assert box["result"].delivered == 5
     assert statuses(engine) == dict.fromkeys(ids, "done")
+
+
+def test_a_connection_lost_during_a_group_write_loses_no_row(engine, insert_events, read_events, receiver, clock, transport):
+    ids = insert_events([{"n": n} for n in range(6)])
+    with engine.begin() as connection:  # the first outcome write kills its own session, once
+        connection.exec_driver_sql("""
+            CREATE SEQUENCE outcome_writes_seen;  -- not rolled back with the killed transaction
+            CREATE FUNCTION kill_the_outcome_session() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL AND nextval('outcome_writes_seen') = 1 THEN
+                    PERFORM pg_terminate_backend(pg_backend_pid());
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER kill_the_outcome_session BEFORE UPDATE ON sample_event_outbox
+                FOR EACH ROW EXECUTE FUNCTION kill_the_outcome_session();
+        """)
+    drainer = drainer_for(engine, transport, clock, 6, PATIENT)
+
+    result = drain_released_together(drainer, receiver, 6)
+
+    assert result.error is not None and result.delivered == 0
+    assert result.errors and result.errors[0].startswith("row(s) ")
+    rows = read_events()
+    # Nothing was written: every row keeps its claim and comes due again when its lease ends.
+    assert all(rows[row_id].status == "pending" and rows[row_id].claim_token is not None for row_id in ids)
+
+    clock.advance(seconds=drainer.options.lease_seconds)
+    receiver.respond = lambda request: Reply()
+    again = drainer_for(engine, transport, clock, 6, PATIENT)
+    try:
+        assert again.drain().delivered == 6
+    finally:
+        again.close()
+    assert statuses(engine) == dict.fromkeys(ids, "done")
+    assert all(count == 2 for count in receiver.count_by_key().values())  # sent again with the same key
