@@ -14,8 +14,10 @@
    starved after its claim never sends past its lease.
 
 The pump claims (``outboxkit.drain_claim``), hands the rows to the send pool
-and records each outcome as it comes back (``outboxkit.drain_record``), on
-the one thread that runs it.  It keeps the pool fed: it claims the next rows
+and records the outcomes as they come back (``outboxkit.drain_record``), on
+the one thread that runs it: those that come back close together are
+gathered into one group and written in one transaction (``gather_group``,
+bounded by ``OutcomeGrouping``; no wait when no other send is out).  It keeps the pool fed: it claims the next rows
 while the previous ones' slowest sends are still out, once no more rows are
 in flight than the refill threshold (``refill_threshold``).  After a claim
 that took a row alone because its last worker died mid-delivery, nothing more
