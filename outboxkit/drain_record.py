@@ -29,9 +29,11 @@ and waits for more only while other sends are still out, at most
 ``max_delay`` (default 2 ms) after the first outcome, and for at most
 ``max_rows`` (default 50) outcomes.  With nothing else in flight an outcome
 is written at once: an idle drain adds no latency.  The wait is far inside
-the time a send leaves for recording its outcome before the lease ends
-(``RECORD_MARGIN_SECONDS`` in ``outboxkit.drain_pump``), so the lease
-invariants are unchanged.
+the time a send leaves for recording its outcome before the lease ends (a
+third of the lease margin, at most ``RECORD_MARGIN_SECONDS`` in
+``outboxkit.drain_pump``: 5 s by default), so the lease invariants are
+unchanged; and were a lease to end first, the claim token still keeps a
+late outcome from overwriting a new claim.
 
 The write stores the latest attempt's status code and error (a delivered
 row keeps no stale error).  The telemetry hooks and the attempt history
