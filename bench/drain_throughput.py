@@ -37,6 +37,9 @@ and drops, with the example ``WebhookOutbox``:
 7. do it again with ``--slow-rows`` rows against a receiver that answers each
    request after 50 ms.
 
+``--commit-only`` runs step 6 alone (with ``--commit-rounds`` rounds), for
+interleaving before-and-after runs of two checkouts on a busy host.
+
 Run from the repository root::
 
     .venv/bin/python bench/drain_throughput.py --rows 20000 --slow-rows 3000
@@ -362,6 +365,35 @@ def median_cpu_ms(runs: list[DrainRun]) -> float:
     return statistics.median(run.drainer_cpu_s * 1000 / run.rows for run in runs)
 
 
+def commit_durability(
+    sqlalchemy_url: str, server: str, database: str, database_url: str, receiver: ReceiverProcess, *,
+    rows: int, rounds: int, concurrency: int | None,
+) -> tuple[dict[str, float], list[str]]:
+    """Step 6: ``rounds`` rounds of a synchronous and an asynchronous drain, interleaved; (summary, problems)."""
+    print(f"commit durability: {rounds} round(s) of drains of {rows} bulk-inserted "
+          "rows, OUTBOXKIT_SYNCHRONOUS_COMMIT=true (the default) and false, interleaved; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    by_commit_mode, problems = drain_rounds(
+        sqlalchemy_url, server, database, database_url, receiver, modes=COMMIT_MODES,
+        rows=rows, rounds=rounds, concurrency=concurrency,
+    )
+    summary: dict[str, float] = {}
+    commit_ratios = paired_ratios(by_commit_mode[ASYNCHRONOUS], by_commit_mode[SYNCHRONOUS])
+    for mode, suffix in ((SYNCHRONOUS, "sync_commit"), (ASYNCHRONOUS, "async_commit")):
+        runs = by_commit_mode[mode]
+        summary[f"drain_rows_per_s_{suffix}"] = round(statistics.median(run.rows_per_s for run in runs), 1)
+        summary[f"drain_cpu_ms_per_row_{suffix}"] = round(median_cpu_ms(runs), 3)
+        summary[f"commits_per_row_{suffix}"] = round(statistics.median(run.counters.commits / run.rows for run in runs), 2)
+        summary[f"wal_syncs_per_row_{suffix}"] = round(
+            statistics.median(run.counters.wal_syncs / run.rows for run in runs), 2)
+    summary["sync_commit_ratio"] = round(statistics.median(commit_ratios), 3)
+    print(f"commit durability: median {summary['drain_rows_per_s_sync_commit']:.0f} rows/s synchronous, "
+          f"{summary['drain_rows_per_s_async_commit']:.0f} asynchronous; per round synchronous / "
+          "asynchronous: " + ", ".join(f"{ratio:.3f}" for ratio in commit_ratios) + " (target >= 0.9); "
+          f"load average {os.getloadavg()[0]:.2f}")
+    return summary, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="drain throughput benchmark (see the module docstring)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows to enqueue and drain (default 20000)")
@@ -379,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit-rounds", type=int, default=2,
                         help="rounds of drains with synchronous commit (the default) and without, interleaved "
                              "(default 2; 0 skips them)")
+    parser.add_argument("--commit-only", action="store_true",
+                        help="run the commit durability rounds alone (no ceilings, telemetry or slow receiver)")
     arguments = parser.parse_args(argv)
     if arguments.rows < 1 or arguments.slow_rows < 0 or (arguments.concurrency is not None and arguments.concurrency < 1):
         parser.error("--rows must be >= 1, --slow-rows >= 0, --concurrency >= 1")
@@ -386,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--telemetry-rounds must be >= 1")
     if arguments.commit_rounds < 0:
         parser.error("--commit-rounds must be >= 0")
+    if arguments.commit_only and arguments.commit_rounds < 1:
+        parser.error("--commit-only needs --commit-rounds >= 1")
 
     scratch = scratch_database(DEFAULT_SERVER)
     server_url, database = scratch.server_url, scratch.name
@@ -409,6 +445,15 @@ def main(argv: list[str] | None = None) -> int:
         target = f"{receiver.url}/events"
         print(f"database {database}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; "
               f"rows {arguments.rows}, concurrency {concurrency}, batch {options.batch_size}")
+        if arguments.commit_only:
+            commit_summary, problems = commit_durability(
+                sqlalchemy_url, server_url, database, database_url, receiver, rows=arguments.rows,
+                rounds=arguments.commit_rounds, concurrency=arguments.concurrency,
+            )
+            for problem in problems:
+                print(f"PROBLEM: {problem}")
+            print(json.dumps(commit_summary))
+            return 1 if problems else 0
 
         httpx_sequential = httpx_posts_per_second(target, count=arguments.ceiling_posts, threads=1)
         httpx_threaded = httpx_posts_per_second(target, count=arguments.ceiling_posts, threads=concurrency)
@@ -488,26 +533,11 @@ def main(argv: list[str] | None = None) -> int:
 
         commit_summary: dict[str, float] = {}
         if arguments.commit_rounds:
-            print(f"commit durability: {arguments.commit_rounds} round(s) of drains of {arguments.rows} bulk-inserted "
-                  "rows, OUTBOXKIT_SYNCHRONOUS_COMMIT=true (the default) and false, interleaved")
-            by_commit_mode, commit_problems = drain_rounds(
-                sqlalchemy_url, server_url, database, database_url, receiver, modes=COMMIT_MODES,
-                rows=arguments.rows, rounds=arguments.commit_rounds, concurrency=arguments.concurrency,
+            commit_summary, commit_problems = commit_durability(
+                sqlalchemy_url, server_url, database, database_url, receiver, rows=arguments.rows,
+                rounds=arguments.commit_rounds, concurrency=arguments.concurrency,
             )
             problems += commit_problems
-            commit_ratios = paired_ratios(by_commit_mode[ASYNCHRONOUS], by_commit_mode[SYNCHRONOUS])
-            for mode, suffix in ((SYNCHRONOUS, "sync_commit"), (ASYNCHRONOUS, "async_commit")):
-                runs = by_commit_mode[mode]
-                commit_summary[f"drain_rows_per_s_{suffix}"] = round(statistics.median(run.rows_per_s for run in runs), 1)
-                commit_summary[f"drain_cpu_ms_per_row_{suffix}"] = round(median_cpu_ms(runs), 3)
-                commit_summary[f"commits_per_row_{suffix}"] = round(
-                    statistics.median(run.counters.commits / run.rows for run in runs), 2)
-                commit_summary[f"wal_syncs_per_row_{suffix}"] = round(
-                    statistics.median(run.counters.wal_syncs / run.rows for run in runs), 2)
-            commit_summary["sync_commit_ratio"] = round(statistics.median(commit_ratios), 3)
-            print(f"commit durability: median {commit_summary['drain_rows_per_s_sync_commit']:.0f} rows/s synchronous, "
-                  f"{commit_summary['drain_rows_per_s_async_commit']:.0f} asynchronous; per round synchronous / "
-                  "asynchronous: " + ", ".join(f"{ratio:.3f}" for ratio in commit_ratios) + " (target >= 0.9)")
 
         slow_rate = 0.0
         if arguments.slow_rows:

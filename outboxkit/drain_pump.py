@@ -19,8 +19,11 @@
    starved after its claim never sends past its lease.
 
 The pump claims (``outboxkit.drain_claim``), hands the rows to the send pool
-and records each outcome as it comes back (``outboxkit.drain_record``), on
-the one thread that runs it.  It keeps the pool fed: it claims the next rows
+and records the outcomes as they come back (``outboxkit.drain_record``), on
+the one thread that runs it: those that come back close together are
+gathered into one group and written in one transaction (``gather_group``,
+bounded by ``OutcomeGrouping``; no wait when no other send is out).  It
+keeps the pool fed: it claims the next rows
 while the previous ones' slowest sends are still out, once no more rows are
 in flight than the refill threshold (``drain_loop.refill_threshold``).  After a claim
 that took a row alone because its last worker died mid-delivery, nothing more
@@ -36,7 +39,6 @@ import logging
 import queue
 import time
 import traceback
-import typing
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -49,8 +51,8 @@ from outboxkit.destination_gate import DestinationGate
 from outboxkit.destinations import check_destination_name
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
-from outboxkit.drain_loop import RETRY_CLAIM_SECONDS, STOP, WAKE, Background, PumpState, ResultT, refill_threshold
-from outboxkit.drain_record import OutcomeConnection, Recorder
+from outboxkit.drain_loop import RETRY_CLAIM_SECONDS, WAKE, Background, PumpState, ResultT, refill_threshold
+from outboxkit.drain_record import FinishedSend, OutcomeConnection, OutcomeGrouping, Recorder
 from outboxkit.errors import DeliveryBuildError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
@@ -59,7 +61,7 @@ from outboxkit.send_pool import InFlightLimit, SendPool
 from outboxkit.telemetry import Telemetry, log_fields, outcome_name
 from outboxkit.transport import Delivery, Transport
 
-__all__ = ["SendPump"]
+__all__ = ["SendPump", "gather_group"]
 
 logger = logging.getLogger("outboxkit.drain")
 
@@ -95,6 +97,7 @@ class SendPump(Generic[ResultT]):
         gate: DestinationGate,
         schema_problems: SchemaProblemLog,
         end_spell: Callable[[ResultT], ResultT],
+        grouping: OutcomeGrouping | None = None,
     ) -> None:
         self.engine = engine
         self.queries = queries
@@ -107,6 +110,7 @@ class SendPump(Generic[ResultT]):
         self.gate = gate
         self._schema_problems = schema_problems
         self._end_spell = end_spell
+        self.grouping = grouping or OutcomeGrouping()
         self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
         self.in_flight = InFlightLimit(self.options.batch_size)
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
@@ -162,35 +166,43 @@ class SendPump(Generic[ResultT]):
                 except queue.Empty:
                     state.more_due = True  # a row came due (or the safety-net poll)
                     continue
-                if event is WAKE:
-                    assert background is not None
-                    background.woken()
-                    state.more_due = True
+                if not isinstance(event, FinishedSend):
+                    self._control(event, state, background, result)
                     continue
-                if event is STOP:
-                    continue
-                if isinstance(event, tuple) and event[0] is _GIVEN_BACK:
-                    _, row, token, destination = event
-                    state.in_flight -= 1
-                    self.in_flight.give(1)
-                    result.claimed -= 1  # not sent, its attempt taken back
-                    self.gate.give_back(destination, row, token=token, now=self.clock.now())
-                    continue
-                row, token, attempt, started_at, destination = typing.cast(
-                    "tuple[Outbox, uuid.UUID, AttemptResult, datetime, str]", event
-                )
-                state.in_flight -= 1
-                self.in_flight.give(1)
+                group, control = gather_group(event, events, in_flight=state.in_flight, grouping=self.grouping)
+                self._control(control, state, background, result)  # before the write, which may raise: never lost
+                state.in_flight -= len(group)
+                self.in_flight.give(len(group))
                 if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
                     state.awaiting_outcome, state.more_due = False, True
-                decision = self.recorder.record(
-                    outcomes.get(), row, token, attempt, result, started_at=started_at, destination=destination
-                )
+                self._record(group, state, outcomes, result)
                 if self.gate.take_released():  # its destination closed: the rows it held are due now
                     state.more_due = True
-                if decision is not None and decision.status == "pending" and decision.next_attempt_at is not None:
-                    if state.next_due is None or decision.next_attempt_at < state.next_due:
-                        state.next_due = decision.next_attempt_at
+
+    def _control(
+        self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
+    ) -> None:
+        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent, or a stop
+        (nothing to do: the loop sees its flag)."""
+        if event is WAKE:
+            assert background is not None
+            background.woken()
+            state.more_due = True
+        elif isinstance(event, tuple) and event and event[0] is _GIVEN_BACK:
+            _, row, token, destination = event
+            state.in_flight -= 1
+            self.in_flight.give(1)
+            result.claimed -= 1  # not sent, its attempt taken back
+            self.gate.give_back(destination, row, token=token, now=self.clock.now())
+
+    def _record(
+        self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
+    ) -> None:
+        """Write a group's outcomes; a retry it records moves the loop's next due time earlier."""
+        for decision in self.recorder.record_group(outcomes.get(), group, result):
+            if decision.status == "pending" and decision.next_attempt_at is not None:
+                if state.next_due is None or decision.next_attempt_at < state.next_due:
+                    state.next_due = decision.next_attempt_at
 
     def _claim_and_send(
         self,
@@ -229,8 +241,9 @@ class SendPump(Generic[ResultT]):
                 result.telemetry_links,
             )
             state.in_flight += 1
-        for row, failure in build_failures:
-            self.recorder.record(outcomes.get(), row, token, failure, result)
+        if build_failures:
+            failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
+            self._record(failed, state, outcomes, result)
         if not state.more_due and background is not None:
             state.next_due = self._earliest_due()
 
@@ -286,7 +299,7 @@ class SendPump(Generic[ResultT]):
             outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
             probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
             self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
-            finished.put((row, token, attempt, started_at, destination))
+            finished.put(FinishedSend(row, token, attempt, started_at, destination))
         elapsed = time.monotonic() - started
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -324,3 +337,36 @@ class SendPump(Generic[ResultT]):
             else:
                 deliveries.append((row, delivery, destination))
         return deliveries, failures
+
+
+def gather_group(
+    first: FinishedSend, events: queue.SimpleQueue[object], *, in_flight: int, grouping: OutcomeGrouping
+) -> tuple[list[FinishedSend], object | None]:
+    """The outcomes to write in one transaction with ``first``, and the control event that ended the gathering.
+
+    ``in_flight`` counts the rows sent whose outcome was not yet taken from
+    ``events``, ``first`` included.  Outcomes already queued join at once.
+    While other sends are still out, it waits for theirs, at most
+    ``grouping.max_delay`` after ``first`` was taken; once every row in
+    flight is in the group it stops, so with nothing else pending an
+    outcome is written at once.  At most ``grouping.max_rows`` outcomes.
+    A wake-up or a stop ends the gathering early and is returned (else
+    None), for the pump to act on before it writes.
+    """
+    group = [first]
+    deadline = time.monotonic() + grouping.max_delay
+    while len(group) < grouping.max_rows:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            remaining = deadline - time.monotonic()
+            if len(group) >= in_flight or remaining <= 0:
+                break
+            try:
+                event = events.get(timeout=remaining)
+            except queue.Empty:
+                break
+        if not isinstance(event, FinishedSend):
+            return group, event
+        group.append(event)
+    return group, None

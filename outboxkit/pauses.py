@@ -104,7 +104,9 @@ class PauseCheck:
 
     def _read(self) -> bool:
         try:
-            with self.engine.connect() as connection:
+            # AUTOCOMMIT: one round trip (no BEGIN before the read, no ROLLBACK after it); a wake-up
+            # reads it again before its claim, so it is on the path from NOTIFY to send.
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
                 return is_paused(connection, self.job_name)
         except ProgrammingError as exc:
             if getattr(getattr(exc, "orig", None), "sqlstate", None) != "42P01":  # undefined table

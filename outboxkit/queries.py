@@ -8,10 +8,12 @@ operator's statements (counts, pages, reset, retry-now, retention) are
 pauses, audit) are written by their modules.  Statements are plain SQL over
 the table's quoted name, compiled once per outbox class.
 
-The outcome write is the drain's hot path (one per delivered row), so it
-skips SQLAlchemy's statement layer: it runs as one statement on the psycopg
-connection of an AUTOCOMMIT pooled connection (``outcome_connection``), which
-makes it one round trip and one transaction of its own.  It is a server-side
+The outcome write is the drain's hot path, so it skips SQLAlchemy's
+statement layer: it runs as one statement on the psycopg connection of an
+AUTOCOMMIT pooled connection (``outcome_connection``), which makes it one
+round trip and one transaction of its own, for one row (``record_outcome``)
+or for a group of outcomes that finished close together
+(``record_outcomes``, one WAL flush for the group).  It is a server-side
 prepared statement only when the operator opts in
 (``OutboxKitSettings.prepared_statements``): a transaction-mode pooler before
 PgBouncer 1.21 hands the next execution to a server connection that never
@@ -107,6 +109,30 @@ SET status = %(status)s,
 {asynchronous_commit}WHERE id = %(id)s AND claim_token = %(token)s
 """
 
+# A group of outcomes in one statement, so one transaction and one WAL flush
+# for the group (see outboxkit.drain_record).  Each row is still guarded by
+# its own claim token: a row that was reset or claimed again is left out of
+# the update and out of the ids returned, a lost claim for that row alone.
+# delivered_at is set for a delivered row only.  Parameters are arrays in
+# psycopg's style, one element per outcome.
+RECORD_OUTCOMES = """
+UPDATE {table} AS outbox
+SET status = outcome.status,
+    next_attempt_at = COALESCE(outcome.next_attempt_at, outbox.next_attempt_at),
+    delivered_at = CASE WHEN outcome.status = 'done' THEN %(now)s ELSE NULL END,
+    last_status_code = outcome.status_code,
+    last_error = outcome.error,
+    claim_token = NULL,
+    claimed_until = NULL,
+    updated_at = %(now)s
+FROM unnest(
+    %(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[], %(next_attempts)s::timestamptz[],
+    %(status_codes)s::smallint[], %(errors)s::text[]
+) AS outcome(id, token, status, next_attempt_at, status_code, error){asynchronous_commit}
+WHERE outbox.id = outcome.id AND outbox.claim_token = outcome.token
+RETURNING outbox.id
+"""
+
 # Commit durability.  By default the claim and the outcome commit as the
 # server's synchronous_commit says (on, unless the server is set otherwise),
 # waiting for the WAL flush, so a server crash forgets neither and every
@@ -122,7 +148,8 @@ SET status = %(status)s,
 # a forgotten outcome leaves the row claimed until its lease ends, and it is
 # sent again.  Either way it is a redelivery with the same Idempotency-Key,
 # never a loss.
-_ASYNCHRONOUS_CLAIM = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
+# Joined to a FROM list (the claim, a group of outcomes), or as the FROM list (one outcome):
+_ASYNCHRONOUS_JOIN = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
 _ASYNCHRONOUS_OUTCOME = "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit\n"
 
 # The earliest due time of any pending row (a row in flight counts with its
@@ -144,12 +171,17 @@ class Outcome:
 
 def claim_sql(table: str, *, synchronous_commit: bool = True) -> str:
     """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters)."""
-    return CLAIM_DUE_ROWS.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_CLAIM)
+    return CLAIM_DUE_ROWS.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN)
 
 
 def record_outcome_sql(table: str, *, synchronous_commit: bool = True) -> str:
     """RECORD_OUTCOME for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
     return RECORD_OUTCOME.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_OUTCOME)
+
+
+def record_outcomes_sql(table: str, *, synchronous_commit: bool = True) -> str:
+    """RECORD_OUTCOMES for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
+    return RECORD_OUTCOMES.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN)
 
 
 class OutboxQueries:
@@ -169,6 +201,7 @@ class OutboxQueries:
         self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
+        self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
         self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
 
     def claim_due_rows(
@@ -209,9 +242,7 @@ class OutboxQueries:
         single statement is its own transaction; anything else is refused
         rather than left in an open transaction.
         """
-        driver = connection.connection.driver_connection
-        if driver is None or not driver.autocommit:
-            raise InvalidValueError("record_outcome needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
+        driver = _autocommit_driver(connection, "record_outcome")
         params: dict[str, Any] = {
             "id": outcome.row_id,
             "token": outcome.token,
@@ -224,6 +255,39 @@ class OutboxQueries:
         }
         cursor = driver.execute(self._record, params, prepare=self.prepared_statements)
         return bool(cursor.rowcount == 1)
+
+    def record_outcomes(self, connection: Connection, outcomes: list[Outcome], *, now: datetime) -> set[int]:
+        """Write a group of outcomes in one statement, so one transaction; returns the ids written.
+
+        Each row is guarded by its own claim token: an id missing from the
+        result was reset or claimed again meanwhile (a lost claim for that
+        row only).  If the statement fails, none of the group is written.
+        ``connection`` comes from ``outcome_connection`` (AUTOCOMMIT), as
+        for ``record_outcome``.
+        """
+        driver = _autocommit_driver(connection, "record_outcomes")
+        params: dict[str, Any] = {
+            "ids": [outcome.row_id for outcome in outcomes],
+            "tokens": [outcome.token for outcome in outcomes],
+            "statuses": [outcome.status for outcome in outcomes],
+            "next_attempts": [outcome.next_attempt_at for outcome in outcomes],
+            "status_codes": [outcome.status_code for outcome in outcomes],
+            "errors": [outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None for outcome in outcomes],
+            "now": now,
+        }
+        cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
+        return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def _autocommit_driver(connection: Connection, method: str) -> Any:
+    """The psycopg connection under ``connection``, refused unless it is in AUTOCOMMIT mode.
+
+    Anything else would leave the outcome write in an open transaction.
+    """
+    driver = connection.connection.driver_connection
+    if driver is None or not driver.autocommit:
+        raise InvalidValueError(f"{method} needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
+    return driver
 
 
 def quote_table(table: Any) -> str:

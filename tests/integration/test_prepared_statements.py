@@ -19,8 +19,9 @@ from tests.support.models import SampleEvent
 POOL_SIZE = 4
 
 
-# The outcome write and the attempt history insert, as PostgreSQL shows them once prepared.
-OUTCOME_WRITE = "delivered_at = $"
+# The outcome write (one row's, or a group's: the drain writes outcomes that finish together as one
+# statement) and the attempt history insert, as PostgreSQL shows them once prepared.
+OUTCOME_WRITE = "delivered_at = "
 ATTEMPT_INSERT = "INSERT INTO outboxkit_attempts"
 
 

@@ -36,7 +36,10 @@ def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
     source = "\n".join(path.read_text() for path in package.rglob("*.py"))
     # Event names are string literals of the known families, at log_fields() or _announce(); a file name
     # such as the "job.html" template is not one.
-    families = "drain|election|job|worker|metrics|admin|attempts|integration|notify|pause|retention|scheduler|telemetry|destination|pooler"
+    families = (
+        "drain|election|job|worker|metrics|admin|attempts|integration|notify|pause|retention|scheduler|telemetry"
+        "|destination|pooler"
+    )
     literals = re.findall(rf'"((?:{families})\.[a-z_]+)"', source)
     logged = {name for name in literals if not name.endswith((".html", ".css", ".js", ".py"))}
     operations = (package.parent / "docs" / "operations.md").read_text()
