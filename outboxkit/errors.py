@@ -11,8 +11,10 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               add_job), the message says how to fix it
     ├── InvalidValueError           (also ValueError) an argument out of range:
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
-    │   └── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
-    │                               JSON body outboxkit cannot encode (the field is named)
+    │   ├── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
+    │   │                           JSON body outboxkit cannot encode (the field is named)
+    │   └── InvalidScheduleError    a schedule with a bad trigger, target or limit;
+    │                               ``field`` names it (``trigger.timezone``...)
     ├── InvalidTypeError            (also TypeError) an argument, or what a callback
     │                               of yours returned, is of the wrong type
     ├── DeliveryBuildError          (also TypeError) ``build_delivery`` returned
@@ -21,6 +23,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               registered outbox
     ├── UnknownJobError             (also LookupError) a job id that matches no
     │                               registered job
+    ├── UnknownScheduleError        (also LookupError) a name that matches no
+    │                               schedule row
     ├── LifecycleError              (also RuntimeError) an object used out of order:
     │   │                           started twice, used before it started
     │   └── KitClosedError          the kit (or one of its drainers) is closed
@@ -45,6 +49,7 @@ __all__ = [
     "ConfigurationError",
     "DeliveryBuildError",
     "InvalidDeliveryError",
+    "InvalidScheduleError",
     "InvalidTypeError",
     "InvalidValueError",
     "JobFailed",
@@ -53,6 +58,7 @@ __all__ = [
     "OutboxKitError",
     "UnknownJobError",
     "UnknownOutboxError",
+    "UnknownScheduleError",
 ]
 
 
@@ -72,6 +78,14 @@ class InvalidDeliveryError(InvalidValueError):
     """A ``Delivery`` was built with a bad URL, method or header, or a JSON body outboxkit cannot encode."""
 
 
+class InvalidScheduleError(InvalidValueError):
+    """A schedule's definition is invalid; ``field`` names the field at fault, e.g. ``trigger.timezone``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class InvalidTypeError(OutboxKitError, TypeError):
     """An argument handed to outboxkit, or a value a callback of yours returned, is of the wrong type."""
 
@@ -86,6 +100,10 @@ class UnknownOutboxError(OutboxKitError, LookupError):
 
 class UnknownJobError(OutboxKitError, LookupError):
     """No job is registered under the given id."""
+
+
+class UnknownScheduleError(OutboxKitError, LookupError):
+    """No schedule row has the given name."""
 
 
 class LifecycleError(OutboxKitError, RuntimeError):
