@@ -62,12 +62,12 @@ def plan_firing(trigger: ScheduleTrigger, *, due: datetime, now: datetime, grace
     run_for = trigger.latest_at_or_before(now, not_before=max(due, cutoff))
     if run_for is None and cutoff <= due <= now:
         run_for = due
-    next_run_at = trigger.first_at_or_after(now + _TICK)
+    next_run_at = trigger.first_after(now)
     if due >= cutoff:
         return FiringPlan(run_for=run_for, next_run_at=next_run_at)
     missed_last = trigger.latest_at_or_before(cutoff - _TICK, not_before=due) or due
     count, exact = 1, True
-    occurrence = trigger.first_at_or_after(due + _TICK)
+    occurrence = trigger.first_after(due)
     while occurrence is not None and occurrence < cutoff:
         if count == MISSED_COUNT_LIMIT:
             exact = False

@@ -103,12 +103,13 @@ _RECORD = text(
     """
 )
 _SET_COUNTS = text("UPDATE outboxkit_job_runs SET counts = CAST(:counts AS jsonb) WHERE id = :run_id")
-# A run that a re-run took over (a lease of another token on the same run) keeps the re-run's record.
+# A run that a re-run took over (the record names another holder, or another lease holds it) keeps
+# the re-run's record; an abandoned run that nobody re-ran records its real outcome when it returns.
 _FINISH = text(
     """
     UPDATE outboxkit_job_runs
     SET finished_at = clock_timestamp(), outcome = :outcome, counts = CAST(:counts AS jsonb), error = :error
-    WHERE id = :run_id AND NOT EXISTS (
+    WHERE id = :run_id AND leader = :holder AND NOT EXISTS (
         SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
     """
 )
@@ -501,6 +502,7 @@ class ScheduleRunner:
                 values = {
                     "run_id": grant.run_id,
                     "token": grant.token,
+                    "holder": self.holder,
                     "outcome": record.outcome,
                     "counts": json.dumps(record.counts),
                     "error": record.error or grant.note,

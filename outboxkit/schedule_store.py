@@ -7,8 +7,9 @@ advanced).  It ends with ``pg_notify('outboxkit_schedules', name)``: every
 ``ScheduleRunner`` listens on that channel and looks again at once, so an
 edit applies on every process within a second.
 
-``next_run_at`` is recomputed (the first fire time at or after now) when a
-schedule is created, when its trigger changes and when it is enabled again;
+``next_run_at`` is recomputed when a schedule is created (the first fire
+time at or after now), when its trigger changes and when it is enabled
+again (the first fire time after now);
 an edit that leaves the trigger alone keeps it, so an occurrence that is due
 stays due.  Occurrences that fell while a schedule was disabled are not
 misfires: they are skipped, as the operator asked.
@@ -300,7 +301,8 @@ class ScheduleStore:
         before = definition_from_row(current)
         next_run_at = current["next_run_at"]
         if before.trigger != definition.trigger or (definition.enabled and not before.enabled):
-            next_run_at = definition.trigger.first_at_or_after(now)
+            # Strictly after now: an occurrence at this very instant may have just been fired by the old trigger.
+            next_run_at = definition.trigger.first_after(now)
         values = {
             **definition_values(definition),
             "next_run_at": next_run_at,

@@ -191,6 +191,10 @@ class ScheduleTrigger:
         fire_time = self._built.get_next_fire_time(None, moment)
         return fire_time.astimezone(timezone.utc) if fire_time is not None else None
 
+    def first_after(self, moment: datetime) -> datetime | None:
+        """The first fire time strictly after ``moment`` (UTC), or None."""
+        return self.first_at_or_after(moment + timedelta(microseconds=1))
+
     def next_after(self, fire_time: datetime) -> datetime | None:
         """The fire time that follows ``fire_time`` (itself a fire time), or None."""
         if self._at is not None:
@@ -222,7 +226,7 @@ class ScheduleTrigger:
     def upcoming(self, count: int, *, after: datetime) -> list[datetime]:
         """The next ``count`` fire times after ``after`` (fewer if the trigger ends)."""
         found: list[datetime] = []
-        fire_time = self.first_at_or_after(after + timedelta(microseconds=1))
+        fire_time = self.first_after(after)
         while fire_time is not None and len(found) < count:
             found.append(fire_time)
             fire_time = self.next_after(fire_time)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -13,18 +12,11 @@ from sqlalchemy import text
 
 from outboxkit.schedules import ScheduleTrigger
 from tests.support.leadership import wait_until
-from tests.support.schedules import ScheduleHarness, finish
+from tests.support.schedules import finish, schedules  # noqa: F401  (fixtures)
 
 UTC = timezone.utc
 NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 EVERY_MINUTE = ScheduleTrigger.every(minutes=1)
-
-
-@pytest.fixture
-def schedules(engine, clock) -> Iterator[ScheduleHarness]:
-    harness = ScheduleHarness(engine, clock)
-    yield harness
-    harness.close()
 
 
 # -- HTTP targets: enqueued in the claim's transaction -------------------------------

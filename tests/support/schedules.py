@@ -8,11 +8,12 @@ and reads back what happened (run history, enqueued calls).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select, text
 
 from outboxkit import ManualClock
@@ -112,3 +113,11 @@ class ScheduleHarness:
 def finish(firing: Firing) -> list[str]:
     """Wait for the runs a step started; their outcomes."""
     return [future.result(timeout=FUTURE_TIMEOUT).outcome for future in firing.runs]
+
+
+@pytest.fixture
+def schedules(engine: Engine, clock: ManualClock) -> Iterator[ScheduleHarness]:
+    """A ``ScheduleHarness`` on the test's database and clock; its runners are stopped after the test."""
+    harness = ScheduleHarness(engine, clock)
+    yield harness
+    harness.close()
