@@ -33,7 +33,9 @@ No leader is needed.  Each step of the loop protects one invariant:
    (every change through ``ScheduleStore``) wakes the loop.
 
 Time comes from the injected clock wherever "due" or "expired" is decided,
-so tests drive every step with a ``ManualClock``.
+so tests drive every step with a ``ManualClock`` (``run_pending``,
+``run_job``).  What the claim writes inside its transaction is in
+``outboxkit.schedule_claims``; the lease rows in ``outboxkit.schedule_leases``.
 """
 
 from __future__ import annotations
@@ -46,63 +48,29 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import Connection, Engine, RowMapping, bindparam, insert, text
+from sqlalchemy import Engine, text
 
 from outboxkit import schedule_leases
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.connections import SessionConnector, session_connector
-from outboxkit.errors import ConfigurationError, InvalidScheduleError
+from outboxkit.errors import ConfigurationError, UnknownJobError, UnknownOutboxError, UnknownScheduleError
 from outboxkit.jobs import JobFunction, JobRunner, RunRecord, check_job_function
-from outboxkit.misfires import FiringPlan, plan_firing
 from outboxkit.model import Outbox
-from outboxkit.notify import NotifyListener, notify_statement
+from outboxkit.notify import NotifyListener
+from outboxkit.schedule_claims import Firing, ScheduleClaims
 from outboxkit.schedule_leases import LeaseGrant
 from outboxkit.schedule_store import CHANNEL, definition_from_row
 from outboxkit.scheduled_requests import ScheduledRequestOutbox
-from outboxkit.schedules import HttpTarget, ScheduleDefinition
+from outboxkit.schedules import HttpTarget
 from outboxkit.telemetry import Telemetry
 
 __all__ = ["Firing", "ScheduleRunner"]
 
 logger = logging.getLogger("outboxkit.schedule_runner")
 
-_CLAIMABLE = """
-    enabled AND next_run_at IS NOT NULL
-    AND ((target_kind = 'job' AND job IN :jobs) OR (target_kind = 'http' AND http_outbox IN :outboxes))
-"""
-_CLAIM = text(
-    f"""
-    SELECT * FROM outboxkit_schedules
-    WHERE {_CLAIMABLE} AND next_run_at <= :now AND id NOT IN :skip
-    ORDER BY next_run_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-    """
-).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True), bindparam("skip", expanding=True))
-_NEAREST = text(
-    f"""
-    SELECT least(
-        (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE}),
-        (SELECT min(expires_at) FROM outboxkit_schedule_leases))
-    """
-).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True))
-_ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at WHERE id = :id")
-_RECORD = text(
-    """
-    INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, error, leader)
-    VALUES (:name, :name, :scheduled_for, clock_timestamp(),
-            CASE WHEN :outcome = 'running' THEN NULL ELSE clock_timestamp() END,
-            :outcome, CAST(:counts AS jsonb), :error, :holder)
-    ON CONFLICT (job_id, scheduled_for) DO NOTHING
-    RETURNING id
-    """
-)
-_SET_COUNTS = text("UPDATE outboxkit_job_runs SET counts = CAST(:counts AS jsonb) WHERE id = :run_id")
 # A run that a re-run took over (the record names another holder, or another lease holds it) keeps
 # the re-run's record; an abandoned run that nobody re-ran records its real outcome when it returns.
 _FINISH = text(
@@ -113,28 +81,6 @@ _FINISH = text(
         SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
     """
 )
-_ABANDON = text(
-    """
-    UPDATE outboxkit_job_runs SET outcome = 'abandoned', error = :error
-    WHERE id = :run_id AND outcome = 'running'
-    RETURNING job_id
-    """
-)
-_RESTART = text(
-    "UPDATE outboxkit_job_runs SET outcome = 'running', leader = :holder, error = :note WHERE id = :run_id"
-)
-_SCHEDULE = text("SELECT id, name, job, max_running, rerun_if_abandoned FROM outboxkit_schedules WHERE id = :id")
-
-
-@dataclass
-class Firing:
-    """What one step did: runs started, requests enqueued, occurrences missed, runs abandoned, rows that failed."""
-
-    runs: list[Future[RunRecord]] = field(default_factory=list)
-    enqueued: list[tuple[str, datetime]] = field(default_factory=list)
-    missed: list[tuple[str, datetime]] = field(default_factory=list)
-    abandoned: list[tuple[str, datetime]] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
 
 
 def default_holder() -> str:
@@ -187,10 +133,14 @@ class ScheduleRunner:
         self.retry_seconds = retry_seconds
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.job_runner = JobRunner(engine, leader=lambda: self.holder, history_limit=history_limit)
+        self.claims = ScheduleClaims(
+            jobs=self.jobs, outboxes=self.outboxes, holder=self.holder, lease_seconds=lease_seconds
+        )
         self._listen_connect = listen_connect or session_connector(
             engine=engine, dsn=None, application_name=f"outboxkit-schedules:{self.holder}"[:63], keepalive_seconds=15
         )
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outboxkit-schedule")
+        self.max_workers = max_workers
+        self._executor = self._new_executor()
         self._held: dict[uuid.UUID, LeaseGrant] = {}
         self._held_lock = threading.Lock()
         self._renewed_at: datetime | None = None
@@ -218,6 +168,26 @@ class ScheduleRunner:
             if claimed < self.batch_size:
                 return firing
 
+    def _claim_batch(self, firing: Firing, skip: list[int]) -> tuple[list[LeaseGrant], int]:
+        now = self.clock.now()
+        grants: list[LeaseGrant] = []
+        with self.engine.begin() as connection:
+            rows = self.claims.due(connection, now=now, skip=skip, limit=self.batch_size)
+            for row in rows:
+                savepoint = connection.begin_nested()
+                try:
+                    grant = self.claims.fire(connection, row, now=now, firing=firing)
+                    savepoint.commit()
+                except Exception:
+                    savepoint.rollback()
+                    logger.exception("schedule %s: firing failed; it stays due and is tried again", row["name"])
+                    firing.failed.append(row["name"])
+                    skip.append(row["id"])
+                    continue
+                if grant is not None:
+                    grants.append(grant)
+        return grants, len(rows)
+
     def sweep_expired_leases(self) -> Firing:
         """Free the slots of runs whose lease expired: mark them abandoned, re-run those that allow it once."""
         now = self.clock.now()
@@ -225,7 +195,7 @@ class ScheduleRunner:
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
             for lease in schedule_leases.take_expired(connection, now=now):
-                grant = self._abandon(connection, lease, now=now, firing=firing)
+                grant = self.claims.abandon(connection, lease, now=now, firing=firing)
                 if grant is not None:
                     grants.append(grant)
         for grant in grants:
@@ -255,7 +225,7 @@ class ScheduleRunner:
     def seconds_until_due(self) -> float:
         """How long the loop may sleep: until the nearest due row or lease expiry, at most ``max_idle_seconds``."""
         with self.engine.connect() as connection:
-            nearest = connection.execute(_NEAREST, self._claimable()).scalar()
+            nearest = self.claims.nearest(connection)
         wait = self.max_idle_seconds
         if nearest is not None:
             wait = min(wait, (nearest - self.clock.now()).total_seconds())
@@ -270,12 +240,64 @@ class ScheduleRunner:
         with self._held_lock:
             return len(self._held)
 
+    # -- driving it by hand (tests, "run now" from a shell) ---------------------
+
+    def run_pending(self, *, timeout: float = 60.0) -> Firing:
+        """One turn of the loop at the clock's current time, waiting for the runs it started.
+
+        Sweeps expired leases, fires every due schedule and waits up to
+        ``timeout`` seconds for each run to record its outcome.  With a
+        ``ManualClock``: ``clock.advance(hours=1); runner.run_pending()``.
+        """
+        firing = self.sweep_expired_leases()
+        firing.extend(self.fire_due())
+        for run in firing.runs:
+            run.result(timeout=timeout)
+        return firing
+
+    def run_job(self, name: str, *, scheduled_for: datetime | None = None) -> RunRecord:
+        """Run one occurrence of the schedule ``name`` now, in this thread, and return its record.
+
+        It goes through the same fence, lease and history as a fired
+        occurrence (``scheduled_for`` defaults to the clock's now) but leaves
+        ``next_run_at`` alone.  An HTTP target is enqueued (outcome
+        ``enqueued``, ``counts["outbox_row"]`` its row).  The outcome is
+        ``skipped`` if that occurrence is in the history already, ``missed``
+        if ``max_running`` runs hold their lease.
+        """
+        now = self.clock.now()
+        occurrence = scheduled_for or now
+        firing = Firing()
+        with self.engine.begin() as connection:
+            row = self.claims.one(connection, name)
+            if row is None:
+                raise UnknownScheduleError(f"no schedule named {name!r}")
+            definition = definition_from_row(row)
+            target = definition.target
+            if isinstance(target, HttpTarget):
+                if target.outbox not in self.outboxes:
+                    raise UnknownOutboxError(f"schedule {name!r}: no ScheduledRequestOutbox {target.outbox!r} here")
+                row_id = self.claims.enqueue(connection, definition, target, occurrence, now=now, firing=firing)
+                if row_id is None:
+                    return RunRecord(outcome="skipped", counts={})
+                return RunRecord(outcome="enqueued", counts={"outbox_row": row_id})
+            if target.job not in self.jobs:
+                raise UnknownJobError(f"schedule {name!r}: no job {target.job!r} is registered with this runner")
+            grant = self.claims.lease(connection, row, definition, occurrence, now=now, firing=firing)
+        if grant is None:
+            return RunRecord(outcome="missed" if firing.missed else "skipped", counts={})
+        with self._held_lock:
+            self._held[grant.token] = grant
+        return self._run(grant)
+
     # -- the loop --------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the loop thread and its LISTEN connection.  Idempotent."""
+        """Start the loop thread and its LISTEN connection.  Idempotent; a stopped runner starts again."""
         if self._thread is not None:
             return
+        if self._stopping.is_set():  # stopped before: its pool is shut down
+            self._executor = self._new_executor()
         self._stopping.clear()
         self._listener = NotifyListener(connect=self._listen_connect, channels={CHANNEL: self.wake})
         self._listener.start()
@@ -293,6 +315,9 @@ class ScheduleRunner:
         if listener is not None:
             listener.stop(wait=wait)
         self._executor.shutdown(wait=wait)
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="outboxkit-schedule")
 
     def wake(self) -> None:
         """Look at the schedule rows now (a NOTIFY, a test that moved its clock)."""
@@ -324,155 +349,6 @@ class ScheduleRunner:
 
     def _renewal_due(self) -> bool:
         return self._renewed_at is None or self.clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
-
-    # -- claiming ----------------------------------------------------------------
-
-    def _claimable(self) -> dict[str, Any]:
-        # An empty IN list is a syntax error in some drivers; a name no row has keeps the query plain.
-        return {"jobs": list(self.jobs) or [""], "outboxes": list(self.outboxes) or [""]}
-
-    def _claim_batch(self, firing: Firing, skip: list[int]) -> tuple[list[LeaseGrant], int]:
-        now = self.clock.now()
-        grants: list[LeaseGrant] = []
-        with self.engine.begin() as connection:
-            rows = connection.execute(
-                _CLAIM, {**self._claimable(), "now": now, "skip": skip or [0], "limit": self.batch_size}
-            ).mappings().all()
-            for row in rows:
-                savepoint = connection.begin_nested()
-                try:
-                    grant = self._fire_row(connection, row, now=now, firing=firing)
-                    savepoint.commit()
-                except Exception:
-                    savepoint.rollback()
-                    logger.exception("schedule %s: firing failed; it stays due and is tried again", row["name"])
-                    firing.failed.append(row["name"])
-                    skip.append(row["id"])
-                    continue
-                if grant is not None:
-                    grants.append(grant)
-        return grants, len(rows)
-
-    def _fire_row(self, connection: Connection, row: RowMapping, *, now: datetime, firing: Firing) -> LeaseGrant | None:
-        try:
-            definition = definition_from_row(row)
-        except InvalidScheduleError as exc:  # edited by hand in SQL: park it rather than claim it forever
-            logger.error("schedule %s holds an invalid definition (%s); it will not fire until it is edited", row["name"], exc)
-            connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": None})
-            return None
-        plan = plan_firing(definition.trigger, due=row["next_run_at"], now=now, grace=definition.grace)
-        if plan.missed_first is not None:
-            self._record_missed(connection, definition, plan, firing)
-        grant = None
-        if plan.run_for is not None:
-            if isinstance(definition.target, HttpTarget):
-                self._enqueue(connection, definition, definition.target, plan.run_for, now=now, firing=firing)
-            else:
-                grant = self._lease(connection, row, definition, plan.run_for, now=now, firing=firing)
-        connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": plan.next_run_at})
-        return grant
-
-    def _record(
-        self, connection: Connection, name: str, scheduled_for: datetime, outcome: str, *,
-        counts: Mapping[str, int] | None = None, error: str | None = None,
-    ) -> int | None:
-        """Insert the occurrence into the run history under the fence; None if it is there already."""
-        values = {
-            "name": name,
-            "scheduled_for": scheduled_for,
-            "outcome": outcome,
-            "counts": json.dumps(dict(counts or {})),
-            "error": error,
-            "holder": self.holder,
-        }
-        run_id = connection.execute(_RECORD, values).scalar()
-        if run_id is None:
-            logger.warning(
-                "%s: the occurrence %s is in the run history already; not fired again", name, scheduled_for.isoformat()
-            )
-        return run_id
-
-    def _record_missed(self, connection: Connection, definition: ScheduleDefinition, plan: FiringPlan, firing: Firing) -> None:
-        assert plan.missed_first is not None
-        message = plan.describe_missed(definition.grace)
-        counts = {"missed": plan.missed_count}
-        self._record(connection, definition.name, plan.missed_first, "missed", counts=counts, error=message)
-        logger.warning("%s: %s", definition.name, message)
-        firing.missed.append((definition.name, plan.missed_first))
-
-    def _enqueue(
-        self, connection: Connection, definition: ScheduleDefinition, target: HttpTarget, scheduled_for: datetime,
-        *, now: datetime, firing: Firing,
-    ) -> None:
-        run_id = self._record(connection, definition.name, scheduled_for, "enqueued")
-        if run_id is None:
-            return
-        outbox = self.outboxes[target.outbox]
-        row_id = connection.execute(
-            insert(outbox)
-            .values(
-                schedule_name=definition.name,
-                scheduled_for=scheduled_for,
-                method=target.method,
-                url=target.url,
-                headers=dict(target.headers),
-                body=target.body,
-                next_attempt_at=now,
-            )
-            .returning(outbox.id)
-        ).scalar_one()
-        connection.execute(_SET_COUNTS, {"run_id": run_id, "counts": json.dumps({"outbox_row": row_id})})
-        connection.execute(notify_statement(outbox))
-        firing.enqueued.append((definition.name, scheduled_for))
-
-    def _lease(
-        self, connection: Connection, row: RowMapping, definition: ScheduleDefinition, scheduled_for: datetime,
-        *, now: datetime, firing: Firing,
-    ) -> LeaseGrant | None:
-        live = schedule_leases.count_live(connection, row["id"], now=now)
-        if live >= definition.max_running:
-            error = (
-                f"not run: {live} run(s) of this schedule still held their lease (max_running={definition.max_running})"
-            )
-            if self._record(connection, definition.name, scheduled_for, "missed", error=error) is not None:
-                logger.warning("%s: the occurrence %s was %s", definition.name, scheduled_for.isoformat(), error)
-                firing.missed.append((definition.name, scheduled_for))
-            return None
-        run_id = self._record(connection, definition.name, scheduled_for, "running")
-        if run_id is None:
-            return None
-        return schedule_leases.take(
-            connection, schedule_id=row["id"], schedule_name=definition.name, job=row["job"], run_id=run_id,
-            scheduled_for=scheduled_for, holder=self.holder, now=now, seconds=self.lease_seconds,
-        )
-
-    def _abandon(
-        self, connection: Connection, lease: RowMapping, *, now: datetime, firing: Firing
-    ) -> LeaseGrant | None:
-        schedule = connection.execute(_SCHEDULE, {"id": lease["schedule_id"]}).mappings().one()
-        reason = (
-            f"the run never finished: its lease, held by {lease['holder']}, expired at {lease['expires_at'].isoformat()} "
-            f"(the process died or stalled); marked abandoned by {self.holder}"
-        )
-        rerun = schedule["rerun_if_abandoned"] and lease["attempt"] == 1
-        if rerun and schedule["job"] not in self.jobs:
-            reason += f"; not re-run: no job {schedule['job']!r} is registered in this process"
-            rerun = False
-        if rerun and schedule_leases.count_live(connection, schedule["id"], now=now) >= schedule["max_running"]:
-            reason += f"; not re-run: max_running={schedule['max_running']} run(s) hold their lease"
-            rerun = False
-        connection.execute(_ABANDON, {"run_id": lease["run_id"], "error": reason})
-        logger.warning("%s: the run for %s: %s", schedule["name"], lease["scheduled_for"].isoformat(), reason)
-        firing.abandoned.append((schedule["name"], lease["scheduled_for"]))
-        if not rerun:
-            return None
-        note = f"re-run once by {self.holder}: the first run's lease, held by {lease['holder']}, expired"
-        connection.execute(_RESTART, {"run_id": lease["run_id"], "holder": self.holder, "note": note})
-        return schedule_leases.take(
-            connection, schedule_id=schedule["id"], schedule_name=schedule["name"], job=schedule["job"],
-            run_id=lease["run_id"], scheduled_for=lease["scheduled_for"], holder=self.holder, now=now,
-            seconds=self.lease_seconds, attempt=2, note=note,
-        )
 
     # -- running -------------------------------------------------------------------
 
