@@ -52,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from outboxkit import schedule_leases
 from outboxkit.clock import Clock, SystemClock
@@ -368,29 +370,39 @@ class ScheduleRunner:
             grant.schedule_name, grant.schedule_name, self.jobs[grant.job], scheduled_for=grant.scheduled_for,
             leader=self.holder,
         )
+        # A dropped connection (a database restart) must not turn a finished run into an abandoned one:
+        # the outcome is written again on a fresh connection, for as long as the lease would last.
+        retrying = Retrying(
+            retry=retry_if_exception_type(DBAPIError),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+            stop=stop_after_delay(self.lease_seconds),
+            reraise=True,
+        )
         try:
-            with self.engine.begin() as connection:
-                if not schedule_leases.release(connection, grant.token):
-                    logger.warning(
-                        "%s: the run for %s outlived its lease; its outcome %s is recorded unless a re-run holds it",
-                        grant.schedule_name, grant.scheduled_for.isoformat(), record.outcome,
-                    )
-                values = {
-                    "run_id": grant.run_id,
-                    "token": grant.token,
-                    "holder": self.holder,
-                    "outcome": record.outcome,
-                    "counts": json.dumps(record.counts),
-                    "error": record.error or grant.note,
-                }
-                connection.execute(_FINISH, values)
-                self.job_runner.trim_history(connection, grant.schedule_name)
+            retrying(self._record_outcome, grant, record)
         except Exception as exc:  # the lease expires and the sweep marks the run abandoned
             logger.error("%s: could not record the run for %s: %s", grant.schedule_name, grant.scheduled_for.isoformat(), exc)
         finally:
             with self._held_lock:
                 self._held.pop(grant.token, None)
-        self.telemetry.job_finished(
-            grant.schedule_name, grant.schedule_name, record, time.monotonic() - started
-        )
+        self.telemetry.job_finished(grant.schedule_name, grant.schedule_name, record, time.monotonic() - started)
         return record
+
+    def _record_outcome(self, grant: LeaseGrant, record: RunRecord) -> None:
+        """Release the lease and record the outcome, in one transaction."""
+        with self.engine.begin() as connection:
+            if not schedule_leases.release(connection, grant.token):
+                logger.warning(
+                    "%s: the run for %s outlived its lease; its outcome %s is recorded unless a re-run holds it",
+                    grant.schedule_name, grant.scheduled_for.isoformat(), record.outcome,
+                )
+            values = {
+                "run_id": grant.run_id,
+                "token": grant.token,
+                "holder": self.holder,
+                "outcome": record.outcome,
+                "counts": json.dumps(record.counts),
+                "error": record.error or grant.note,
+            }
+            connection.execute(_FINISH, values)
+            self.job_runner.trim_history(connection, grant.schedule_name)

@@ -137,3 +137,20 @@ def test_a_run_that_ends_releases_its_lease_in_the_transaction_that_records_it(s
     [run] = schedules.run_rows("tick")
     assert (run["outcome"], run["counts"], run["leader"]) == ("ok", {"calls": 1}, runner.holder)
     assert run["finished_at"] is not None
+
+
+def test_a_run_records_its_outcome_after_the_database_dropped_every_connection(schedules, clock, engine, database_url):
+    import psycopg
+
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    runner = schedules.runner()
+    started = runner.fire_due()
+    entered(schedules)
+    with psycopg.connect(database_url, autocommit=True) as admin:  # as a restart would: the pool's connections die
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+    assert schedules.history("slow") == [(NOON, "ok")] and schedules.leases() == []
