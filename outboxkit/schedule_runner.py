@@ -215,7 +215,8 @@ class ScheduleRunner:
         with self.engine.begin() as connection:
             kept = schedule_leases.renew(connection, tokens, expires_at=now + timedelta(seconds=self.lease_seconds))
         for token in tokens - kept:
-            grant = self._held.get(token)
+            with self._held_lock:  # a run that ended meanwhile released its own lease
+                grant = self._held.get(token)
             if grant is not None:
                 logger.warning(
                     "%s: the run for %s lost its lease (it expired and was swept); it goes on, but its slot is free",
@@ -378,13 +379,12 @@ class ScheduleRunner:
             stop=stop_after_delay(self.lease_seconds),
             reraise=True,
         )
+        with self._held_lock:  # no longer renewed: the lease is released with the outcome
+            self._held.pop(grant.token, None)
         try:
             retrying(self._record_outcome, grant, record)
         except Exception as exc:  # the lease expires and the sweep marks the run abandoned
             logger.error("%s: could not record the run for %s: %s", grant.schedule_name, grant.scheduled_for.isoformat(), exc)
-        finally:
-            with self._held_lock:
-                self._held.pop(grant.token, None)
         self.telemetry.job_finished(grant.schedule_name, grant.schedule_name, record, time.monotonic() - started)
         return record
 
