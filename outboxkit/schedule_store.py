@@ -3,7 +3,9 @@
 Each change is one short transaction that takes the row's lock
 (``FOR UPDATE``), so it waits for a claim that holds the row and then
 applies to the row as that claim left it (``next_run_at`` already
-advanced).  It ends with ``pg_notify('outboxkit_schedules', name)``: every
+advanced).  It writes who did what, with the row before and after, into
+``outboxkit_schedule_audit``, and ends with
+``pg_notify('outboxkit_schedules', name)``: every
 ``ScheduleRunner`` listens on that channel and looks again at once, so an
 edit applies on every process within a second.
 
@@ -37,7 +39,7 @@ from outboxkit.errors import InvalidScheduleError, UnknownScheduleError
 from outboxkit.model import Outbox
 from outboxkit.scheduled_requests import ScheduledRequestOutbox
 from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
-from outboxkit.tables import schedules
+from outboxkit.tables import schedule_audit, schedules
 
 __all__ = ["CHANNEL", "Schedule", "ScheduleStore", "definition_from_row"]
 
@@ -120,6 +122,13 @@ def definition_from_row(row: RowMapping) -> ScheduleDefinition:
     )
 
 
+def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
+    """A row as JSON for the audit (times as ISO 8601 strings)."""
+    if row is None:
+        return None
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items() if key != "id"}
+
+
 def _schedule(row: RowMapping) -> Schedule:
     return Schedule(
         id=row["id"],
@@ -183,7 +192,7 @@ class ScheduleStore:
             row = connection.execute(statement).mappings().first()
             if row is None:
                 raise InvalidScheduleError("name", f"a schedule named {definition.name!r} exists; edit it instead")
-            self._notify(connection, definition.name)
+            self._changed(connection, "create", actor=actor, before=None, after=row)
         return _schedule(row)
 
     def replace(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
@@ -191,7 +200,7 @@ class ScheduleStore:
         self._check(definition)
         with self.engine.begin() as connection:
             current = self._row(connection, definition.name, lock=True)
-            row = self._write(connection, current, definition, actor=actor)
+            row = self._write(connection, current, definition, actor=actor, action="edit")
         return _schedule(row)
 
     def set_enabled(self, name: str, enabled: bool, *, actor: str) -> Schedule:
@@ -200,13 +209,13 @@ class ScheduleStore:
             current = self._row(connection, name, lock=True)
             definition = definition_from_row(current)
             changed = replace(definition, enabled=enabled)
-            row = self._write(connection, current, changed, actor=actor)
+            row = self._write(connection, current, changed, actor=actor, action="enable" if enabled else "disable")
         return _schedule(row)
 
     def run_now(self, name: str, *, actor: str) -> Schedule:
         """Make the schedule due now: one occurrence at this instant, then its trigger's own."""
         with self.engine.begin() as connection:
-            self._row(connection, name, lock=True)
+            current = self._row(connection, name, lock=True)
             now = self.clock.now()
             statement = (
                 update(schedules)
@@ -215,15 +224,15 @@ class ScheduleStore:
                 .returning(*schedules.c)
             )
             row = connection.execute(statement).mappings().one()
-            self._notify(connection, name)
+            self._changed(connection, "run_now", actor=actor, before=current, after=row)
         return _schedule(row)
 
     def delete(self, name: str, *, actor: str) -> None:
         """Delete a schedule; its run history stays.  A run in progress finishes and is recorded."""
         with self.engine.begin() as connection:
-            self._row(connection, name, lock=True)
+            current = self._row(connection, name, lock=True)
             connection.execute(delete(schedules).where(schedules.c.name == name))
-            self._notify(connection, name)
+            self._changed(connection, "delete", actor=actor, before=current, after=None)
 
     def sync_from_code(self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code") -> dict[str, int]:
         """Write the schedules defined in code: insert new ones, update changed ones, keep their state.
@@ -239,8 +248,9 @@ class ScheduleStore:
                 ).mappings().first()
                 if current is None:
                     definition.check_not_past(self.clock.now())
-                    connection.execute(insert(schedules).values(self._new_row(definition, defined_in="code", actor=actor)))
-                    self._notify(connection, definition.name)
+                    values = self._new_row(definition, defined_in="code", actor=actor)
+                    row = connection.execute(insert(schedules).values(values).returning(*schedules.c)).mappings().one()
+                    self._changed(connection, "sync", actor=actor, before=None, after=row)
                     counts["inserted"] += 1
                     continue
                 # An operator's enable/disable outlives a deploy; the rest of the definition is the code's.
@@ -248,7 +258,7 @@ class ScheduleStore:
                 if wanted == definition_from_row(current) and current["defined_in"] == "code":
                     counts["unchanged"] += 1
                     continue
-                self._write(connection, current, wanted, actor=actor, defined_in="code")
+                self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code")
                 counts["updated"] += 1
         return counts
 
@@ -293,6 +303,7 @@ class ScheduleStore:
         definition: ScheduleDefinition,
         *,
         actor: str,
+        action: str,
         defined_in: str | None = None,
     ) -> RowMapping:
         """Overwrite the locked row ``current`` with ``definition``; recompute next_run_at if the trigger changed
@@ -312,8 +323,21 @@ class ScheduleStore:
         }
         statement = update(schedules).where(schedules.c.id == current["id"]).values(values).returning(*schedules.c)
         row = connection.execute(statement).mappings().one()
-        self._notify(connection, definition.name)
+        self._changed(connection, action, actor=actor, before=current, after=row)
         return row
 
-    def _notify(self, connection: Connection, name: str) -> None:
+    def _changed(
+        self, connection: Connection, action: str, *, actor: str, before: RowMapping | None, after: RowMapping | None
+    ) -> None:
+        """Audit the change and wake every runner, in the change's transaction."""
+        name = (after or before)["name"]  # type: ignore[index]
+        audit = {
+            "at": self.clock.now(),
+            "actor": actor,
+            "schedule": name,
+            "action": action,
+            "before": _snapshot(before),
+            "after": _snapshot(after),
+        }
+        connection.execute(insert(schedule_audit).values(audit))
         connection.execute(_NOTIFY, {"channel": CHANNEL, "name": name})

@@ -34,6 +34,8 @@ claim of due rows.  ``outboxkit_schedule_leases`` holds one row per run of a
 Python job in progress: its holder and an expiry the holder renews
 (``outboxkit.schedule_leases``).  Their runs, misses and enqueued HTTP calls
 are recorded in ``outboxkit_job_runs`` under the schedule's name.
+``outboxkit_schedule_audit`` records every change to a schedule (who, when,
+the action, the row before and after), written in the change's transaction.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ __all__ = [
     "outbox_minutes",
     "outbox_pauses",
     "reset_audit",
+    "schedule_audit",
     "schedule_leases",
     "schedules",
 ]
@@ -211,4 +214,23 @@ schedule_leases = Table(
     CheckConstraint("attempt IN (1, 2)", name="ck_outboxkit_schedule_leases_attempt"),
     Index("ix_outboxkit_schedule_leases_schedule", "schedule_id"),
     Index("ix_outboxkit_schedule_leases_expires", "expires_at"),
+)
+
+SCHEDULE_ACTIONS = ("create", "edit", "enable", "disable", "run_now", "delete", "sync")
+
+schedule_audit = Table(
+    "outboxkit_schedule_audit",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(300), nullable=False),
+    Column("schedule", String(200), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("before", JSONB),
+    Column("after", JSONB),
+    CheckConstraint(
+        "action IN ('create', 'edit', 'enable', 'disable', 'run_now', 'delete', 'sync')",
+        name="ck_outboxkit_schedule_audit_action",
+    ),
+    Index("ix_outboxkit_schedule_audit_schedule_at", "schedule", "at"),
 )

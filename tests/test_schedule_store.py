@@ -288,3 +288,55 @@ def test_a_claim_skips_a_row_an_edit_holds_and_fires_it_after_the_edit(schedules
         connection.execute(text("SELECT 1 FROM outboxkit_schedules WHERE name = 'tick' FOR UPDATE"))
         assert runner.fire_due().runs == []  # skipped, not waited for
     assert finish(runner.fire_due()) == ["ok"]
+
+
+# -- the audit: who changed what, when ---------------------------------------------------------
+
+
+def audit(engine) -> list:
+    with engine.connect() as connection:
+        return list(connection.execute(
+            text("SELECT at, actor, schedule, action, before, after FROM outboxkit_schedule_audit ORDER BY id")
+        ).mappings())
+
+
+def test_every_change_is_audited_with_the_row_before_and_after(schedules, engine, clock):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    clock.advance(minutes=1)
+    current = schedules.store.get("tick").definition
+    schedules.store.replace(ScheduleDefinition(**{**current.__dict__, "max_running": 2}), actor="bob")
+    schedules.store.set_enabled("tick", False, actor="carol")
+    schedules.store.set_enabled("tick", True, actor="carol")
+    schedules.store.run_now("tick", actor="dave")
+    schedules.store.delete("tick", actor="erin")
+
+    entries = audit(engine)
+    assert [(entry["actor"], entry["action"]) for entry in entries] == [
+        ("test", "create"), ("bob", "edit"), ("carol", "disable"), ("carol", "enable"), ("dave", "run_now"),
+        ("erin", "delete"),
+    ]
+    create, edit, *_, run_now, deleted = entries
+    assert create["before"] is None and create["after"]["trigger_fields"] == {"minutes": 1}
+    assert create["at"] == NOON and edit["at"] == NOON + timedelta(minutes=1)
+    assert (edit["before"]["max_running"], edit["after"]["max_running"]) == (1, 2)
+    assert run_now["after"]["next_run_at"] == (NOON + timedelta(minutes=1)).isoformat()
+    assert deleted["before"]["name"] == "tick" and deleted["after"] is None
+
+
+def test_a_refused_change_is_not_audited(schedules, engine):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    with pytest.raises(InvalidScheduleError):
+        schedules.job_schedule("tick", EVERY_MINUTE)
+    with pytest.raises(UnknownScheduleError):
+        schedules.store.set_enabled("nope", False, actor="mallory")
+    assert [entry["action"] for entry in audit(engine)] == ["create"]
+
+
+def test_the_sync_from_code_is_audited_only_when_it_changes_something(schedules, engine):
+    tick = ScheduleDefinition(name="tick", trigger=EVERY_MINUTE, target=JobTarget(job="record"))
+    schedules.store.sync_from_code([tick])
+    schedules.store.sync_from_code([tick])
+    schedules.store.sync_from_code([ScheduleDefinition(**{**tick.__dict__, "max_running": 3})])
+    assert [(entry["actor"], entry["action"], entry["before"] is None) for entry in audit(engine)] == [
+        ("code", "sync", True), ("code", "sync", False),
+    ]

@@ -1,8 +1,9 @@
-"""outboxkit: schedules as rows, their leases, and the outcomes 'missed' and 'enqueued'
+"""outboxkit: schedules as rows, their leases and audit, and the outcomes 'missed' and 'enqueued'
 
 ``outboxkit_schedules`` holds runtime-editable schedules (trigger as data,
 a Python job or an HTTP call as target); ``outboxkit_schedule_leases`` one
-row per run of a Python job in progress.  The run history gains ``missed``
+row per run of a Python job in progress; ``outboxkit_schedule_audit`` every
+change to a schedule.  The run history gains ``missed``
 (an occurrence not run, recorded instead of dropped) and ``enqueued`` (an
 HTTP occurrence written into its outbox).
 
@@ -95,9 +96,26 @@ def upgrade() -> None:
     )
     op.create_index("ix_outboxkit_schedule_leases_schedule", "outboxkit_schedule_leases", ["schedule_id"])
     op.create_index("ix_outboxkit_schedule_leases_expires", "outboxkit_schedule_leases", ["expires_at"])
+    op.create_table(
+        "outboxkit_schedule_audit",
+        sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("actor", sa.String(300), nullable=False),
+        sa.Column("schedule", sa.String(200), nullable=False),
+        sa.Column("action", sa.String(16), nullable=False),
+        sa.Column("before", postgresql.JSONB()),
+        sa.Column("after", postgresql.JSONB()),
+        sa.CheckConstraint(
+            "action IN ('create', 'edit', 'enable', 'disable', 'run_now', 'delete', 'sync')",
+            name="ck_outboxkit_schedule_audit_action",
+        ),
+    )
+    op.create_index("ix_outboxkit_schedule_audit_schedule_at", "outboxkit_schedule_audit", ["schedule", "at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_outboxkit_schedule_audit_schedule_at", table_name="outboxkit_schedule_audit")
+    op.drop_table("outboxkit_schedule_audit")
     op.drop_index("ix_outboxkit_schedule_leases_expires", table_name="outboxkit_schedule_leases")
     op.drop_index("ix_outboxkit_schedule_leases_schedule", table_name="outboxkit_schedule_leases")
     op.drop_table("outboxkit_schedule_leases")
