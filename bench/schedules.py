@@ -5,7 +5,9 @@ Builds a scratch database (dropped afterwards) with the kit's tables and
 whose start instants are spread evenly over one period, all running the job
 ``record``, which inserts (schedule, fire time, clock_timestamp()) into a
 table of its own.  ``--processes`` worker processes (3) each run a
-``ScheduleRunner`` for ``--seconds``; then it reads what happened:
+``ScheduleRunner``; the rows are inserted once every worker is firing, and
+the workers are stopped (SIGTERM) ``--seconds`` later; then it reads what
+happened:
 
 * ``fire_lateness_p50_ms``, ``fire_lateness_p99_ms``: when the job started
   minus its fire time, over the occurrences due in the measured window
@@ -17,7 +19,8 @@ table of its own.  ``--processes`` worker processes (3) each run a
 * ``claim_ms_<rows>``: the claim (``FOR UPDATE SKIP LOCKED``, 100 due rows
   among 10,000 and 100,000 schedule rows, the rest not due), median of 30;
   flat when the due index serves it;
-* ``cpu_ms_per_firing``: the workers' CPU time (user + system) per run.
+* ``cpu_ms_per_firing``: the workers' CPU time (user + system) per run,
+  counted from when each was firing (start-up imports left out).
 
 ``--kill-every N`` SIGKILLs a random worker every N seconds and starts a new
 one (use a short ``--period`` and ``--lease``); the JSON then adds
@@ -42,6 +45,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -65,7 +69,7 @@ CREATE TABLE bench_firings (
     fired_at timestamptz NOT NULL,
     holder text NOT NULL
 )"""
-WARMUP_SECONDS = 10.0  # the workers import and connect before the first fire time
+WARMUP_SECONDS = 2.0  # between the rows' insert (the workers are firing by then) and the first fire time
 MARGIN_SECONDS = 5.0  # occurrences this close to the end may still be in flight when the workers stop
 
 
@@ -82,20 +86,25 @@ def record(context: JobContext) -> dict[str, int]:
 # -- a worker process ------------------------------------------------------------------
 
 
-def worker(url: str, seconds: float, lease: float) -> None:
+def worker(url: str, lease: float) -> None:
+    """Fire schedules until SIGTERM; print the CPU time spent after start-up as JSON."""
     from outboxkit.schedule_runner import ScheduleRunner
 
-    engine = create_engine(url, pool_size=12, max_overflow=4)
-    runner = ScheduleRunner(engine, jobs={"record": record}, lease_seconds=lease, max_workers=8, max_idle_seconds=5)
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    engine = create_engine(url, pool_size=20, max_overflow=4)
+    runner = ScheduleRunner(engine, jobs={"record": record}, lease_seconds=lease, max_idle_seconds=5)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     runner.start()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not stop["now"]:
-        time.sleep(0.2)
+    ready = cpu_seconds()
+    print("ready", flush=True)
+    stopping.wait()
     runner.stop(wait=True)
+    print(json.dumps({"cpu_ms": (cpu_seconds() - ready) * 1000}), flush=True)
+
+
+def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000}), flush=True)
+    return usage.ru_utime + usage.ru_stime
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -143,9 +152,12 @@ def claim_ms(engine: Engine, repeats: int = 30) -> float:
     return round(statistics.median(timings), 3)
 
 
-def start_worker(url: str, seconds: float, lease: float) -> subprocess.Popen[str]:
-    command = [sys.executable, __file__, "--worker", url, "--seconds", str(seconds), "--lease", str(lease)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def start_worker(url: str, lease: float) -> subprocess.Popen[str]:
+    """A worker process, once it is firing (it may take seconds to start on a busy host)."""
+    command = [sys.executable, __file__, "--worker", url, "--lease", str(lease)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -158,11 +170,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         kit_metadata.create_all(engine)
         with engine.begin() as connection:
             connection.execute(text(FIRINGS_TABLE))
+        workers = [start_worker(scratch.sqlalchemy_url, args.lease) for _ in range(args.processes)]
         first = datetime.now(timezone.utc) + timedelta(seconds=WARMUP_SECONDS)
         insert_schedules(engine, args.schedules, args.period, first)
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_notify('outboxkit_schedules', '')"))
         started = time.monotonic()
-        workers = [start_worker(scratch.sqlalchemy_url, WARMUP_SECONDS + args.seconds, args.lease)
-                   for _ in range(args.processes)]
         kills = 0
         while time.monotonic() - started < WARMUP_SECONDS + args.seconds:
             time.sleep(args.kill_every or 1.0)
@@ -170,12 +183,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 victim = random.randrange(len(workers))
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait()
-                remaining = WARMUP_SECONDS + args.seconds - (time.monotonic() - started)
-                workers[victim] = start_worker(scratch.sqlalchemy_url, remaining, args.lease)
+                workers[victim] = start_worker(scratch.sqlalchemy_url, args.lease)
                 kills += 1
         cpu_ms = 0.0
         for process in workers:
-            output, _ = process.communicate(timeout=120)
+            process.send_signal(signal.SIGTERM)
+        for process in workers:
+            output, _ = process.communicate(timeout=300)
             cpu_ms += json.loads(output.strip().splitlines()[-1])["cpu_ms"]
         window_end = first + timedelta(seconds=args.seconds - MARGIN_SECONDS)
         with engine.connect() as connection:
@@ -240,7 +254,7 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=0.0)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.seconds, args.lease)
+        worker(args.worker, args.lease)
         return
     print(json.dumps(run(args)))
 

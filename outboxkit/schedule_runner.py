@@ -97,7 +97,9 @@ class ScheduleRunner:
     ``outboxes`` are the kit's outbox classes (the ``ScheduledRequestOutbox``
     ones carry HTTP targets).  A process only claims the schedules it can
     fire, so during a rolling deploy a job that only the new code has is
-    left to the new processes.  Drive it step by step (``fire_due``,
+    left to the new processes.  It claims no more rows than it has free
+    workers (``max_workers``), so what it cannot start now stays due for
+    another process instead of queueing here.  Drive it step by step (``fire_due``,
     ``sweep_expired_leases``, ``renew_leases``) or start its loop thread.
     """
 
@@ -111,7 +113,7 @@ class ScheduleRunner:
         holder: str | None = None,
         lease_seconds: float = 60.0,
         batch_size: int = 100,
-        max_workers: int = 10,
+        max_workers: int = 16,
         history_limit: int = 200,
         max_idle_seconds: float = 60.0,
         retry_seconds: float = 5.0,
@@ -164,17 +166,21 @@ class ScheduleRunner:
         firing = Firing()
         skip: list[int] = []
         while True:
-            grants, claimed = self._claim_batch(firing, skip)
+            # Claim no more than this process can start: what it leaves due, another process takes.
+            limit = min(self.batch_size, self.max_workers - self.running())
+            if limit <= 0:
+                return firing
+            grants, claimed = self._claim_batch(firing, skip, limit)
             for grant in grants:
                 self._start(grant, firing)
-            if claimed < self.batch_size:
+            if claimed < limit:
                 return firing
 
-    def _claim_batch(self, firing: Firing, skip: list[int]) -> tuple[list[LeaseGrant], int]:
+    def _claim_batch(self, firing: Firing, skip: list[int], limit: int) -> tuple[list[LeaseGrant], int]:
         now = self.clock.now()
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
-            rows = self.claims.due(connection, now=now, skip=skip, limit=self.batch_size)
+            rows = self.claims.due(connection, now=now, skip=skip, limit=limit)
             for row in rows:
                 savepoint = connection.begin_nested()
                 try:
@@ -232,10 +238,11 @@ class ScheduleRunner:
         wait = self.max_idle_seconds
         if nearest is not None:
             wait = min(wait, (nearest - self.clock.now()).total_seconds())
-        with self._held_lock:
-            holding = bool(self._held)
-        if holding:
+        held = self.running()
+        if held:
             wait = min(wait, self.lease_seconds / 3)
+        if held >= self.max_workers:  # busy: a run that ends wakes the loop
+            wait = self.lease_seconds / 3
         return max(0.0, wait)
 
     def running(self) -> int:
@@ -385,6 +392,7 @@ class ScheduleRunner:
             retrying(self._record_outcome, grant, record)
         except Exception as exc:  # the lease expires and the sweep marks the run abandoned
             logger.error("%s: could not record the run for %s: %s", grant.schedule_name, grant.scheduled_for.isoformat(), exc)
+        self.wake()  # a slot is free: claim what is due
         self.telemetry.job_finished(grant.schedule_name, grant.schedule_name, record, time.monotonic() - started)
         return record
 

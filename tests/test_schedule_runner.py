@@ -231,3 +231,22 @@ def test_the_loop_sleeps_until_the_nearest_due_row(schedules, clock):
     assert runner.seconds_until_due() == pytest.approx(15 * 60)
     clock.advance(minutes=20)
     assert runner.seconds_until_due() == 0
+
+
+def test_a_busy_runner_claims_no_more_than_it_can_start_and_leaves_the_rest_to_another(schedules, clock):
+    for name in ("a", "b", "c"):
+        schedules.job_schedule(name, EVERY_MINUTE, job="blocking")
+    busy, other = schedules.runner(max_workers=2), schedules.runner(max_workers=2)
+
+    first = busy.fire_due()
+
+    assert len(first.runs) == 2 and busy.running() == 2
+    assert busy.fire_due().runs == []  # full: nothing more is claimed
+    assert sorted(schedules.next_run_at(name) for name in ("a", "b", "c")) == [
+        NOON, NOON + timedelta(minutes=1), NOON + timedelta(minutes=1),
+    ]
+    second = other.fire_due()
+    assert len(second.runs) == 1
+    schedules.jobs.gate.set()
+    assert finish(first) + finish(second) == ["ok"] * 3
+    assert sorted(name for name, _ in schedules.jobs.calls) == ["a", "b", "c"]
