@@ -167,13 +167,14 @@ class ScheduleRunner:
         skip: list[int] = []
         while True:
             # Claim no more than this process can start: what it leaves due, another process takes.
+            # A batch cut short by that limit ends the step, so the loop renews its leases between batches.
             limit = min(self.batch_size, self.max_workers - self.running())
             if limit <= 0:
                 return firing
             grants, claimed = self._claim_batch(firing, skip, limit)
             for grant in grants:
                 self._start(grant, firing)
-            if claimed < limit:
+            if claimed < self.batch_size or self._stopping.is_set():
                 return firing
 
     def _claim_batch(self, firing: Firing, skip: list[int], limit: int) -> tuple[list[LeaseGrant], int]:
