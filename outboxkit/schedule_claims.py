@@ -56,9 +56,8 @@ _CLAIM = text(
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True), bindparam("skip", expanding=True))
 _NEAREST = text(
     f"""
-    SELECT least(
-        (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE}),
-        (SELECT min(expires_at) FROM outboxkit_schedule_leases))
+    SELECT (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE}),
+           (SELECT min(expires_at) FROM outboxkit_schedule_leases)
     """
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True))
 _ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at WHERE id = :id")
@@ -131,10 +130,10 @@ class ScheduleClaims:
         """Lock the row named ``name`` (waiting for a claim that holds it)."""
         return connection.execute(_ONE, {"name": name}).mappings().first()
 
-    def nearest(self, connection: Connection) -> datetime | None:
-        """The nearest ``next_run_at`` of a row this process can fire, or lease expiry, if any."""
-        nearest: datetime | None = connection.execute(_NEAREST, self._claimable()).scalar()
-        return nearest
+    def nearest(self, connection: Connection) -> tuple[datetime | None, datetime | None]:
+        """The nearest ``next_run_at`` of a row this process can fire, and the nearest lease expiry (None: none)."""
+        due, expiry = connection.execute(_NEAREST, self._claimable()).one()
+        return due, expiry
 
     def fire(self, connection: Connection, row: RowMapping, *, now: datetime, firing: Firing) -> LeaseGrant | None:
         try:

@@ -71,6 +71,10 @@ from outboxkit.telemetry import Telemetry
 
 __all__ = ["Firing", "ScheduleRunner"]
 
+# The loop looks for expired leases at most this often: a lease's expiry is a matter of seconds, and
+# under a backlog every run that ends wakes the loop.
+SWEEP_SECONDS = 1.0
+
 logger = logging.getLogger("outboxkit.schedule_runner")
 
 # A run that a re-run took over (the record names another holder, or another lease holds it) keeps
@@ -148,6 +152,7 @@ class ScheduleRunner:
         self._held: dict[uuid.UUID, LeaseGrant] = {}
         self._held_lock = threading.Lock()
         self._renewed_at: datetime | None = None
+        self._swept_at: datetime | None = None
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._stopping = threading.Event()
@@ -234,16 +239,19 @@ class ScheduleRunner:
 
     def seconds_until_due(self) -> float:
         """How long the loop may sleep: until the nearest due row or lease expiry, at most ``max_idle_seconds``."""
-        with self.engine.connect() as connection:
-            nearest = self.claims.nearest(connection)
-        wait = self.max_idle_seconds
-        if nearest is not None:
-            wait = min(wait, (nearest - self.clock.now()).total_seconds())
         held = self.running()
+        if held >= self.max_workers:  # busy: a run that ends wakes the loop
+            return self.lease_seconds / 3
+        with self.engine.connect() as connection:
+            due, expiry = self.claims.nearest(connection)
+        now = self.clock.now()
+        wait = self.max_idle_seconds
+        if due is not None:
+            wait = min(wait, (due - now).total_seconds())
+        if expiry is not None:  # swept at most every SWEEP_SECONDS
+            wait = min(wait, max((expiry - now).total_seconds(), self._seconds_until_sweep(now)))
         if held:
             wait = min(wait, self.lease_seconds / 3)
-        if held >= self.max_workers:  # busy: a run that ends wakes the loop
-            wait = self.lease_seconds / 3
         return max(0.0, wait)
 
     def running(self) -> int:
@@ -343,7 +351,9 @@ class ScheduleRunner:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                self.sweep_expired_leases()
+                if self._seconds_until_sweep(self.clock.now()) <= 0:
+                    self._swept_at = self.clock.now()
+                    self.sweep_expired_leases()
                 if self._renewal_due():
                     self.renew_leases()
                 firing = self.fire_due()
@@ -357,6 +367,11 @@ class ScheduleRunner:
             self._wake.wait(wait)
             self._idle.clear()
             self._wake.clear()
+
+    def _seconds_until_sweep(self, now: datetime) -> float:
+        if self._swept_at is None:
+            return 0.0
+        return SWEEP_SECONDS - (now - self._swept_at).total_seconds()
 
     def _renewal_due(self) -> bool:
         return self._renewed_at is None or self.clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
