@@ -19,6 +19,7 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     ConfigurationError,
     DeliveryBuildError,
     InvalidDeliveryError,
+    InvalidScheduleError,
     InvalidTypeError,
     InvalidValueError,
     JobFailed,
@@ -27,6 +28,7 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     OutboxKitError,
     UnknownJobError,
     UnknownOutboxError,
+    UnknownScheduleError,
 )
 from outboxkit.http_transport import HttpTransport
 from outboxkit.kit import OutboxKit
@@ -78,6 +80,7 @@ __all__ = [
     "ConfigurationError",
     "DeliveryBuildError",
     "InvalidDeliveryError",
+    "InvalidScheduleError",
     "InvalidTypeError",
     "InvalidValueError",
     "JobFailed",
@@ -86,4 +89,5 @@ __all__ = [
     "OutboxKitError",
     "UnknownJobError",
     "UnknownOutboxError",
+    "UnknownScheduleError",
 ]

@@ -13,8 +13,10 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               action needs; the message names it; nothing was changed
     ├── InvalidValueError           (also ValueError) an argument out of range:
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
-    │   └── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
-    │                               JSON body outboxkit cannot encode (the field is named)
+    │   ├── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
+    │   │                           JSON body outboxkit cannot encode (the field is named)
+    │   └── InvalidScheduleError    a schedule with a bad trigger, target or limit;
+    │                               ``field`` names it (``trigger.timezone``...)
     ├── InvalidSearch               (also ValueError; operator) a search that is neither
     │                               a row id nor an idempotency key
     ├── InvalidCursor               (also ValueError; operator) a page cursor that does
@@ -41,6 +43,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               cancelled; it changed nothing: narrow the filter
     ├── OperatorPoolBusy            (operator) every connection of the admin's own pool
     │                               stayed in use for OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS
+    ├── UnknownScheduleError        (also LookupError) a name that matches no
+    │                               schedule row
     ├── LifecycleError              (also RuntimeError) an object used out of order:
     │   │                           started twice, used before it started
     │   └── KitClosedError          a drainer used after ``close()``
@@ -73,6 +77,7 @@ __all__ = [
     "InvalidCursor",
     "InvalidDeliveryError",
     "InvalidSearch",
+    "InvalidScheduleError",
     "InvalidTypeError",
     "InvalidValueError",
     "JobFailed",
@@ -91,6 +96,7 @@ __all__ = [
     "UnexpectedSendError",
     "UnknownJobError",
     "UnknownOutboxError",
+    "UnknownScheduleError",
 ]
 
 
@@ -114,6 +120,14 @@ class InvalidDeliveryError(InvalidValueError):
     """A ``Delivery`` was built with a bad URL, method or header, or a JSON body outboxkit cannot encode."""
 
 
+class InvalidScheduleError(InvalidValueError):
+    """A schedule's definition is invalid; ``field`` names the field at fault, e.g. ``trigger.timezone``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class InvalidTypeError(OutboxKitError, TypeError):
     """An argument handed to outboxkit, or a value a callback of yours returned, is of the wrong type."""
 
@@ -128,6 +142,10 @@ class UnknownOutboxError(OutboxKitError, LookupError):
 
 class UnknownJobError(OutboxKitError, LookupError):
     """No job is registered under the given id."""
+
+
+class UnknownScheduleError(OutboxKitError, LookupError):
+    """No schedule row has the given name."""
 
 
 class LifecycleError(OutboxKitError, RuntimeError):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from apscheduler.triggers.base import BaseTrigger
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
@@ -122,14 +122,14 @@ class ScheduledJob:
             raise ConfigurationError(
                 f"job {self.id!r}: trigger must come from cron(), every(), calendar_interval() or once()"
             )
-        _check_job_function(self.id, self.function)
+        check_job_function(self.id, self.function)
 
 
 _JOB_SIGNATURE = "def job(context: JobContext) -> dict[str, int] | None (or async def)"
 
 
-def _check_job_function(job_id: str, function: object) -> None:
-    """Refuse, at registration, a function that every run would fail to call.
+def check_job_function(job_id: str, function: object) -> None:
+    """Refuse, at registration, a function that every run would fail to call (a ``ConfigurationError``).
 
     A job is called with exactly one positional argument, its ``JobContext``;
     it may be sync or async and may have further parameters with defaults.
@@ -251,7 +251,7 @@ class JobRunner:
                     )
                     return RunRecord(outcome="skipped", counts={})
             started_at = datetime.now(timezone.utc)
-            record = self._call(job, scheduled_for=scheduled_for, leader=leader)
+            record = self.call(job.id, job.name, job.function, scheduled_for=scheduled_for, leader=leader)
             values = {
                 "outcome": record.outcome,
                 "counts": json.dumps(record.counts),
@@ -272,7 +272,7 @@ class JobRunner:
                             "leader": leader,
                         },
                     )
-                connection.execute(_TRIM, {"job_id": job.id, "keep": self.history_limit})
+                self.trim_history(connection, job.id)
             return record
         except Exception as exc:  # the history table is unreachable: the job itself has run or will run again
             logger.error("%s: could not record the run scheduled for %s: %s", job.name, scheduled_for.isoformat(), exc,
@@ -308,29 +308,38 @@ class JobRunner:
             )
         return len(abandoned)
 
-    def _call(self, job: ScheduledJob, *, scheduled_for: datetime, leader: str) -> RunRecord:
+    def trim_history(self, connection: Connection, job_id: str) -> None:
+        """Keep the newest ``history_limit`` runs of ``job_id``, in the caller's transaction."""
+        connection.execute(_TRIM, {"job_id": job_id, "keep": self.history_limit})
+
+    def call(
+        self, job_id: str, job_name: str, function: JobFunction, *, scheduled_for: datetime, leader: str
+    ) -> RunRecord:
+        """Call a job's function once, with a fresh session, outside any fence; never raises.
+
+        The function's counts make an ``ok`` record; an exception (or a
+        ``JobFailed``) an ``error`` one, logged.  Recording it is the caller's.
+        """
         session = Session(self.engine)
         try:
-            context = JobContext(
-                job_id=job.id, job_name=job.name, scheduled_for=scheduled_for, session=session, leader=leader
-            )
-            returned: object = job.function(context)
+            context = JobContext(job_id=job_id, job_name=job_name, scheduled_for=scheduled_for, session=session, leader=leader)
+            returned: object = function(context)
             if inspect.isawaitable(returned):  # an async job gets its own event loop, in this worker thread
                 returned = asyncio.run(_await(returned))
             counts = _counts(returned)
         except JobFailed as exc:
-            logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job.name, exc,
-                       extra=log_fields("job.failed", job=job.id))
+            logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job_name, exc,
+                       extra=log_fields("job.failed", job=job_id))
             return RunRecord(outcome="error", counts={}, error=str(exc)[:ERROR_TEXT_LIMIT])
         except Exception as exc:
-            logger.error("%s: the job raised\n%s", job.name, traceback.format_exc().rstrip(),
-                         extra=log_fields("job.failed", job=job.id))
+            logger.error("%s: the job raised\n%s", job_name, traceback.format_exc().rstrip(),
+                         extra=log_fields("job.failed", job=job_id))
             return RunRecord(outcome="error", counts={}, error=f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             session.close()
         if any(counts.values()):
-            logger.info("%s: %s", job.name, ", ".join(f"{key} {value}" for key, value in counts.items() if value),
-                        extra=log_fields("job.counts", job=job.id, counts=counts))
+            logger.info("%s: %s", job_name, ", ".join(f"{key} {value}" for key, value in counts.items() if value),
+                        extra=log_fields("job.counts", job=job_id, counts=counts))
         return RunRecord(outcome="ok", counts=counts)
 
 

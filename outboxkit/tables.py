@@ -30,16 +30,30 @@ outbox (one row per pair, created by its first recorded outcome): the
 circuit breaker's status, its failure run, recent outcome counts, when it
 opened, the next probe, the last error (``outboxkit.destinations`` for the
 rules, ``outboxkit.destination_store`` for the statements).
+
+``outboxkit_schedules`` holds the schedules as rows (``outboxkit.schedules``):
+the trigger as data (kind, JSON fields, IANA timezone; never pickled), the
+target (a job registered in code by name, or an HTTP request as data and the
+outbox that carries it), ``next_run_at``, misfire grace, running limit and
+who created and changed it.  Its partial index on ``next_run_at`` serves the
+claim of due rows.  ``outboxkit_schedule_leases`` holds one row per run of a
+Python job in progress: its holder and an expiry the holder renews
+(``outboxkit.schedule_leases``).  Their runs, misses and enqueued HTTP calls
+are recorded in ``outboxkit_job_runs`` under the schedule's name.
+``outboxkit_schedule_audit`` records every change to a schedule (who, when,
+the action, the row before and after), written in the change's transaction.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
     Float,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -49,16 +63,30 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    Uuid,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-__all__ = ["attempts", "destinations", "job_runs", "kit_metadata", "outbox_minutes", "outbox_pauses", "reset_audit"]
+__all__ = [
+    "attempts",
+    "destinations",
+    "job_runs",
+    "kit_metadata",
+    "outbox_minutes",
+    "outbox_pauses",
+    "reset_audit",
+    "schedule_audit",
+    "schedule_leases",
+    "schedules",
+]
 
 kit_metadata = MetaData()
 
-RUN_OUTCOMES = ("running", "ok", "error", "abandoned")  # abandoned: its scheduler died mid-run
+# abandoned: its scheduler died mid-run; missed: a schedule's occurrence not run (beyond its misfire
+# grace, or its running limit was reached); enqueued: a schedule's HTTP call written into its outbox.
+RUN_OUTCOMES = ("running", "ok", "error", "abandoned", "missed", "enqueued")
 
 job_runs = Table(
     "outboxkit_job_runs",
@@ -74,7 +102,9 @@ job_runs = Table(
     Column("error", Text),
     Column("leader", String(300), nullable=False),
     UniqueConstraint("job_id", "scheduled_for", name="uq_outboxkit_job_runs_occurrence"),
-    CheckConstraint("outcome IN ('running', 'ok', 'error', 'abandoned')", name="ck_outboxkit_job_runs_outcome"),
+    CheckConstraint(
+        "outcome IN ('running', 'ok', 'error', 'abandoned', 'missed', 'enqueued')", name="ck_outboxkit_job_runs_outcome"
+    ),
     Index("ix_outboxkit_job_runs_job_started", "job_id", "started_at"),
 )
 
@@ -164,4 +194,82 @@ destinations = Table(
     CheckConstraint(
         "status IN (" + ", ".join(f"'{status}'" for status in DESTINATION_STATUSES) + ")", name="ck_outboxkit_destinations_status"
     ),
+)
+
+TRIGGER_KINDS = ("cron", "every", "calendar_interval", "once")
+
+schedules = Table(
+    "outboxkit_schedules",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("trigger_kind", String(24), nullable=False),
+    Column("trigger_fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("timezone", String(64), nullable=False, server_default=text("'UTC'")),
+    Column("target_kind", String(8), nullable=False),
+    Column("job", String(200)),
+    Column("http_outbox", String(100)),
+    Column("http_method", String(8)),
+    Column("http_url", Text),
+    Column("http_headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("http_body", JSONB),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("next_run_at", DateTime(timezone=True)),
+    Column("misfire_grace_seconds", Integer, nullable=False, server_default=text("300")),
+    Column("max_running", Integer, nullable=False, server_default=text("1")),
+    Column("rerun_if_abandoned", Boolean, nullable=False, server_default=text("false")),
+    Column("defined_in", String(8), nullable=False, server_default=text("'api'")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_by", String(300), nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("changed_by", String(300), nullable=False),
+    UniqueConstraint("name", name="uq_outboxkit_schedules_name"),
+    CheckConstraint(
+        "trigger_kind IN ('cron', 'every', 'calendar_interval', 'once')", name="ck_outboxkit_schedules_trigger_kind"
+    ),
+    CheckConstraint(
+        "(target_kind = 'job' AND job IS NOT NULL AND http_url IS NULL) OR "
+        "(target_kind = 'http' AND job IS NULL AND http_url IS NOT NULL AND http_method IS NOT NULL "
+        "AND http_outbox IS NOT NULL)",
+        name="ck_outboxkit_schedules_target",
+    ),
+    CheckConstraint("misfire_grace_seconds >= 0", name="ck_outboxkit_schedules_grace"),
+    CheckConstraint("max_running >= 1", name="ck_outboxkit_schedules_max_running"),
+    CheckConstraint("defined_in IN ('code', 'api')", name="ck_outboxkit_schedules_defined_in"),
+    Index("ix_outboxkit_schedules_due", "next_run_at", postgresql_where=text("enabled AND next_run_at IS NOT NULL")),
+)
+
+schedule_leases = Table(
+    "outboxkit_schedule_leases",
+    kit_metadata,
+    Column("token", Uuid, primary_key=True),
+    Column("schedule_id", BigInteger, ForeignKey("outboxkit_schedules.id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", BigInteger, nullable=False),
+    Column("scheduled_for", DateTime(timezone=True), nullable=False),
+    Column("holder", String(300), nullable=False),
+    Column("attempt", SmallInteger, nullable=False, server_default=text("1")),
+    Column("acquired_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("attempt IN (1, 2)", name="ck_outboxkit_schedule_leases_attempt"),
+    Index("ix_outboxkit_schedule_leases_schedule", "schedule_id"),
+    Index("ix_outboxkit_schedule_leases_expires", "expires_at"),
+)
+
+SCHEDULE_ACTIONS = ("create", "edit", "enable", "disable", "run_now", "delete", "sync")
+
+schedule_audit = Table(
+    "outboxkit_schedule_audit",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(300), nullable=False),
+    Column("schedule", String(200), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("before", JSONB),
+    Column("after", JSONB),
+    CheckConstraint(
+        "action IN ('create', 'edit', 'enable', 'disable', 'run_now', 'delete', 'sync')",
+        name="ck_outboxkit_schedule_audit_action",
+    ),
+    Index("ix_outboxkit_schedule_audit_schedule_at", "schedule", "at"),
 )

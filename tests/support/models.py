@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit import Delivery, Outbox, OutboxOptions
+from outboxkit.scheduled_requests import ScheduledRequestOutbox
 
 
 class SampleBase(DeclarativeBase):
@@ -32,3 +33,10 @@ class SampleEvent(Outbox, SampleBase):
         if self.payload.get("raise"):
             raise ValueError(f"cannot build row {self.id}: bad payload")
         return Delivery(url=self.target_url, json=self.payload, headers={"X-Kind": self.kind})
+
+
+class ScheduledCall(ScheduledRequestOutbox, SampleBase):
+    """Carries the HTTP requests of schedules (tests/test_schedule_*.py)."""
+
+    __tablename__ = "scheduled_call_outbox"
+    __outbox__ = OutboxOptions(job_name="scheduled-calls", max_attempts=3, backoff=(1, 2))

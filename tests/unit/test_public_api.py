@@ -23,6 +23,7 @@ PUBLIC_API = {
     "JobContext", "cron", "every", "calendar_interval", "once",                         # scheduled jobs
     "OutboxKitError", "ConfigurationError", "InvalidValueError", "InvalidDeliveryError", "InvalidTypeError",  # errors
     "DeliveryBuildError", "UnknownOutboxError", "UnknownJobError", "LifecycleError", "KitClosedError", "JobFailed",
+    "InvalidScheduleError", "UnknownScheduleError",                                     # schedule errors
 }  # fmt: skip
 
 PACKAGE = Path(outboxkit.__file__).resolve().parent
@@ -69,6 +70,8 @@ def test_every_error_class_derives_from_the_root():
         (errors.DeliveryBuildError, TypeError),
         (errors.UnknownOutboxError, LookupError),
         (errors.UnknownJobError, LookupError),
+        (errors.InvalidScheduleError, ValueError),
+        (errors.UnknownScheduleError, LookupError),
         (errors.LifecycleError, RuntimeError),
         (errors.KitClosedError, RuntimeError),
     ],

@@ -1,0 +1,448 @@
+"""The trigger loop: every process fires the schedule rows that are due, and no occurrence is fired twice.
+
+No leader is needed.  Each step of the loop protects one invariant:
+
+1. **Claim** (``fire_due``).  A short transaction selects the due rows
+   (``enabled AND next_run_at <= now``, of jobs this process registers or
+   outboxes it knows) ``FOR UPDATE SKIP LOCKED``, decides for each which
+   occurrence runs and which are missed (``outboxkit.misfires``), writes
+   that, advances ``next_run_at`` and commits.  Two processes therefore take
+   disjoint rows, and a row they take next time is already advanced past
+   the occurrences fired: each occurrence is claimed once.  If the
+   transaction rolls back, nothing of it happened: the row is still due.
+2. **Fence.**  In the same transaction the occurrence is inserted into the
+   run history with its key ``(schedule name, fire time)`` and ``ON
+   CONFLICT DO NOTHING``; an occurrence already there (fired by another
+   path, e.g. ``run_job`` or the leader's scheduler under the same name) is
+   not fired again.
+3. **HTTP target.**  The request is inserted into its outbox in that same
+   transaction (history outcome ``enqueued``), so each occurrence is
+   enqueued exactly once; the outbox delivers it at least once (retries,
+   backoff, ``stuck``, the row's idempotency key).
+4. **Python job target.**  The claim also takes a lease
+   (``outboxkit.schedule_leases``) if fewer than ``max_running`` are live,
+   else the occurrence is recorded ``missed`` ("still running").  After the
+   commit the job runs in this process's thread pool; the loop renews its
+   leases; the outcome and the lease's release are one transaction.
+5. **Sweep.**  Expired leases (their process died) are deleted and their
+   runs marked ``abandoned``; a schedule with ``rerun_if_abandoned`` gets
+   that occurrence run once more (at least once), otherwise it stays
+   abandoned (at most once).
+6. **Sleep** until the nearest ``next_run_at`` or lease expiry (at most
+   ``max_idle_seconds``), or until a NOTIFY on ``outboxkit_schedules``
+   (every change through ``ScheduleStore``) wakes the loop.
+
+Time comes from the injected clock wherever "due" or "expired" is decided,
+so tests drive every step with a ``ManualClock`` (``run_pending``,
+``run_job``).  What the claim writes inside its transaction is in
+``outboxkit.schedule_claims``; the lease rows in ``outboxkit.schedule_leases``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from outboxkit import schedule_leases
+from outboxkit.clock import Clock, SystemClock
+from outboxkit.connections import SessionConnector, session_connector
+from outboxkit.errors import ConfigurationError, UnknownJobError, UnknownOutboxError, UnknownScheduleError
+from outboxkit.log_events import log_fields
+from outboxkit.model import Outbox
+from outboxkit.notify import NotifyListener
+from outboxkit.results import RunRecord
+from outboxkit.schedule_claims import Firing, ScheduleClaims
+from outboxkit.schedule_leases import LeaseGrant
+from outboxkit.schedule_store import CHANNEL, definition_from_row
+from outboxkit.scheduled_jobs import JobFunction, JobRunner, check_job_function
+from outboxkit.scheduled_requests import ScheduledRequestOutbox
+from outboxkit.schedules import HttpTarget
+from outboxkit.telemetry import Telemetry
+
+__all__ = ["Firing", "ScheduleRunner"]
+
+# The loop looks for expired leases at most this often: a lease's expiry is a matter of seconds, and
+# under a backlog every run that ends wakes the loop.
+SWEEP_SECONDS = 1.0
+
+logger = logging.getLogger("outboxkit.schedule_runner")
+
+# A run that a re-run took over (the record names another holder, or another lease holds it) keeps
+# the re-run's record; an abandoned run that nobody re-ran records its real outcome when it returns.
+_FINISH = text(
+    """
+    UPDATE outboxkit_job_runs
+    SET finished_at = clock_timestamp(), outcome = :outcome, counts = CAST(:counts AS jsonb), error = :error
+    WHERE id = :run_id AND leader = :holder AND NOT EXISTS (
+        SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
+    """
+)
+
+
+def default_holder() -> str:
+    """``<host>:<pid>:<random>``: names this runner in leases and in the run history."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class ScheduleRunner:
+    """Fires this process's share of the due schedule rows; see the module docstring for the steps.
+
+    ``jobs`` maps a job name to its function (``def job(context: JobContext)``);
+    ``outboxes`` are the kit's outbox classes (the ``ScheduledRequestOutbox``
+    ones carry HTTP targets).  A process only claims the schedules it can
+    fire, so during a rolling deploy a job that only the new code has is
+    left to the new processes.  It claims no more rows than it has free
+    workers (``max_workers``), so what it cannot start now stays due for
+    another process instead of queueing here.  Drive it step by step (``fire_due``,
+    ``sweep_expired_leases``, ``renew_leases``) or start its loop thread.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        jobs: Mapping[str, JobFunction] | None = None,
+        outboxes: Iterable[type[Outbox]] = (),
+        clock: Clock | None = None,
+        holder: str | None = None,
+        lease_seconds: float = 60.0,
+        batch_size: int = 100,
+        max_workers: int = 16,
+        history_limit: int = 200,
+        max_idle_seconds: float = 60.0,
+        retry_seconds: float = 5.0,
+        listen_connect: SessionConnector | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.engine = engine
+        self.jobs = dict(jobs or {})
+        for name, function in self.jobs.items():
+            check_job_function(name, function)
+        self.outboxes = {
+            outbox.__outbox__.job_name: outbox for outbox in outboxes if issubclass(outbox, ScheduledRequestOutbox)
+        }
+        if lease_seconds <= 0 or max_idle_seconds <= 0 or retry_seconds <= 0 or batch_size < 1:
+            raise ConfigurationError("lease_seconds, max_idle_seconds and retry_seconds must be > 0, batch_size >= 1")
+        self.clock = clock or SystemClock()
+        self.holder = holder or default_holder()
+        self.lease_seconds = lease_seconds
+        self.batch_size = batch_size
+        self.max_idle_seconds = max_idle_seconds
+        self.retry_seconds = retry_seconds
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        self.job_runner = JobRunner(engine, leader=lambda: self.holder, history_limit=history_limit)
+        self.claims = ScheduleClaims(
+            jobs=self.jobs, outboxes=self.outboxes, holder=self.holder, lease_seconds=lease_seconds
+        )
+        self._listen_connect = listen_connect or session_connector(
+            engine=engine, dsn=None, application_name=f"outboxkit-schedules:{self.holder}"[:63], keepalive_seconds=15
+        )
+        self.max_workers = max_workers
+        self._executor = self._new_executor()
+        self._held: dict[uuid.UUID, LeaseGrant] = {}
+        self._held_lock = threading.Lock()
+        self._renewed_at: datetime | None = None
+        self._swept_at: datetime | None = None
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listener: NotifyListener | None = None
+
+    # -- the steps -------------------------------------------------------------
+
+    def fire_due(self) -> Firing:
+        """Claim every due schedule this process can fire, in batches; start the runs after each commit.
+
+        A database error ends the step and propagates (that batch rolled
+        back: its rows are still due); one schedule whose firing fails is
+        rolled back to its savepoint alone, logged and listed in ``failed``.
+        """
+        firing = Firing()
+        skip: list[int] = []
+        while True:
+            # Claim no more than this process can start: what it leaves due, another process takes.
+            # A batch cut short by that limit ends the step, so the loop renews its leases between batches.
+            limit = min(self.batch_size, self.max_workers - self.running())
+            if limit <= 0:
+                return firing
+            grants, claimed = self._claim_batch(firing, skip, limit)
+            for grant in grants:
+                self._start(grant, firing)
+            if claimed < self.batch_size or self._stopping.is_set():
+                return firing
+
+    def _claim_batch(self, firing: Firing, skip: list[int], limit: int) -> tuple[list[LeaseGrant], int]:
+        now = self.clock.now()
+        grants: list[LeaseGrant] = []
+        with self.engine.begin() as connection:
+            rows = self.claims.due(connection, now=now, skip=skip, limit=limit)
+            for row in rows:
+                savepoint = connection.begin_nested()
+                try:
+                    grant = self.claims.fire(connection, row, now=now, firing=firing)
+                    savepoint.commit()
+                except Exception:
+                    savepoint.rollback()
+                    logger.exception(
+                        "schedule %s: firing failed; it stays due and is tried again", row["name"],
+                        extra=log_fields("schedule.firing_failed"),
+                    )
+                    firing.failed.append(row["name"])
+                    skip.append(row["id"])
+                    continue
+                if grant is not None:
+                    grants.append(grant)
+        return grants, len(rows)
+
+    def sweep_expired_leases(self) -> Firing:
+        """Free the slots of runs whose lease expired: mark them abandoned, re-run those that allow it once."""
+        now = self.clock.now()
+        firing = Firing()
+        grants: list[LeaseGrant] = []
+        with self.engine.begin() as connection:
+            for lease in schedule_leases.take_expired(connection, now=now):
+                grant = self.claims.abandon(connection, lease, now=now, firing=firing)
+                if grant is not None:
+                    grants.append(grant)
+        for grant in grants:
+            self._start(grant, firing)
+        return firing
+
+    def renew_leases(self) -> int:
+        """Move the expiry of every lease this process holds; returns how many it still holds."""
+        with self._held_lock:
+            tokens = set(self._held)
+        now = self.clock.now()
+        self._renewed_at = now
+        if not tokens:
+            return 0
+        with self.engine.begin() as connection:
+            kept = schedule_leases.renew(connection, tokens, expires_at=now + timedelta(seconds=self.lease_seconds))
+        for token in tokens - kept:
+            with self._held_lock:  # a run that ended meanwhile released its own lease
+                grant = self._held.get(token)
+            if grant is not None:
+                logger.warning(
+                    "%s: the run for %s lost its lease (it expired and was swept); it goes on, but its slot is free",
+                    grant.schedule_name,
+                    grant.scheduled_for.isoformat(),
+                    extra=log_fields("schedule.lease_lost"),
+                )
+        return len(kept)
+
+    def seconds_until_due(self) -> float:
+        """How long the loop may sleep: until the nearest due row or lease expiry, at most ``max_idle_seconds``."""
+        held = self.running()
+        if held >= self.max_workers:  # busy: a run that ends wakes the loop
+            return self.lease_seconds / 3
+        with self.engine.connect() as connection:
+            due, expiry = self.claims.nearest(connection)
+        now = self.clock.now()
+        wait = self.max_idle_seconds
+        if due is not None:
+            wait = min(wait, (due - now).total_seconds())
+        if expiry is not None:  # swept at most every SWEEP_SECONDS
+            wait = min(wait, max((expiry - now).total_seconds(), self._seconds_until_sweep(now)))
+        if held:
+            wait = min(wait, self.lease_seconds / 3)
+        return max(0.0, wait)
+
+    def running(self) -> int:
+        """How many runs this process holds a lease for."""
+        with self._held_lock:
+            return len(self._held)
+
+    # -- driving it by hand (tests, "run now" from a shell) ---------------------
+
+    def run_pending(self, *, timeout: float = 60.0) -> Firing:
+        """One turn of the loop at the clock's current time, waiting for the runs it started.
+
+        Sweeps expired leases, fires every due schedule and waits up to
+        ``timeout`` seconds for each run to record its outcome.  With a
+        ``ManualClock``: ``clock.advance(hours=1); runner.run_pending()``.
+        """
+        firing = self.sweep_expired_leases()
+        firing.extend(self.fire_due())
+        for run in firing.runs:
+            run.result(timeout=timeout)
+        return firing
+
+    def run_job(self, name: str, *, scheduled_for: datetime | None = None) -> RunRecord:
+        """Run one occurrence of the schedule ``name`` now, in this thread, and return its record.
+
+        It goes through the same fence, lease and history as a fired
+        occurrence (``scheduled_for`` defaults to the clock's now) but leaves
+        ``next_run_at`` alone.  An HTTP target is enqueued (outcome
+        ``enqueued``, ``counts["outbox_row"]`` its row).  The outcome is
+        ``skipped`` if that occurrence is in the history already, ``missed``
+        if ``max_running`` runs hold their lease.
+        """
+        now = self.clock.now()
+        occurrence = scheduled_for or now
+        firing = Firing()
+        with self.engine.begin() as connection:
+            row = self.claims.one(connection, name)
+            if row is None:
+                raise UnknownScheduleError(f"no schedule named {name!r}")
+            definition = definition_from_row(row)
+            target = definition.target
+            if isinstance(target, HttpTarget):
+                if target.outbox not in self.outboxes:
+                    raise UnknownOutboxError(f"schedule {name!r}: no ScheduledRequestOutbox {target.outbox!r} here")
+                row_id = self.claims.enqueue(connection, definition, target, occurrence, now=now, firing=firing)
+                if row_id is None:
+                    return RunRecord(outcome="skipped", counts={})
+                return RunRecord(outcome="enqueued", counts={"outbox_row": row_id})
+            if target.job not in self.jobs:
+                raise UnknownJobError(f"schedule {name!r}: no job {target.job!r} is registered with this runner")
+            grant = self.claims.lease(connection, row, definition, occurrence, now=now, firing=firing)
+        if grant is None:
+            return RunRecord(outcome="missed" if firing.missed else "skipped", counts={})
+        with self._held_lock:
+            self._held[grant.token] = grant
+        return self._run(grant)
+
+    # -- the loop --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop thread and its LISTEN connection.  Idempotent; a stopped runner starts again."""
+        if self._thread is not None:
+            return
+        if self._stopping.is_set():  # stopped before: its pool is shut down
+            self._executor = self._new_executor()
+        self._stopping.clear()
+        self._listener = NotifyListener(connect=self._listen_connect, channels={CHANNEL: self.wake})
+        self._listener.start()
+        self._thread = threading.Thread(target=self._loop, name="outboxkit-schedules", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the loop; ``wait`` also waits for the runs in progress to record their outcome."""
+        self._stopping.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop(wait=wait)
+        self._executor.shutdown(wait=wait)
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="outboxkit-schedule")
+
+    def wake(self) -> None:
+        """Look at the schedule rows now (a NOTIFY, a test that moved its clock)."""
+        self._wake.set()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the loop is asleep, listening, with nothing due that it knows of."""
+        listener = self._listener
+        return self._idle.is_set() and listener is not None and listener.generation > 0 and not self._wake.is_set()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if self._seconds_until_sweep(self.clock.now()) <= 0:
+                    self._swept_at = self.clock.now()
+                    self.sweep_expired_leases()
+                if self._renewal_due():
+                    self.renew_leases()
+                firing = self.fire_due()
+                wait = self.seconds_until_due()
+                if firing.failed:
+                    wait = max(wait, self.retry_seconds)
+            except Exception as exc:  # the database is away: try again, never die
+                logger.warning(
+                    "schedule loop: %s; trying again in %g s", exc, self.retry_seconds,
+                    extra=log_fields("schedule.loop_failed"),
+                )
+                wait = self.retry_seconds
+            self._idle.set()
+            self._wake.wait(wait)
+            self._idle.clear()
+            self._wake.clear()
+
+    def _seconds_until_sweep(self, now: datetime) -> float:
+        if self._swept_at is None:
+            return 0.0
+        return SWEEP_SECONDS - (now - self._swept_at).total_seconds()
+
+    def _renewal_due(self) -> bool:
+        return self._renewed_at is None or self.clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
+
+    # -- running -------------------------------------------------------------------
+
+    def _start(self, grant: LeaseGrant, firing: Firing) -> None:
+        with self._held_lock:
+            self._held[grant.token] = grant
+        try:
+            firing.runs.append(self._executor.submit(self._run, grant))
+        except RuntimeError:  # stopped meanwhile: the lease expires and the sweep decides
+            with self._held_lock:
+                self._held.pop(grant.token, None)
+            logger.warning(
+                "%s: not started, the runner is stopping; its lease will expire", grant.schedule_name,
+                extra=log_fields("schedule.not_started"),
+            )
+
+    def _run(self, grant: LeaseGrant) -> RunRecord:
+        started = time.monotonic()
+        record = self.job_runner.call(
+            grant.schedule_name, grant.schedule_name, self.jobs[grant.job], scheduled_for=grant.scheduled_for,
+            leader=self.holder,
+        )
+        # A dropped connection (a database restart) must not turn a finished run into an abandoned one:
+        # the outcome is written again on a fresh connection, for as long as the lease would last.
+        retrying = Retrying(
+            retry=retry_if_exception_type(DBAPIError),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+            stop=stop_after_delay(self.lease_seconds),
+            reraise=True,
+        )
+        with self._held_lock:  # no longer renewed: the lease is released with the outcome
+            self._held.pop(grant.token, None)
+        try:
+            retrying(self._record_outcome, grant, record)
+        except Exception as exc:  # the lease expires and the sweep marks the run abandoned
+            logger.error(
+                "%s: could not record the run for %s: %s", grant.schedule_name, grant.scheduled_for.isoformat(), exc,
+                extra=log_fields("schedule.record_failed"),
+            )
+        self.wake()  # a slot is free: claim what is due
+        self.telemetry.job_finished(grant.schedule_name, grant.schedule_name, record, time.monotonic() - started)
+        return record
+
+    def _record_outcome(self, grant: LeaseGrant, record: RunRecord) -> None:
+        """Release the lease and record the outcome, in one transaction."""
+        with self.engine.begin() as connection:
+            if not schedule_leases.release(connection, grant.token):
+                logger.warning(
+                    "%s: the run for %s outlived its lease; its outcome %s is recorded unless a re-run holds it",
+                    grant.schedule_name, grant.scheduled_for.isoformat(), record.outcome,
+                    extra=log_fields("schedule.lease_outlived"),
+                )
+            values = {
+                "run_id": grant.run_id,
+                "token": grant.token,
+                "holder": self.holder,
+                "outcome": record.outcome,
+                "counts": json.dumps(record.counts),
+                "error": record.error or grant.note,
+            }
+            connection.execute(_FINISH, values)
+            self.job_runner.trim_history(connection, grant.schedule_name)

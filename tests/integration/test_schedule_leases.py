@@ -1,0 +1,156 @@
+"""Running-instances limit across processes: lease rows, their renewal, expiry, abandonment and the one re-run."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from outboxkit.schedules import ScheduleTrigger
+from tests.support.schedules import FUTURE_TIMEOUT, ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
+
+UTC = timezone.utc
+NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+EVERY_MINUTE = ScheduleTrigger.every(minutes=1)
+
+
+def entered(schedules: ScheduleHarness, count: int = 1) -> None:
+    """Wait until the blocking job has started ``count`` more runs."""
+    for _ in range(count):
+        assert schedules.jobs.entered.acquire(timeout=FUTURE_TIMEOUT), "the blocking job did not start"
+
+
+def test_a_lease_keeps_a_job_from_overlapping_itself_across_two_runners(schedules, clock):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    first, second = schedules.runner(), schedules.runner()
+    started = first.fire_due()
+    entered(schedules)
+    [lease] = schedules.leases()
+    assert (lease["holder"], lease["scheduled_for"], lease["attempt"]) == (first.holder, NOON, 1)
+
+    clock.advance(minutes=1)  # 12:01 is due while 12:00 still runs in the other process
+    assert first.renew_leases() == 1  # as its loop does
+    blocked = second.fire_due()
+
+    assert blocked.runs == [] and blocked.missed == [("slow", NOON + timedelta(minutes=1))]
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+    assert schedules.leases() == []
+    clock.advance(minutes=1)
+    assert finish(second.fire_due()) == ["ok"]
+    rows = schedules.run_rows("slow")
+    assert [(row["scheduled_for"], row["outcome"]) for row in rows] == [
+        (NOON, "ok"), (NOON + timedelta(minutes=1), "missed"), (NOON + timedelta(minutes=2), "ok"),
+    ]
+    assert "still held their lease (max_running=1)" in rows[1]["error"]
+    assert [at for _, at in schedules.jobs.calls] == [NOON, NOON + timedelta(minutes=2)]
+
+
+def test_max_running_two_lets_two_runs_overlap_and_no_third(schedules, clock):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking", max_running=2)
+    first, second = schedules.runner(), schedules.runner()
+    runs = first.fire_due().runs
+    clock.advance(minutes=1)
+    first.renew_leases()
+    runs += second.fire_due().runs
+    entered(schedules, 2)
+    clock.advance(minutes=1)
+    assert first.renew_leases() + second.renew_leases() == 2
+    third = first.fire_due()
+    assert third.runs == [] and third.missed == [("slow", NOON + timedelta(minutes=2))]
+    assert len(schedules.leases()) == 2
+    schedules.jobs.gate.set()
+    assert [future.result(timeout=FUTURE_TIMEOUT).outcome for future in runs] == ["ok", "ok"]
+
+
+def test_a_held_lease_is_renewed_and_not_swept(schedules, clock):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    holder, other = schedules.runner(lease_seconds=30), schedules.runner(lease_seconds=30)
+    started = holder.fire_due()
+    entered(schedules)
+    for _ in range(4):  # two minutes, renewed every 20 s
+        clock.advance(seconds=20)
+        assert holder.renew_leases() == 1
+        assert other.sweep_expired_leases().abandoned == []
+    [lease] = schedules.leases()
+    assert lease["expires_at"] == clock.now() + timedelta(seconds=30)
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+
+
+def test_an_expired_lease_frees_the_slot_and_the_run_is_abandoned(schedules, clock):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    dead, alive = schedules.runner(lease_seconds=30), schedules.runner(lease_seconds=30)
+    started = dead.fire_due()  # this process stops renewing: it is as good as dead
+    entered(schedules)
+    clock.advance(seconds=31)
+
+    swept = alive.sweep_expired_leases()
+
+    assert swept.abandoned == [("slow", NOON)] and swept.runs == []
+    assert schedules.leases() == []
+    [run] = schedules.run_rows("slow")
+    assert run["outcome"] == "abandoned" and f"held by {dead.holder}, expired" in run["error"]
+    assert f"marked abandoned by {alive.holder}" in run["error"]
+    clock.set(NOON + timedelta(minutes=1))
+    later = alive.fire_due()  # the slot is free again
+    entered(schedules)
+    schedules.jobs.gate.set()
+    assert finish(later) == ["ok"]
+    # The stalled run returns at last: nothing re-ran its occurrence, so its real outcome is recorded.
+    assert finish(started) == ["ok"]
+    assert schedules.history("slow") == [(NOON, "ok"), (NOON + timedelta(minutes=1), "ok")]
+
+
+def test_an_abandoned_run_of_a_job_safe_to_rerun_runs_once_more_then_stays_abandoned(schedules, clock):
+    schedules.job_schedule("slow", ScheduleTrigger.every(hours=1), job="blocking", rerun_if_abandoned=True)
+    first, second, third = (schedules.runner(lease_seconds=30) for _ in range(3))
+    stalled = first.fire_due()
+    entered(schedules)
+    clock.advance(seconds=31)
+
+    rerun = second.sweep_expired_leases()  # re-run once, by the process that found it
+
+    assert rerun.abandoned == [("slow", NOON)] and len(rerun.runs) == 1
+    entered(schedules)
+    [lease] = schedules.leases()
+    assert (lease["holder"], lease["attempt"], lease["scheduled_for"]) == (second.holder, 2, NOON)
+    [run] = schedules.run_rows("slow")
+    assert run["outcome"] == "running" and run["leader"] == second.holder and "re-run once" in run["error"]
+
+    clock.advance(seconds=31)  # the re-run's process stalls too: this time the run stays abandoned
+    final = third.sweep_expired_leases()
+    assert final.abandoned == [("slow", NOON)] and final.runs == []
+    assert schedules.run_rows("slow")[0]["outcome"] == "abandoned"
+
+    schedules.jobs.gate.set()
+    assert finish(stalled) == ["ok"] and finish(rerun) == ["ok"]
+    assert schedules.jobs.calls == [("slow", NOON), ("slow", NOON)]  # two runs of one occurrence, no third
+    # The first run came back after the re-run had taken the occurrence over: the re-run's record stands.
+    [run] = schedules.run_rows("slow")
+    assert run["outcome"] == "ok" and "re-run once" in run["error"]
+
+
+def test_a_run_that_ends_releases_its_lease_in_the_transaction_that_records_it(schedules):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    runner = schedules.runner()
+    assert finish(runner.fire_due()) == ["ok"]
+    assert schedules.leases() == [] and runner.running() == 0
+    [run] = schedules.run_rows("tick")
+    assert (run["outcome"], run["counts"], run["leader"]) == ("ok", {"calls": 1}, runner.holder)
+    assert run["finished_at"] is not None
+
+
+def test_a_run_records_its_outcome_after_the_database_dropped_every_connection(schedules, clock, engine, database_url):
+    import psycopg
+
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    runner = schedules.runner()
+    started = runner.fire_due()
+    entered(schedules)
+    with psycopg.connect(database_url, autocommit=True) as admin:  # as a restart would: the pool's connections die
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+    assert schedules.history("slow") == [(NOON, "ok")] and schedules.leases() == []

@@ -1,0 +1,115 @@
+"""Schedule rows fired by real processes that are SIGKILLed: a dead holder's lease expires and frees its slot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from outboxkit.schedule_claims import Firing
+from outboxkit.schedule_runner import ScheduleRunner
+from outboxkit.schedule_store import ScheduleStore
+from outboxkit.scheduled_jobs import JobContext
+from outboxkit.schedules import JobTarget, ScheduleDefinition, ScheduleTrigger
+from tests.support.database import sqlalchemy_url
+from tests.support.leadership import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE_SECONDS = 2.0
+
+
+@pytest.fixture
+def start_worker(database_url: str) -> Iterator:
+    started: list[subprocess.Popen[str]] = []
+
+    def start() -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "tests.support.schedule_worker", sqlalchemy_url(database_url), str(LEASE_SECONDS)]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def survivor_jobs(calls: list) -> dict:
+    def slow(context: JobContext) -> dict[str, int]:  # the same job, in the process that survives
+        calls.append(context.scheduled_for)
+        return {"survived": 1}
+
+    return {"slow": slow}
+
+
+@pytest.mark.parametrize("rerun", [False, True], ids=["stays abandoned", "re-run once"])
+def test_a_killed_holder_frees_its_slot_when_its_lease_expires(engine, start_worker, rerun):
+    store = ScheduleStore(engine, jobs=["slow"])
+    store.create(ScheduleDefinition(name="slow", trigger=ScheduleTrigger.every(hours=1), target=JobTarget(job="slow"),
+                                    rerun_if_abandoned=rerun, misfire_grace_seconds=86400), actor="test")
+    store.run_now("slow", actor="test")
+    worker = start_worker()
+    line = worker.stdout.readline().strip()
+    assert line.startswith("started ")
+    worker.kill()  # SIGKILL mid-run: nothing renews its lease any more
+    worker.wait(timeout=30)
+
+    calls: list = []
+    survivor = ScheduleRunner(engine, jobs=survivor_jobs(calls), lease_seconds=LEASE_SECONDS)
+    swept = Firing()
+
+    def sweep() -> bool:
+        swept.extend(survivor.sweep_expired_leases())
+        return bool(swept.abandoned)
+
+    try:
+        wait_until(sweep, timeout=60, message="the dead holder's lease swept")
+        outcomes = [run.result(timeout=60).outcome for run in swept.runs]
+    finally:
+        survivor.stop()
+    with engine.connect() as connection:
+        outcome, error = connection.execute(text("SELECT outcome, error FROM outboxkit_job_runs WHERE job_id = 'slow'")).one()
+        leases = connection.execute(text("SELECT count(*) FROM outboxkit_schedule_leases")).scalar_one()
+    assert swept.abandoned == [("slow", swept.abandoned[0][1])] and leases == 0
+    if rerun:
+        assert outcomes == ["ok"] and outcome == "ok" and len(calls) == 1 and "re-run once" in error
+    else:
+        assert outcomes == [] and outcome == "abandoned" and calls == [] and "expired at" in error
+
+
+def test_three_processes_killed_in_turn_run_no_occurrence_twice(engine, start_worker):
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE schedule_worker_runs (name text, scheduled_for timestamptz, holder text)"))
+    store = ScheduleStore(engine, jobs=["record"])
+    store.create(ScheduleDefinition(name="tick", trigger=ScheduleTrigger.every(seconds=1), target=JobTarget(job="record"),
+                                    misfire_grace_seconds=60), actor="test")
+    workers = [start_worker() for _ in range(3)]
+
+    def runs() -> int:
+        with engine.connect() as connection:
+            return connection.execute(text("SELECT count(DISTINCT scheduled_for) FROM schedule_worker_runs")).scalar_one()
+
+    for turn in range(3):  # kill one process after a few more occurrences, start a new one
+        target = runs() + 3
+        wait_until(lambda target=target: runs() >= target, timeout=60, message="more occurrences")
+        workers[turn].kill()
+        workers[turn].wait(timeout=30)
+        workers[turn] = start_worker()
+    target = runs() + 3
+    wait_until(lambda: runs() >= target, timeout=60, message="occurrences after the last kill")
+    for worker in workers:
+        worker.kill()
+        worker.wait(timeout=30)
+    with engine.connect() as connection:
+        total, distinct = connection.execute(
+            text("SELECT count(*), count(DISTINCT scheduled_for) FROM schedule_worker_runs")
+        ).one()
+        holders = connection.execute(text("SELECT count(DISTINCT holder) FROM schedule_worker_runs")).scalar_one()
+    assert total == distinct  # no occurrence ran twice, whichever process was killed
+    assert holders >= 2  # the occurrences were fired by more than one process

@@ -1,0 +1,44 @@
+"""A process that fires schedule rows, for tests that kill it.
+
+    python -m tests.support.schedule_worker <sqlalchemy url> <lease seconds>
+
+Its job ``slow`` prints ``started <fire time>`` and then hangs until the
+process is killed; ``record`` inserts its occurrence into
+``schedule_worker_runs`` (created by the test).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from sqlalchemy import create_engine, text
+
+from outboxkit.schedule_runner import ScheduleRunner
+from outboxkit.scheduled_jobs import JobContext
+
+
+def slow(context: JobContext) -> None:
+    print(f"started {context.scheduled_for.isoformat()}", flush=True)
+    threading.Event().wait()
+
+
+def record(context: JobContext) -> None:
+    context.session.execute(
+        text("INSERT INTO schedule_worker_runs (name, scheduled_for, holder) VALUES (:name, :at, :holder)"),
+        {"name": context.job_id, "at": context.scheduled_for, "holder": context.leader},
+    )
+    context.session.commit()
+
+
+def main() -> None:
+    url, lease = sys.argv[1], float(sys.argv[2])
+    runner = ScheduleRunner(create_engine(url), jobs={"slow": slow, "record": record}, lease_seconds=lease,
+                            max_idle_seconds=1)
+    runner.start()
+    print("ready", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
