@@ -1,5 +1,8 @@
 """The trigger loop: every process fires the schedule rows that are due, and no occurrence is fired twice.
 
+(It runs past 400 lines: the loop, the renewal of its leases and its job threads share the runner's
+state and its lock; the claim's writes are in ``outboxkit.schedule_claims``.)
+
 No leader is needed.  Each step of the loop protects one invariant:
 
 1. **Claim** (``fire_due``).  A short transaction selects the due rows
