@@ -1,5 +1,8 @@
 """Prometheus metrics for one kit: lag, failures, the leader and the jobs.
 
+(A few lines past 400: every metric is defined in one place, ``_define``, beside the hooks that feed it, so
+its name, labels and meaning are read together; the HTTP exporter for workers is ``outboxkit.health``.)
+
 ::
 
     from outboxkit.metrics import OutboxMetrics

@@ -1,5 +1,8 @@
 """What an operator does, independent of HTTP: the one service behind the admin (API and pages) and the CLI.
 
+(A few lines past 400: it is the one facade the admin and the CLI call; each capability with logic of its own
+already lives beside it — controls, bulk reset, replay, export, the jobs table — and is only delegated to here.)
+
 ``OperationsService`` reads counts, pages and rows, and performs resets, through
 the named statements in ``outboxkit.operator_queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
