@@ -120,7 +120,9 @@ reset_audit = Table(
     Column("row_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
     Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     CheckConstraint(
-        "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay')", name="ck_outboxkit_reset_audit_action"
+        "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay',"
+        " 'destination_resume', 'destination_disable', 'destination_probe', 'skip')",
+        name="ck_outboxkit_reset_audit_action",
     ),
     Index("ix_outboxkit_reset_audit_at", "at"),
 )
