@@ -45,6 +45,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               stayed in use for OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS
     ├── UnknownScheduleError        (also LookupError) a name that matches no
     │                               schedule row
+    ├── UnknownDestinationError     (also LookupError; operator) a destination name with
+    │                               no state in that outbox; nothing was changed
     ├── LifecycleError              (also RuntimeError) an object used out of order:
     │   │                           started twice, used before it started
     │   └── KitClosedError          a drainer used after ``close()``
@@ -146,6 +148,20 @@ class UnknownJobError(OutboxKitError, LookupError):
 
 class UnknownScheduleError(OutboxKitError, LookupError):
     """No schedule row has the given name."""
+
+
+class UnknownDestinationError(OutboxKitError, LookupError):
+    """An operator named a destination that has no state in that outbox (a typo, or one that never failed)."""
+
+    def __init__(self, outbox: str, destination: str, known: list[str]) -> None:
+        self.outbox = outbox
+        self.destination = destination
+        shown = ", ".join(repr(name) for name in known[:10]) + (", ..." if len(known) > 10 else "")
+        super().__init__(
+            f"outbox {outbox!r} has no destination {destination[:300]!r}: a destination is listed once it has failed "
+            f"(or was disabled); nothing was changed. "
+            + (f"Its destinations: {shown}." if known else "It has none yet.")
+        )
 
 
 class LifecycleError(OutboxKitError, RuntimeError):

@@ -23,6 +23,7 @@ from outboxkit.errors import (
     PageInputError,
     RowsHeld,
     RowsNotFound,
+    UnknownDestinationError,
     UnknownJobError,
     UnknownOutboxError,
 )
@@ -32,6 +33,7 @@ __all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
 REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     UnknownOutboxError: 404,
     UnknownJobError: 404,
+    UnknownDestinationError: 404,
     RowsNotFound: 404,
     RowsHeld: 409,
     OutboxPaused: 409,

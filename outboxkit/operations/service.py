@@ -41,6 +41,7 @@ from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
 from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
+from outboxkit.operations.destinations import DestinationOperations
 from outboxkit.operations.export import RowExport
 from outboxkit.operations.history import row_attempts
 from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
@@ -98,6 +99,7 @@ class OperationsService:
         self.replays = Replayer(kit)  # send delivered rows again (outboxkit.operations.replay)
         self.exports = RowExport(kit)  # stream rows as NDJSON or CSV (outboxkit.operations.export)
         self.bulk_reset = BulkReset(kit)  # reset all matching, in batches
+        self.destinations = DestinationOperations(kit)  # destinations: state, resume, disable, probe now
 
     @property
     def outbox_names(self) -> list[str]:

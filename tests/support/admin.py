@@ -38,6 +38,7 @@ TABLES = (
     "outboxkit_attempts",
     "outboxkit_outbox_pauses",
     "outboxkit_outbox_minutes",
+    "outboxkit_destinations",
 )
 
 
