@@ -43,7 +43,9 @@ class RowFilter:
     (``after`` inclusive, ``before`` exclusive); ``attempts_min``/``_max``
     bound the attempts; ``payload_contains`` is a substring of one of the
     application's columns, ``payload_column``, as text (the caller checks
-    the column is one of ``AdminQueries.payload_columns``).
+    the column is one of ``AdminQueries.payload_columns``); ``due_at`` is an
+    exact ``next_attempt_at``: the rows a destination holds back all carry
+    its hold's end (``outboxkit.destination_queries``), so it lists them.
     """
 
     error_contains: str | None = None
@@ -58,6 +60,7 @@ class RowFilter:
     attempts_max: int | None = None
     payload_column: str | None = None
     payload_contains: str | None = None
+    due_at: datetime | None = None
 
     def clauses(self, payload_sql: str | None = None) -> tuple[str, dict[str, Any]]:
         """Fixed SQL fragments and their bind parameters (the strings stay data).
@@ -105,6 +108,7 @@ _RANGE_CLAUSES = (
     ("delivered_before", "delivered_at", "<"),
     ("attempts_min", "attempts", ">="),
     ("attempts_max", "attempts", "<="),
+    ("due_at", "next_attempt_at", "="),
 )
 
 

@@ -175,6 +175,9 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         payload_contains: Annotated[
             FilterText, Query(description="Case-insensitive substring of payload_column as text.")
         ] = None,
+        due_at: Annotated[
+            FilterMoment, Query(description="Exactly this next_attempt_at (a destination's waiting_until: the rows it holds).")
+        ] = None,
         counts: Annotated[bool, Query(description="Also count each status under the same filter.")] = False,
         cursor: Cursor = None,
         limit: Limit = 50,
@@ -193,6 +196,7 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
                 attempts_max=attempts_max,
                 payload_column=payload_column,
                 payload_contains=payload_contains,
+                due_at=due_at,
             )
             return service.rows(outbox, status=status, row_filter=row_filter, cursor=cursor, limit=limit, with_counts=counts)
 

@@ -28,6 +28,7 @@ _PURPOSE = "flash"
 FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
     "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
+    "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -42,6 +43,10 @@ _KINDS: tuple[str, ...] = (
     "already",
     "replayed",
     "reset_partial",
+    "destination_resumed",
+    "destination_disabled",
+    "destination_probed",
+    "destination_unchanged",
 )
 
 
@@ -93,7 +98,19 @@ class Flash:
             )
         if self.kind == "resumed_drain_now":
             return f"Resumed, and woke every drain of this outbox; {self.count:,} row(s) were due."
+        if self.kind.startswith("destination_"):
+            return _destination_message(self.kind, self.count)
         return "Nothing to do: the row was not in a state this action applies to."
+
+
+def _destination_message(kind: str, count: int) -> str:
+    if kind == "destination_resumed":
+        return f"Resumed: the destination is healthy; {count:,} row(s) it held back are due now."
+    if kind == "destination_disabled":
+        return "Disabled: nothing is sent to this destination, not even a probe, until it is resumed."
+    if kind == "destination_probed":
+        return f"The cool-down ends now: the next row claimed goes as the probe ({count:,} row(s) were waiting)."
+    return "Nothing to do: the destination was not in a state this action applies to (its status is below)."
 
 
 class FlashNotices:

@@ -60,6 +60,7 @@ FILTER_FIELDS = (
     "attempts_max",
     "payload_column",
     "payload_contains",
+    "due_at",
 )
 PAGE_SIZES = (20, 50, 100, 200)
 
@@ -94,7 +95,7 @@ def row_filter_from(values: Callable[[str], str | None]) -> RowFilter:
             fields[name] = ascii_number(value, low=100, high=599, what="bad filter: the status code")
         elif name.startswith("attempts_"):
             fields[name] = ascii_number(value, low=0, high=1_000_000, what=f"bad filter: {name.replace('_', ' ')}")
-        elif name.endswith(("_after", "_before")):
+        elif name.endswith(("_after", "_before", "_at")):
             fields[name] = _moment(value, name.replace("_", " "))
         else:
             fields[name] = _filter_text(raw, name.replace("_", " "))

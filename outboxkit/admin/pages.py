@@ -28,6 +28,7 @@ from starlette.datastructures import FormData
 from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath, OutboxName, RowIdPath
 from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confirm, add_reset_page_confirm
 from outboxkit.admin.csrf import CsrfTokens
+from outboxkit.admin.destination_pages import add_destination_pages
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
 from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
 from outboxkit.admin.page_inputs import (
@@ -97,6 +98,7 @@ def pages_router(
     add_audit(routes)
     add_jobs(routes)
     add_job(routes)
+    add_destination_pages(routes)
     add_static(routes)
     return router
 

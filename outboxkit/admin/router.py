@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, params
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
 from outboxkit.admin.csrf import CsrfTokens
+from outboxkit.admin.destination_api import destination_api_router
 from outboxkit.admin.export_route import export_router
 from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.pages import pages_router
@@ -131,6 +132,7 @@ def create_admin_router(
     }
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
     router.include_router(api_router(service, actor=actor, route_class=route_class))
+    router.include_router(destination_api_router(service, actor=actor, route_class=route_class))
     router.include_router(export_router(service, route_class=route_class))
     router.include_router(
         pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class)

@@ -51,6 +51,8 @@ def unreachable() -> TestClient:
         "/admin/outboxes/webhooks/bulk-reset",
         "/admin/audit",
         "/admin/jobs",
+        "/admin/destinations",
+        "/admin/outboxes/webhooks/destination?name=http://127.0.0.1:9",
     ],
 )
 def test_with_the_database_unreachable_every_page_says_so_with_503(unreachable, path):
