@@ -9,6 +9,8 @@
     outboxkit --app myapp.outbox:kit reset credit-grants --all --status-code 422 --dry-run
     outboxkit --app myapp.outbox:kit drain --once             # one batch of every outbox
     outboxkit --app myapp.outbox:kit jobs --json              # scheduled jobs, last runs, leader
+    outboxkit --app myapp.outbox:kit destinations             # each destination's state, failures, rows waiting
+    outboxkit --app myapp.outbox:kit destinations resume https://billing.internal:443 --outbox webhooks
     outboxkit --app myapp.outbox:kit replay webhooks --delivered-after 2030-01-01T00:00 --yes
     outboxkit --app myapp.outbox:kit export webhooks --status stuck --format csv > stuck.csv
     outboxkit --app myapp.outbox:kit worker                   # a dedicated drainer process (until SIGTERM)
@@ -26,7 +28,8 @@ the admin (``outboxkit.operations``: a reset is audited and wakes the drain,
 and a row a drain holds is refused); none of them needs the ``admin`` extra.
 
 The commands are here, except ``replay`` and ``export`` (every row a
-filter matches), which are ``outboxkit.cli.bulk_commands``; finding the application's kit and turning failures
+filter matches), which are ``outboxkit.cli.bulk_commands``, and
+``destinations``, which is ``outboxkit.cli.destination_commands``; finding the application's kit and turning failures
 into one line is ``outboxkit.cli.application``; tables and JSON are
 ``outboxkit.cli.output``.
 """
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from outboxkit.cli import bulk_commands
+from outboxkit.cli import bulk_commands, destination_commands
 from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
 from outboxkit.cli.output import age, fail
 from outboxkit.errors import RowsHeld, RowsNotFound
@@ -205,6 +208,7 @@ def reset(
 
 app.command("replay")(bulk_commands.replay)
 app.command("export")(bulk_commands.export)
+app.add_typer(destination_commands.destinations)
 
 
 @app.command()
