@@ -102,13 +102,14 @@ class OutboxOptions:
     without a secret, or has secrets but does not sign, is refused when the
     kit starts.  They are never shown in the options' repr.
 
-    ``breaker`` (default None: off) turns on each destination's circuit
-    breaker with its thresholds (``BreakerOptions()``: 5 consecutive failures
-    open it, a 30 s cool-down doubling up to 600 s; see docs/destinations.md).
-    Off, every row is sent and retried on its own backoff whatever its
-    destination does.  It is opt-in while destinations have no admin page or
-    CLI: a 410 disables a destination until a person resumes it, and that is
-    done from Python for now (``DestinationStore.resume``).  ``destination_concurrency`` caps the sends in flight
+    ``breaker`` is each destination's circuit breaker and its thresholds,
+    on by default (``BreakerOptions()``: 5 consecutive failures open it, a
+    30 s cool-down doubling up to 600 s; a ``410 Gone`` disables the
+    destination until a person resumes it in the admin's destinations page,
+    its JSON API or ``outboxkit destinations resume``; see
+    docs/destinations.md).  ``breaker=None`` turns it off: every row is then
+    sent and retried on its own backoff whatever its destination does.
+    ``destination_concurrency`` caps the sends in flight
     to one destination while it is suspect (not yet answered with a success,
     its last attempt failed, or one of its sends has been out longer than a
     second) and other destinations have rows to send; default
@@ -132,7 +133,7 @@ class OutboxOptions:
     lease_margin: float = LEASE_MARGIN_SECONDS
     retain_done_for: float | None = None
     transport: Transport | None = field(default=None, compare=False)
-    breaker: BreakerOptions | None = None
+    breaker: BreakerOptions | None = BreakerOptions()  # None: off
     destination_concurrency: int | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)

@@ -253,3 +253,10 @@ def test_the_same_class_twice_is_refused(offline_engine):
 def test_a_kit_needs_mapped_outbox_classes(offline_engine, outboxes):
     with pytest.raises(ConfigurationError, match="at least one outbox class|is not a mapped Outbox subclass"):
         OutboxKit(offline_engine, outboxes)
+
+
+def test_the_circuit_breaker_is_on_by_default_and_breaker_none_turns_it_off():
+    from outboxkit.destinations import BreakerOptions
+
+    assert OutboxOptions(job_name="on").breaker == BreakerOptions()
+    assert OutboxOptions(job_name="off", breaker=None).breaker is None
