@@ -161,7 +161,7 @@ def healthy_rate(engine: Engine, healthy_url: str, dead_url: str | None, rows: i
     healthy = sum(1 for url in urls if url.startswith(healthy_url))
     stop = threading.Event()
     with HttpTransport() as transport:
-        options = dataclasses.replace(WebhookOutbox.__outbox__, breaker=BreakerOptions())  # the default, named so the run states it
+        options = dataclasses.replace(WebhookOutbox.__outbox__, breaker=BreakerOptions())  # the default, named
         drainer = Drainer(engine, WebhookOutbox, transport=transport, options=options)
 
         def drain_in_a_loop() -> None:
