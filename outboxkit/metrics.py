@@ -30,7 +30,9 @@ Two kinds of figure, with different costs:
   default) with the admin's status-count query, which stays on the partial
   indexes; a scrape never queries the database.  Until the first read
   succeeds they are NaN, never a reassuring 0.  ``outboxkit_outbox_paused``
-  is read with them.
+  and the destination gauges (``outboxkit.destination_gauges``: state, rows
+  waiting and time open per destination, at most
+  ``destination_series_limit`` destinations per outbox) are read with them.
 
 Metrics live in a registry the object owns (a fresh ``CollectorRegistry``)
 or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
@@ -52,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import ProgrammingError
 
+from outboxkit.destination_gauges import DEFAULT_SERIES_LIMIT, DestinationGauges
 from outboxkit.errors import ConfigurationError
 from outboxkit.health import HealthServer
 from outboxkit.operator_queries import admin_queries_for
@@ -91,20 +94,30 @@ class OutboxMetrics(Observer):
     ``refresh_seconds`` is how often the row gauges are read from the
     database (by a daemon thread started here; ``refresh()`` reads them now).
     ``close()`` stops the thread and any exporter from ``serve()`` and
-    detaches the hooks.
+    detaches the hooks.  ``destination_series_limit`` bounds the
+    per-destination series (``outboxkit.destination_gauges``).
     """
 
     def __init__(
-        self, kit: KitCore, *, registry: Any = None, refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+        self,
+        kit: KitCore,
+        *,
+        registry: Any = None,
+        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
+        destination_series_limit: int = DEFAULT_SERIES_LIMIT,
     ) -> None:
         prometheus = _prometheus()
         if not refresh_seconds > 0:
             raise ConfigurationError(f"refresh_seconds must be positive, got {refresh_seconds!r}")
+        limit = destination_series_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 10_000:
+            raise ConfigurationError(f"destination_series_limit must be an integer from 0 to 10000, got {limit!r}")
         self.kit = kit
         self.refresh_seconds = float(refresh_seconds)
         self.registry = registry if registry is not None else prometheus.CollectorRegistry()
         self._prometheus = prometheus
         self._define(prometheus)
+        self.destination_gauges = DestinationGauges(prometheus, self.registry, series_limit=limit)
         self._attempts: dict[tuple[str, str, str], Any] = {}  # labelled children, cached off the hot path
         self._per_outbox: dict[str, tuple[Any, Any]] = {}
         self._leading = False
@@ -283,6 +296,7 @@ class OutboxMetrics(Observer):
                 self.oldest_due_age.labels(outbox=job_name).set(max(0.0, age))
         self.gauges_refreshed.set(time.time())
         self._refresh_pauses()
+        self._refresh_destinations(now)
 
     def _refresh_pauses(self) -> None:
         """``outboxkit_outbox_paused`` per outbox; left NaN while the pauses table is missing (migration outboxkit_0003)."""
@@ -294,6 +308,14 @@ class OutboxMetrics(Observer):
         for outbox in self.kit.outboxes:
             job_name = outbox.__outbox__.job_name
             self.outbox_paused.labels(outbox=job_name).set(1 if job_name in paused else 0)
+
+    def _refresh_destinations(self, now: datetime) -> None:
+        """The destination gauges; left unset while the destinations table is missing (migration outboxkit_0005)."""
+        try:
+            with self.kit.engine.connect() as connection:
+                self.destination_gauges.refresh(connection, self.kit.outboxes, now=now)
+        except ProgrammingError:
+            return  # the drains need the table too, and say so; the row gauges still count
 
     def _refresh_loop(self) -> None:
         while not self._stopping.is_set():

@@ -24,7 +24,7 @@ RULES_FILE = DOCS / "alerts.yml"
 DASHBOARD_FILE = DOCS / "grafana-dashboard.json"
 PROMISED = {
     "OutboxkitDeliveryLagging", "OutboxkitStuckRowsGrowing", "OutboxkitNoLeader", "OutboxkitDeliveryFailureRatio",
-    "OutboxkitOutboxPaused", "OutboxkitJobErrors",
+    "OutboxkitOutboxPaused", "OutboxkitJobErrors", "OutboxkitDestinationOpen", "OutboxkitDestinationDisabled",
 }
 
 
@@ -85,6 +85,12 @@ def unit_tests() -> dict:
                     series("outboxkit_drain_errors_total", "0+1x30", outbox="grants"),
                     series("outboxkit_drain_errors_total", "0x30", outbox="healthy"),
                     series("outboxkit_row_gauges_refreshed_timestamp_seconds", "0+60x5 300x30"),
+                    series("outboxkit_destination_open_seconds", "0 0 60+60x30", outbox="grants", destination="https://a:443"),
+                    series("outboxkit_destination_open_seconds", "0x30", outbox="grants", destination="https://b:443"),
+                    series("outboxkit_destination_state", "0x5 1x20", outbox="grants", destination="https://c:443",
+                           state="disabled"),
+                    series("outboxkit_destination_state", "0x25", outbox="grants", destination="https://b:443",
+                           state="disabled"),
                 ],
                 "alert_rule_test": [
                     {"eval_time": "1m", "alertname": "OutboxkitDeliveryLagging", "exp_alerts": []},
@@ -152,6 +158,29 @@ def unit_tests() -> dict:
                         "alertname": "OutboxkitDrainErrors",
                         "exp_alerts": [
                             fired("OutboxkitDrainErrors", "outbox grants: drains keep hitting database errors", outbox="grants")
+                        ],
+                    },
+                    {"eval_time": "15m", "alertname": "OutboxkitDestinationOpen", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "OutboxkitDestinationOpen",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitDestinationOpen",
+                                "outbox grants: destination https://a:443 has been open for 19m 0s",
+                                outbox="grants", destination="https://a:443",
+                            )
+                        ],
+                    },
+                    {"eval_time": "8m", "alertname": "OutboxkitDestinationDisabled", "exp_alerts": []},
+                    {
+                        "eval_time": "12m",
+                        "alertname": "OutboxkitDestinationDisabled",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitDestinationDisabled", "outbox grants: destination https://c:443 is disabled",
+                                outbox="grants", destination="https://c:443",
+                            )
                         ],
                     },
                     {"eval_time": "8m", "alertname": "OutboxkitRowGaugesStale", "exp_alerts": []},
