@@ -27,7 +27,7 @@ _PURPOSE = "flash"
 
 FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
-    "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
+    "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial", "skipped",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -42,6 +42,7 @@ _KINDS: tuple[str, ...] = (
     "already",
     "replayed",
     "reset_partial",
+    "skipped",
 )
 
 
@@ -58,6 +59,8 @@ class Flash:
             return "Reset: the row is pending and due now; the next drain sends it."
         if self.kind == "retry_now":
             return "The row is due now; the next drain sends it."
+        if self.kind == "skipped":
+            return "Skipped: the row stays stuck (never deleted); the rows of its key behind it are sent now."
         if self.kind == "reset_many":
             return (
                 f"Reset {self.count:,} row(s); they are pending and due now."
