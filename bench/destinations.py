@@ -25,6 +25,10 @@ never answers (a blackholed partner) until told to answer.
    cool-down + 1 s (``recovery_all_rows_s`` also waits for the rows that were
    in their own backoff after a failed attempt, such as the last probe).
 4. ``signing_cpu_us_per_row`` from bench/signing.py.
+5. **Ordered delivery** (``ordered_vs_unordered``, bench/ordered_delivery.py): 20,000 rows over 1,000
+   keys, 10% random 503s, ordered and unordered outboxes otherwise alike: ``ordered_rows_per_s``,
+   ``unordered_rows_per_s``, ``ordered_ratio`` (target >= 0.7), ``order_violations`` (must be 0).
+   ``--ordered-only`` runs this part alone; ``--no-ordered`` leaves it out.
 
 Run::
 
@@ -56,6 +60,7 @@ from sqlalchemy import Engine, create_engine, func, insert, select, text  # noqa
 
 from bench.ceilings import scratch_database  # noqa: E402
 from bench.drain_throughput import ReceiverProcess  # noqa: E402
+from bench.ordered_delivery import ordered_vs_unordered  # noqa: E402
 from bench.signing import SECRETS, delivery_of, microseconds_per_row  # noqa: E402
 from outboxkit import Drainer, HttpTransport  # noqa: E402
 from outboxkit.destinations import BreakerOptions  # noqa: E402
@@ -273,7 +278,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved pairs of runs; medians reported")
     parser.add_argument("--window", type=float, default=60.0, help="seconds of probes counted while the breaker is open")
+    add_ordered_flags(parser)
     options = parser.parse_args()
+    if options.ordered_only:
+        print(json.dumps(run_ordered_only()))
+        return
     scratch = scratch_database()
     with psycopg.connect(scratch.server_url, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{scratch.name}"')
@@ -304,6 +313,7 @@ def main() -> None:
         for name, value in figures.items():
             print(f"{name}: {value:.2f}", flush=True)
         signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
+        ordered = {} if options.no_ordered else ordered_vs_unordered(engine)
     finally:
         dead.close()
         healthy.stop()
@@ -317,8 +327,30 @@ def main() -> None:
         "recovery_target_s": PROBE_COOL_DOWN + 1,
         "signing_cpu_us_per_row": round(signing, 2),
         "rows": options.rows,
+        **ordered,
     }
     print(json.dumps(result))
+
+
+def add_ordered_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the ordered-delivery measurement (bench/ordered_delivery.py)."""
+    parser.add_argument("--ordered-only", action="store_true", help="only the ordered-vs-unordered measurement")
+    parser.add_argument("--no-ordered", action="store_true", help="leave the ordered-vs-unordered measurement out")
+
+
+def run_ordered_only() -> dict[str, object]:
+    """The ordered-vs-unordered figures alone, on a scratch database of their own."""
+    scratch = scratch_database()
+    with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{scratch.name}"')
+    engine = create_engine(scratch.sqlalchemy_url, pool_size=10)
+    try:
+        kit_metadata.create_all(engine)
+        return ordered_vs_unordered(engine)
+    finally:
+        engine.dispose()
+        with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

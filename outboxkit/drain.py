@@ -85,7 +85,7 @@ from outboxkit.drain_claim import Claimer
 from outboxkit.drain_loop import Background, CallEvents, PumpState
 from outboxkit.drain_pump import SendPump
 from outboxkit.drain_record import OutcomeGrouping, Recorder
-from outboxkit.errors import KitClosedError
+from outboxkit.errors import ConfigurationError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.pauses import PauseCheck
 from outboxkit.policy import RetryPolicy
@@ -129,6 +129,11 @@ class Drainer:
         self.engine = engine
         self.outbox = outbox
         self.options = options or outbox.__outbox__
+        if self.options.ordering_key != outbox.__outbox__.ordering_key:
+            raise ConfigurationError(
+                f"{outbox.__name__}: options may not change ordering_key ({outbox.__outbox__.ordering_key!r} on the "
+                f"class, {self.options.ordering_key!r} given): the table's indexes and the claim follow the class"
+            )
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
         self.clock = clock or SystemClock()
         self.queries: OutboxQueries = queries_for(

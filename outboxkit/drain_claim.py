@@ -13,6 +13,10 @@ instead of being sent again.  A row still holding the claim of a worker that
 died is claimed alone, so a row that kills its worker does not take healthy
 batch-mates down with it again.
 
+An outbox with an ordering key claims only the head of each key
+(``outboxkit.ordering``), walking its keys in turn from where its previous
+claim stopped.
+
 An operator's pause (``outboxkit.pauses``) is checked before each claim: a
 paused outbox claims nothing, in every process.  The statements are in
 ``outboxkit.queries``; the drain overview is ``outboxkit.drain``.
@@ -32,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.clock import Clock
 from outboxkit.model import Outbox, OutboxOptions
+from outboxkit.ordering import KeyCursor
 from outboxkit.pauses import PauseCheck
 from outboxkit.policy import RetryPolicy
 from outboxkit.queries import OutboxQueries
@@ -82,6 +87,7 @@ class Claimer:
         self.clock = clock
         self.telemetry = telemetry
         self.pause_check = pause_check
+        self.key_cursor = KeyCursor()  # an ordered outbox's next claim walks its keys from here (outboxkit.ordering)
 
     @property
     def job_name(self) -> str:
@@ -109,7 +115,7 @@ class Claimer:
                 return [], token, 0, False
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
-                session, now=now, lease_until=lease_until, limit=wanted, token=token
+                session, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.key_cursor
             )
             taken = len(rows)
             rows = self._park_exhausted(session, rows, token=token, now=now, result=result)

@@ -116,6 +116,7 @@ class SendPump(Generic[ResultT]):
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
+        self._ordered = queries.ordered is not None  # the class's ordering key, which its claim and indexes follow
 
     @property
     def job_name(self) -> str:
@@ -200,6 +201,8 @@ class SendPump(Generic[ResultT]):
     ) -> None:
         """Write a group's outcomes; a retry it records moves the loop's next due time earlier."""
         for decision in self.recorder.record_group(outcomes.get(), group, result):
+            if decision.status == "done" and self._ordered:
+                state.more_due = True  # the next row of its key is its head now, and may be due
             if decision.status == "pending" and decision.next_attempt_at is not None:
                 if state.next_due is None or decision.next_attempt_at < state.next_due:
                     state.next_due = decision.next_attempt_at

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Column,
     DateTime,
     Identity,
     Index,
@@ -48,7 +49,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+from sqlalchemy.orm import Mapped, MappedColumn, declared_attr, mapped_column
 
 from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
@@ -116,6 +117,17 @@ class OutboxOptions:
     ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
     quarter of the send threads (``outboxkit.destination_gate``).
 
+    ``ordering_key`` (default None: rows are unordered) names a column of the
+    outbox (its attribute name) whose value orders delivery: rows sharing a
+    value are sent one at a time in ``id`` order, each only once the one
+    before it is ``done`` (or skipped by a person), so a retrying row holds
+    the rows behind it and a ``stuck`` one blocks its key until an operator
+    retries or skips it.  Rows with a NULL key are unordered.  Different keys
+    proceed in parallel; see ``outboxkit.ordering`` and docs/destinations.md,
+    "Ordered delivery".  The mixin then adds the indexes the ordered claim
+    reads (``outbox_table_args``).  A name that is not a column of the class
+    is refused when the class is defined.
+
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows
     whose ``delivered_at`` is older than that, never a ``pending`` or
@@ -137,6 +149,7 @@ class OutboxOptions:
     destination_concurrency: int | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
+    ordering_key: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
@@ -171,6 +184,12 @@ class OutboxOptions:
                 f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
         self._check_signing_options()
+        key = self.ordering_key
+        if key is not None and (not isinstance(key, str) or not key.isidentifier()):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: ordering_key must be None or the attribute name of one of the outbox's "
+                f"columns (e.g. ordering_key='account_id'), got {key!r}"
+            )
         if self.breaker is not None and not isinstance(self.breaker, BreakerOptions):
             raise ConfigurationError(
                 f"outbox {self.job_name!r}: breaker must be BreakerOptions(...) or None, got {type(self.breaker).__name__}"
@@ -273,16 +292,75 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
       predicate): a claim sets the lease and every outcome write, park or
       reset clears it, so the index holds the rows claimed right now (and
       those of a crashed worker until they are claimed again).
+
+    An outbox with an ``ordering_key`` gets two more, which its claim reads
+    (``outboxkit.ordering``):
+
+    * ``ix_<table>_order`` on ``(<key>, id) WHERE status <> 'done' AND <key>
+      IS NOT NULL``: the rows not yet delivered of each key, in order; the
+      claim steps from key to key and reads each key's first row;
+    * ``ix_<table>_due_unkeyed`` on ``(next_attempt_at, id) WHERE status =
+      'pending' AND <key> IS NULL``: the due rows without a key, which are
+      unordered.
     """
     table = cls.__tablename__  # type: ignore[attr-defined]
     statuses = ", ".join(f"'{status}'" for status in STATUSES)
-    return (
+    indexes = (
         CheckConstraint(f"status IN ({statuses})", name=f"ck_{table}_status"),
         UniqueConstraint("idempotency_key", name=f"uq_{table}_idempotency_key"),
         Index(f"ix_{table}_due_id", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")),
         Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
         Index(f"ix_{table}_claimed", "claimed_until", postgresql_where=text("claimed_until IS NOT NULL")),
     )
+    options = getattr(cls, "__outbox__", None)
+    key = options.ordering_key if isinstance(options, OutboxOptions) else None
+    if key is None:
+        return indexes
+    column = _ordering_column_name(cls, key)
+    return (
+        *indexes,
+        Index(f"ix_{table}_order", key, "id", postgresql_where=text(f"status <> 'done' AND {column} IS NOT NULL")),
+        Index(
+            f"ix_{table}_due_unkeyed", "next_attempt_at", "id",
+            postgresql_where=text(f"status = 'pending' AND {column} IS NULL"),
+        ),
+    )
+
+
+def _ordering_column_name(cls: type, key: str) -> str:
+    """The quoted database name of the ordering key's column (its attribute may be named differently)."""
+    from sqlalchemy.dialects import postgresql
+
+    attribute = next((vars(klass)[key] for klass in cls.__mro__ if key in vars(klass)), None)
+    name = getattr(getattr(attribute, "column", None), "name", None) or key
+    return str(postgresql.dialect().identifier_preparer.quote(name))  # type: ignore[no-untyped-call]
+
+
+def _check_ordering_key(cls: type, options: OutboxOptions) -> None:
+    """Refuse, at class definition, an ordering key that is not one of the application's columns."""
+    key = options.ordering_key
+    if key is None:
+        return
+    owned = set(Outbox.__annotations__)
+    columns = sorted(_declared_columns(cls) - owned)
+    if key not in columns:
+        reason = "is one of the kit's own columns" if key in owned else "is not a column of the class"
+        raise ConfigurationError(
+            f"{cls.__name__}: ordering_key {key!r} {reason}; name one of the application's columns "
+            f"(declared: {', '.join(columns) or 'none'}), e.g. account_id: Mapped[int | None] = mapped_column() "
+            "with OutboxOptions(..., ordering_key='account_id')"
+        )
+
+
+def _declared_columns(cls: type) -> set[str]:
+    """Attribute names declared as columns on ``cls`` and its bases: ``Mapped[...]`` annotations, or column objects."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        names.update(name for name, hint in vars(klass).get("__annotations__", {}).items() if "Mapped" in str(hint))
+        names.update(name for name, value in vars(klass).items() if isinstance(value, (MappedColumn, Column)))
+    return names
 
 
 class Outbox:
@@ -331,6 +409,7 @@ class Outbox:
                 )
             if cls.build_delivery is Outbox.build_delivery:
                 raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
+            _check_ordering_key(cls, options)
         super().__init_subclass__(**kwargs)
 
     def build_delivery(self) -> Delivery:

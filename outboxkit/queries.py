@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
+from outboxkit.ordering import KeyCursor, OrderedStatements, ordered_statements
 
 __all__ = ["OutboxQueries", "queries_for"]
 
@@ -52,14 +53,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # set_config() that is SET LOCAL synchronous_commit = off in the same round
 # trip: the claim's commit does not wait for the WAL flush (see COMMIT
 # DURABILITY below).
-CLAIM_DUE_ROWS = """
-WITH candidates AS (
-    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
-    WHERE status = 'pending' AND next_attempt_at <= :now
-    ORDER BY next_attempt_at, id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-), due AS (
+# The claim's second half, shared with the ordered claim (outboxkit.ordering), which finds its
+# candidates otherwise and returns one more column ({returning}).
+_CLAIM_CANDIDATES = """, due AS (
     SELECT id, false AS orphaned FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
     UNION ALL
     (SELECT id, true FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
@@ -72,8 +68,16 @@ SET attempts = outbox.attempts + 1,
     updated_at = :now
 FROM due{asynchronous_commit}
 WHERE outbox.id = due.id
-RETURNING outbox.*, due.orphaned AS outboxkit_orphaned
+RETURNING outbox.*, due.orphaned AS outboxkit_orphaned{returning}
 """
+CLAIM_DUE_ROWS = """
+WITH candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+    WHERE status = 'pending' AND next_attempt_at <= :now
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)""" + _CLAIM_CANDIDATES
 
 # A claimed row whose previous attempt never recorded an outcome (its worker
 # died) and which has no attempts left: park it instead of sending again.
@@ -171,7 +175,18 @@ class Outcome:
 
 def claim_sql(table: str, *, synchronous_commit: bool = True) -> str:
     """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters)."""
-    return CLAIM_DUE_ROWS.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN)
+    return CLAIM_DUE_ROWS.format(
+        table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, returning=""
+    )
+
+
+def ordered_claim_sql(statements: OrderedStatements, *, synchronous_commit: bool = True) -> str:
+    """The claim of an outbox with an ordering key: its keys' heads (``outboxkit.ordering``), then the claim's second half."""
+    return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
+        table=statements.table,
+        asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
+        returning=",\n    " + statements.walked_to_column(),
+    )
 
 
 def record_outcome_sql(table: str, *, synchronous_commit: bool = True) -> str:
@@ -198,35 +213,67 @@ class OutboxQueries:
         table = outbox.__table__  # type: ignore[attr-defined]
         quoted = quote_table(table)
         self.table_name = quoted
-        self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
+        self.ordered = ordered_statements(outbox, quoted)
+        if self.ordered is None:
+            self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
+            self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
+        else:  # an ordering key: the claim takes each key's head (outboxkit.ordering)
+            self._claim = text(ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit))
+            self._earliest_due = text(self.ordered.earliest_due_sql())
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
         self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
-        self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
 
     def claim_due_rows(
-        self, session: Session, *, now: datetime, lease_until: datetime, limit: int, token: uuid.UUID
+        self,
+        session: Session,
+        *,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        token: uuid.UUID,
+        cursor: KeyCursor | None = None,
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows in the session's transaction.
 
         Returns the rows as ORM objects, oldest due first, and whether the
         claim took a row alone because its last worker died holding it.
         Unless ``synchronous_commit``, the claim's commit does not wait for
-        the WAL flush (see "Commit durability" above).
+        the WAL flush (see "Commit durability" above).  An outbox with an
+        ordering key claims only its keys' heads, walking its keys from
+        ``cursor`` (which it then moves past the keys it visited).
         """
-        statement = select(self.outbox, column("outboxkit_orphaned", Boolean)).from_statement(self._claim)
-        params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
-        claimed = session.execute(statement, params).all()
-        rows = sorted((row for row, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
-        return rows, any(orphaned for _, orphaned in claimed)
+        if self.ordered is None:
+            statement = select(self.outbox, column("outboxkit_orphaned", Boolean)).from_statement(self._claim)
+            params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
+            claimed = session.execute(statement, params).all()
+            rows = sorted((row for row, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
+            return rows, any(orphaned for _, orphaned in claimed)
+        cursor = cursor if cursor is not None else KeyCursor()
+        statement = select(
+            self.outbox, column("outboxkit_orphaned", Boolean), column("outboxkit_walked_to")
+        ).from_statement(self._claim)
+        params = {
+            "now": now, "lease_until": lease_until, "limit": limit, "token": token,
+            "after": cursor.after, "outbox": self.outbox.__outbox__.job_name,
+        }
+        ordered = session.execute(statement, params).all()
+        if ordered:
+            cursor.after = ordered[0][2]
+        rows = sorted((row for row, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
+        return rows, any(orphaned for _, orphaned, _ in ordered)
 
     def park_exhausted(self, session: Session, *, ids: list[int], token: uuid.UUID, now: datetime, error: str) -> int:
         result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
         return result.rowcount  # type: ignore[attr-defined,no-any-return]
 
     def earliest_due(self, connection: Connection) -> datetime | None:
-        """The earliest ``next_attempt_at`` of any pending row, or None when none is pending."""
-        return connection.execute(self._earliest_due).scalar_one_or_none()
+        """The earliest ``next_attempt_at`` of any pending row a claim could take, or None when there is none.
+
+        With an ordering key, a row waiting behind its key's head is not one of them.
+        """
+        params = {} if self.ordered is None else {"outbox": self.outbox.__outbox__.job_name}
+        return connection.execute(self._earliest_due, params).scalar_one_or_none()
 
     @staticmethod
     @contextmanager

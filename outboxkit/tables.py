@@ -25,6 +25,11 @@ a minute.  Kept as long as the attempt history.
 ``outboxkit_outbox_pauses`` lists the outboxes whose drains are paused (one
 row each); every drainer reads it before claiming (``outboxkit.pauses``).
 
+``outboxkit_ordering_skips`` lists the rows a person skipped at the head of
+their ordering key (one row per outbox and row id): each stays ``stuck`` in
+its outbox and no longer holds back the rows behind it
+(``outboxkit.ordering``).
+
 ``outboxkit_destinations`` holds the state of each destination of each
 outbox (one row per pair, created by its first recorded outcome): the
 circuit breaker's status, its failure run, recent outcome counts, when it
@@ -76,6 +81,7 @@ __all__ = [
     "kit_metadata",
     "outbox_minutes",
     "outbox_pauses",
+    "ordering_skips",
     "reset_audit",
     "schedule_audit",
     "schedule_leases",
@@ -166,6 +172,17 @@ outbox_pauses = Table(
     Column("outbox", String(100), primary_key=True),
     Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("paused_by", String(300), nullable=False),
+)
+
+# The rows a person skipped at the head of their ordering key (``outboxkit.ordering``): each stays
+# ``stuck`` in its outbox and no longer holds the rows of its key behind it.
+ordering_skips = Table(
+    "outboxkit_ordering_skips",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("row_id", BigInteger, primary_key=True),
+    Column("skipped_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("skipped_by", String(300), nullable=False),
 )
 
 DESTINATION_STATUSES = ("healthy", "open", "half_open", "disabled")

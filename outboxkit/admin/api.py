@@ -8,6 +8,8 @@ Routes, relative to where the application mounts the router::
     GET  /api/outboxes/{outbox}/rows/{row_id}       one row with its payload
     POST /api/outboxes/{outbox}/reset               {"ids": [...]}: stuck -> pending
     POST /api/outboxes/{outbox}/retry-now           {"ids": [...]}: pending in backoff -> due now
+    GET  /api/outboxes/{outbox}/blocked-keys        an ordered outbox's stuck heads and the rows waiting behind each
+    POST /api/outboxes/{outbox}/skip                {"ids": [...]}: stuck heads of ordered keys skipped (they stay stuck)
     POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
     POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
     POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
@@ -43,6 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidSearch
+from outboxkit.operations.ordered_keys import BlockedKeys
 from outboxkit.operations.replay import ReplayOutcome, ReplayRequest
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -243,6 +246,21 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
 
     id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now", service.reset)
     id_action("retry_now", "Make pending rows in backoff due now (attempts kept)", service.retry_now)
+    id_action(
+        "skip",
+        "Skip stuck rows in their ordering key's order: they stay stuck, never deleted; the rows behind them flow",
+        service.skip,
+    )
+
+    @router.get(
+        "/outboxes/{outbox}/blocked-keys",
+        response_model=BlockedKeys,
+        responses={404: _NOT_FOUND},
+        summary="An ordered outbox's stuck heads: each blocks its key; the rows waiting behind each (422: no ordering key)",
+    )
+    def blocked_keys(outbox: OutboxName) -> BlockedKeys:
+        with http_errors():
+            return service.ordered_keys.blocked_keys(outbox)
 
     @router.post(
         "/outboxes/{outbox}/reset-matching",

@@ -28,7 +28,7 @@ _PURPOSE = "flash"
 FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
     "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
-    "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged",
+    "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged", "skipped",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -47,6 +47,7 @@ _KINDS: tuple[str, ...] = (
     "destination_disabled",
     "destination_probed",
     "destination_unchanged",
+    "skipped",
 )
 
 
@@ -63,6 +64,8 @@ class Flash:
             return "Reset: the row is pending and due now; the next drain sends it."
         if self.kind == "retry_now":
             return "The row is due now; the next drain sends it."
+        if self.kind == "skipped":
+            return "Skipped: the row stays stuck (never deleted); the rows of its key behind it are sent now."
         if self.kind == "reset_many":
             return (
                 f"Reset {self.count:,} row(s); they are pending and due now."

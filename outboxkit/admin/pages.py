@@ -74,6 +74,8 @@ def pages_router(
     add_row(routes)
     add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/reset", "reset_row", service.reset, done="reset")
     add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/retry-now", "retry_row", service.retry_now, done="retry_now")
+    add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/skip", "skip_row", service.skip, done="skipped")
+    add_blocked_keys(routes)
     add_selected_action(
         routes, "/outboxes/{outbox}/reset-selected", "reset_selected", service.reset, tab="stuck", done="reset_many"
     )
@@ -159,6 +161,7 @@ def add_rows(routes: PageRoutes) -> None:
                 page_sizes=sorted({*PAGE_SIZES, page_size}),
                 payload_columns=service.payload_columns(outbox),
                 filter_open=is_advanced(row_filter),
+                ordering_key=service.ordered_keys.ordering_key(outbox),
             )
 
         return frame.guarded(request, who, build)
@@ -189,6 +192,19 @@ def add_row(routes: PageRoutes) -> None:
     @routes.router.get("/outboxes/{outbox}/rows/{row_id}", name="outboxkit_admin_row")
     def row(request: Request, outbox: OutboxName, row_id: RowIdPath, who: Actor) -> Response:
         return frame.guarded(request, who, lambda: frame.render(request, who, "row.html", row=service.row(outbox, row_id)))
+
+
+def add_blocked_keys(routes: PageRoutes) -> None:
+    """An ordered outbox's stuck heads, what each blocks, and the buttons to retry or skip each."""
+    frame, service = routes.frame, routes.service
+    Actor = Annotated[str, Depends(routes.actor)]
+
+    @routes.router.get("/outboxes/{outbox}/blocked-keys", name="outboxkit_admin_blocked_keys")
+    def blocked_keys(request: Request, outbox: OutboxName, who: Actor) -> Response:
+        return frame.guarded(
+            request, who,
+            lambda: frame.render(request, who, "blocked_keys.html", blocked=service.ordered_keys.blocked_keys(outbox)),
+        )
 
 
 def add_row_action(routes: PageRoutes, path: str, name: str, perform: RowAction, *, done: FlashKind) -> None:

@@ -7,6 +7,8 @@
     outboxkit --app myapp.outbox:kit stuck credit-grants --error-contains timeout
     outboxkit --app myapp.outbox:kit reset credit-grants 41 42
     outboxkit --app myapp.outbox:kit reset credit-grants --all --status-code 422 --dry-run
+    outboxkit --app myapp.outbox:kit blocked orders           # an ordered outbox's stuck heads, rows behind each
+    outboxkit --app myapp.outbox:kit skip orders 41           # row 41 stays stuck; its key's next rows go
     outboxkit --app myapp.outbox:kit drain --once             # one batch of every outbox
     outboxkit --app myapp.outbox:kit jobs --json              # scheduled jobs, last runs, leader
     outboxkit --app myapp.outbox:kit destinations             # each destination's state, failures, rows waiting
@@ -29,7 +31,8 @@ and a row a drain holds is refused); none of them needs the ``admin`` extra.
 
 The commands are here, except ``replay`` and ``export`` (every row a
 filter matches), which are ``outboxkit.cli.bulk_commands``, and
-``destinations``, which is ``outboxkit.cli.destination_commands``; finding the application's kit and turning failures
+``destinations``, which is ``outboxkit.cli.destination_commands``, and ``blocked``
+and ``skip`` (ordered keys), which are ``outboxkit.cli.ordered_commands``; finding the application's kit and turning failures
 into one line is ``outboxkit.cli.application``; tables and JSON are
 ``outboxkit.cli.output``.
 """
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from outboxkit.cli import bulk_commands, destination_commands
+from outboxkit.cli import bulk_commands, destination_commands, ordered_commands
 from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
 from outboxkit.cli.output import age, fail
 from outboxkit.errors import RowsHeld, RowsNotFound
@@ -209,6 +212,8 @@ def reset(
 app.command("replay")(bulk_commands.replay)
 app.command("export")(bulk_commands.export)
 app.add_typer(destination_commands.destinations)
+app.command("blocked")(ordered_commands.blocked)
+app.command("skip")(ordered_commands.skip)
 
 
 @app.command()

@@ -43,6 +43,7 @@ __all__ = [
     "OutboxOverview",
     "PayloadFieldModel",
     "RowDetailModel",
+    "RowOrderingModel",
     "RowId",
     "RowPage",
     "RowSummaryModel",
@@ -269,10 +270,22 @@ class AttemptModel(_Model):
     sender: str = Field(description="host:pid of the process that sent it.")
 
 
+class RowOrderingModel(_Model):
+    """A row's place in its ordering key (outboxes with ``ordering_key``; docs/destinations.md, "Ordered delivery")."""
+
+    key: str | None = Field(description="The row's ordering key as text; null: the row is unordered.")
+    head: bool = Field(description="Whether it is its key's head, the row the key's next delivery waits for.")
+    head_id: int | None = Field(description="Its key's head (itself, if head); null when the key has none left.")
+    waiting: int = Field(description="Rows of its key behind it not yet delivered (counted up to waiting_cap + 1).")
+    waiting_cap: int
+    skipped: bool = Field(description="A person skipped it: it stays stuck and no longer holds its key.")
+
+
 class RowDetailModel(RowSummaryModel):
     outbox: str
     idempotency_key: uuid.UUID
     claim_token: uuid.UUID | None
+    ordering: RowOrderingModel | None = Field(default=None, description="Null unless the outbox orders by a key.")
     payload: list[PayloadFieldModel] = Field(description="The application's own columns.")
     attempt_history: list[AttemptModel] = Field(
         description="The row's recorded attempts, newest first (at most 100; kept attempt_history_days), resets included."
@@ -301,7 +314,7 @@ class SkippedRow(_Model):
 
 
 class ActionResult(_Model):
-    action: Literal["reset", "retry_now"]
+    action: Literal["reset", "retry_now", "skip"]
     outbox: str
     changed: int
     changed_ids: list[int]

@@ -46,6 +46,7 @@ from outboxkit.operations.export import RowExport
 from outboxkit.operations.history import row_attempts
 from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.jobs_table import JobsTable, run_model
+from outboxkit.operations.ordered_keys import OrderedKeys
 from outboxkit.operations.replay import Replayer
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -100,6 +101,7 @@ class OperationsService:
         self.exports = RowExport(kit)  # stream rows as NDJSON or CSV (outboxkit.operations.export)
         self.bulk_reset = BulkReset(kit)  # reset all matching, in batches
         self.destinations = DestinationOperations(kit)  # destinations: state, resume, disable, probe now
+        self.ordered_keys = OrderedKeys(kit)  # stuck heads of ordered keys, and the skip
 
     @property
     def outbox_names(self) -> list[str]:
@@ -290,6 +292,7 @@ class OperationsService:
                 for field in detail.payload
             ],
             attempt_history=[AttemptModel.model_validate(entry) for entry in history],
+            ordering=self.ordered_keys.row_ordering(outbox_name, row_id),
         )
 
     def audit(self, *, outbox_name: str | None, cursor: str | None, limit: int) -> AuditPage:
@@ -324,6 +327,11 @@ class OperationsService:
     def retry_now(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
         """Make the listed pending rows in backoff due now (see the module's rules)."""
         return self._act(outbox_name, ids, action="retry_now", actor=actor)
+
+    def skip(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
+        """Skip the listed stuck rows in their keys' order: they stay stuck, the rows behind them flow
+        (``outboxkit.operations.ordered_keys``)."""
+        return self.ordered_keys.skip(outbox_name, ids, actor=actor)
 
     def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
         queries = self._queries(outbox_name)

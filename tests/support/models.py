@@ -40,3 +40,17 @@ class ScheduledCall(ScheduledRequestOutbox, SampleBase):
 
     __tablename__ = "scheduled_call_outbox"
     __outbox__ = OutboxOptions(job_name="scheduled-calls", max_attempts=3, backoff=(1, 2))
+
+
+class OrderedEvent(Outbox, SampleBase):
+    """Delivered in order per ``stream`` (tests/integration/test_ordered_delivery.py); a NULL stream is unordered."""
+
+    __tablename__ = "ordered_event_outbox"
+    __outbox__ = OutboxOptions(job_name="ordered-events", max_attempts=5, backoff=(1, 2, 4), ordering_key="stream")
+
+    target_url: Mapped[str] = mapped_column(Text)
+    stream: Mapped[str | None] = mapped_column(String(50))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+    def build_delivery(self) -> Delivery:
+        return Delivery(url=self.target_url, json=self.payload)
