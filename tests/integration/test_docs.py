@@ -226,9 +226,9 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
         assert tables == {
             "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
-            "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit",
+            "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_destination_rates",
         }
-        assert "outboxkit_0007" in heads and len(heads) == 2
+        assert "outboxkit_0008" in heads and len(heads) == 2
         assert triggers_installed == ["outboxkit_notify_grant_outbox_insert"]
         assert_an_insert_notifies(libpq_url(url))
 
@@ -243,7 +243,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
         assert tables == {
             "alembic_version", "outboxkit_job_runs", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
-            "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit",
+            "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_destination_rates",
         } and functions == []
     finally:
         database_factory.drop(url)
