@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import sys
@@ -157,8 +158,11 @@ def clear(engine: Engine) -> None:
         connection.execute(destination_table.delete())
 
 
-def healthy_rate(engine: Engine, healthy_url: str, dead_url: str | None, rows: int, *, calls: bool) -> float:
-    """Rows/s of the healthy receiver's rows, default options: the drain loop, or ``Drainer.drain`` called in a loop."""
+def healthy_rate(
+    engine: Engine, healthy_url: str, dead_url: str | None, rows: int, *, calls: bool, breaker: bool = True
+) -> float:
+    """Rows/s of the healthy receiver's rows, default options (the breaker on or off): the drain loop, or
+    ``Drainer.drain`` called in a loop."""
     clear(engine)
     urls = [dead_url if dead_url is not None and n % 10 == 9 else healthy_url for n in range(rows)]
     urls = [f"{url}/hook" for url in urls]  # type: ignore[misc]
@@ -166,7 +170,7 @@ def healthy_rate(engine: Engine, healthy_url: str, dead_url: str | None, rows: i
     healthy = sum(1 for url in urls if url.startswith(healthy_url))
     stop = threading.Event()
     with HttpTransport() as transport:
-        options = dataclasses.replace(WebhookOutbox.__outbox__, breaker=BreakerOptions())  # the default, named
+        options = dataclasses.replace(WebhookOutbox.__outbox__, breaker=BreakerOptions() if breaker else None)
         drainer = Drainer(engine, WebhookOutbox, transport=transport, options=options)
 
         def drain_in_a_loop() -> None:
@@ -273,11 +277,49 @@ def probes_and_recovery(engine: Engine, sqlalchemy_url: str, dead: DeadReceiver,
     }
 
 
+BREAKER_MODES = {"on": (True,), "off": (False,), "both": (True, False)}
+
+
+def isolation_figures(
+    engine: Engine, healthy_url: str, dead_url: str, options: argparse.Namespace, *, calls: bool, breaker: bool
+) -> dict[str, object]:
+    """``--repeat`` interleaved pairs (without, with the dead destination); medians and each pair's ratio.
+
+    Keys carry ``_drain_calls`` for ``Drainer.drain`` called in a loop and ``_breaker_off`` without the breaker.
+    """
+    mode = ("drain calls in a loop" if calls else "the drain loop") + (", breaker on" if breaker else ", breaker off")
+    withouts, withs = [], []
+    for _ in range(options.repeat):  # interleaved, so a busy moment of the host weighs on both
+        withouts.append(healthy_rate(engine, healthy_url, None, options.rows, calls=calls, breaker=breaker))
+        withs.append(healthy_rate(engine, healthy_url, dead_url, options.rows, calls=calls, breaker=breaker))
+        print(f"{mode}: healthy rows/s without a dead destination: {withouts[-1]:.1f}; with 10% of rows to a "
+              f"blackholed one: {withs[-1]:.1f} ({withs[-1] / withouts[-1]:.2f}); load {load_average()}", flush=True)
+    without, with_dead = statistics.median(withouts), statistics.median(withs)
+    suffix = ("_drain_calls" if calls else "") + ("" if breaker else "_breaker_off")
+    ratios = [one / other for one, other in zip(withs, withouts, strict=True)]
+    return {
+        f"healthy_rows_per_s_with_dead_10pct{suffix}": round(with_dead, 1),
+        f"healthy_rows_per_s_without{suffix}": round(without, 1),
+        f"healthy_ratio{suffix}": round(with_dead / without, 3),
+        f"healthy_ratio_median_of_pairs{suffix}": round(statistics.median(ratios), 3),
+        f"healthy_ratio_per_pair{suffix}": [round(ratio, 3) for ratio in ratios],
+    }
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved pairs of runs; medians reported")
-    parser.add_argument("--window", type=float, default=60.0, help="seconds of probes counted while the breaker is open")
+    parser.add_argument("--window", type=float, default=60.0,
+                        help="seconds of probes counted while the breaker is open (0: skip probes and recovery)")
+    parser.add_argument("--breaker", choices=sorted(BREAKER_MODES), default="both",
+                        help="isolation runs with the breaker on, off, or both (each with its own keys)")
+    parser.add_argument("--no-drain-calls", dest="drain_calls", action="store_false",
+                        help="skip the isolation runs with Drainer.drain called in a loop")
     add_ordered_flags(parser)
     options = parser.parse_args()
     if options.ordered_only:
@@ -293,23 +335,14 @@ def main() -> None:
         Base.metadata.create_all(engine)
         kit_metadata.create_all(engine)
         isolation: dict[str, object] = {}
-        for calls in (False, True):
-            mode = "drain calls in a loop" if calls else "the drain loop"
-            withouts, withs = [], []
-            for _ in range(options.repeat):  # interleaved, so a busy moment of the host weighs on both
-                withouts.append(healthy_rate(engine, healthy.url, None, options.rows, calls=calls))
-                withs.append(healthy_rate(engine, healthy.url, dead.url, options.rows, calls=calls))
-                print(f"{mode}: healthy rows/s without a dead destination: {withouts[-1]:.1f}; with 10% of rows to a "
-                      f"blackholed one: {withs[-1]:.1f} ({withs[-1] / withouts[-1]:.2f})", flush=True)
-            without, with_dead = statistics.median(withouts), statistics.median(withs)
-            suffix = "_drain_calls" if calls else ""
-            isolation.update({
-                f"healthy_rows_per_s_with_dead_10pct{suffix}": round(with_dead, 1),
-                f"healthy_rows_per_s_without{suffix}": round(without, 1),
-                f"healthy_ratio{suffix}": round(with_dead / without, 3),
-                f"healthy_ratio_per_pair{suffix}": [round(one / other, 3) for one, other in zip(withs, withouts, strict=True)],
-            })
-        figures = probes_and_recovery(engine, scratch.sqlalchemy_url, dead, window=options.window)
+        modes = [(calls, breaker) for calls in (False, True) for breaker in BREAKER_MODES[options.breaker]]
+        if not options.drain_calls:
+            modes = [(calls, breaker) for calls, breaker in modes if not calls]
+        for calls, breaker in modes:
+            isolation.update(isolation_figures(engine, healthy.url, dead.url, options, calls=calls, breaker=breaker))
+        figures: dict[str, float] = {}
+        if options.window > 0:
+            figures = probes_and_recovery(engine, scratch.sqlalchemy_url, dead, window=options.window)
         for name, value in figures.items():
             print(f"{name}: {value:.2f}", flush=True)
         signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
@@ -328,6 +361,7 @@ def main() -> None:
         "signing_cpu_us_per_row": round(signing, 2),
         "rows": options.rows,
         **ordered,
+        "load_average_at_end": load_average(),
     }
     print(json.dumps(result))
 

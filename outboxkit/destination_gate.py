@@ -39,8 +39,18 @@ recorder calls it in the same transaction that writes the row's outcome
 a success at a destination known to be healthy writes nothing more than the
 row, so healthy delivery pays no extra round trip.
 
+**Rate limited** (``OutboxOptions.rate_limit``, ``outboxkit.rate_limits``):
+the rows left take a token each from the destination's bucket, shared by
+every process (``outboxkit.destination_rates``, one short transaction per
+destination and batch); the rows without one are given back unsent, their
+attempts kept, due when the bucket will have their token.  A row whose send
+thread starts more than ``GRANT_SECONDS`` after its grant is given back too,
+which bounds how far sends can bunch up behind their grants.  A probe takes
+no token.
+
 With ``OutboxOptions.breaker = None`` no state is read or written and only
-the cap applies.
+the cap (and the rate limit, if set) applies; a destination without a rate
+limit reads and writes no bucket.
 """
 
 from __future__ import annotations
@@ -55,11 +65,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine
 
+from outboxkit.destination_rates import RateStore
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import DestinationState, Reading, Signal, Status, signal_of
 from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult
+from outboxkit.rate_limits import GRANT_SECONDS
 from outboxkit.transport import Delivery
 
 __all__ = ["SLOW_SEND_SECONDS", "Admission", "DestinationGate", "Send"]
@@ -78,6 +90,7 @@ class Send:
     delivery: Delivery
     destination: str
     probe: bool = False
+    granted_at: float | None = None  # time.monotonic() of its rate-limit token, if its destination has a limit
 
 
 @dataclass(slots=True)
@@ -87,6 +100,7 @@ class Admission:
     sends: list[Send] = field(default_factory=list)
     held: int = 0  # rows of destinations that are open, half-open, disabled or slowed: not sent, attempts kept
     capped: int = 0  # rows of suspect destinations beyond their cap: not sent, attempts kept
+    deferred: int = 0  # rows of rate-limited destinations without a token: not sent, attempts kept
 
 
 @dataclass(slots=True)
@@ -125,6 +139,8 @@ class DestinationGate:
         self.store = DestinationStore(outbox)
         self.breaker = options.breaker
         self.cap = options.destination_cap
+        self.rate_limit = options.rate_limit
+        self.rates = RateStore(options.job_name)
         self._lock = threading.Lock()
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
         self._local: defaultdict[str, _Local] = defaultdict(_Local)
@@ -146,8 +162,12 @@ class DestinationGate:
             group = self._within_cap(
                 destination, state, group, uncapped=probe or alone, token=token, now=now, admission=admission
             )
+            granted_at = None
+            if self.rate_limit is not None and group:
+                group, granted_at = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
             admission.sends.extend(
-                Send(row, delivery, destination, probe=probe and index == 0) for index, (row, delivery) in enumerate(group)
+                Send(row, delivery, destination, probe=probe and index == 0, granted_at=granted_at)
+                for index, (row, delivery) in enumerate(group)
             )
         return admission
 
@@ -221,12 +241,15 @@ class DestinationGate:
         with self._lock:
             return all(not local.in_flight for name, local in self._local.items() if name != destination)
 
-    def blocked(self, destination: str, *, now: datetime) -> bool:
+    def blocked(self, destination: str, *, now: datetime, granted_at: float | None = None) -> bool:
         """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
 
         Asked by a send thread just before a (non-probe) send: rows admitted
-        before an outcome opened the breaker are given back instead of sent.
+        before an outcome opened the breaker are given back instead of sent,
+        and so are rows whose rate-limit token is older than ``GRANT_SECONDS``.
         """
+        if granted_at is not None and time.monotonic() - granted_at > GRANT_SECONDS:
+            return True
         with self._lock:
             known = self._known.get(destination)
         return known is not None and known.wait_until(now) is not None
@@ -311,3 +334,35 @@ class DestinationGate:
                 self.store.release(connection, ids=[row.id for row, _ in over], token=token, until=later, now=now)
             admission.capped += len(over)
         return allowed
+
+    def _within_rate(
+        self,
+        destination: str,
+        group: list[tuple[Outbox, Delivery]],
+        *,
+        probe: bool,
+        token: uuid.UUID,
+        now: datetime,
+        admission: Admission,
+    ) -> tuple[list[tuple[Outbox, Delivery]], float | None]:
+        """The rows that got a token of the destination's rate limit (a probe needs none), and when they got it."""
+        assert self.rate_limit is not None
+        per_second = self.rate_limit.per_second_of(destination)
+        if per_second is None:
+            return group, None
+        free, limited = (group[:1], group[1:]) if probe else ([], group)
+        if not limited:
+            return group, None
+        with self.engine.begin() as connection:
+            taken = self.rates.take(
+                connection, destination, len(limited), now=now, per_second=per_second, burst=self.rate_limit.burst_of(per_second)
+            )
+            over = limited[taken.granted :]
+            if over:
+                due = {row.id: until for (row, _), until in zip(over, taken.later, strict=True)}
+                self.store.release_each(connection, due, token=token, now=now)
+        granted_at = time.monotonic()
+        for row, _ in over:
+            self.finished(destination, row.id, None, now=now)  # not sent: no place under the cap
+        admission.deferred += len(over)
+        return free + limited[: taken.granted], granted_at

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, Table, select, update
+from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, column, select, update, values
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.destinations import (
@@ -161,6 +161,23 @@ class DestinationStore:
             update(rows)
             .where(rows.c.id.in_(ids), rows.c.claim_token == token)
             .values(attempts=rows.c.attempts - 1, next_attempt_at=until, claim_token=None, claimed_until=None, updated_at=now)
+        )
+        return int(result.rowcount)
+
+    def release_each(self, connection: Connection, due: dict[int, datetime], *, token: uuid.UUID, now: datetime) -> int:
+        """``release``, each row due at its own time (``{row id: due time}``); one statement."""
+        if not due:
+            return 0
+        rows = self._rows
+        times = values(column("id", BigInteger), column("due", DateTime(timezone=True)), name="due_times").data(
+            list(due.items())
+        )
+        result = connection.execute(
+            update(rows)
+            .where(rows.c.id == times.c.id, rows.c.claim_token == token)
+            .values(
+                attempts=rows.c.attempts - 1, next_attempt_at=times.c.due, claim_token=None, claimed_until=None, updated_at=now
+            )
         )
         return int(result.rowcount)
 

@@ -6,8 +6,8 @@
 
    Each row's destination (``Outbox.destination_for``) then decides whether
    it goes now (``outboxkit.destination_gate``): rows of a destination whose
-   breaker is open, or that is slowed or over its cap, are given back unsent
-   with their attempts kept.
+   breaker is open, or that is slowed, over its cap or out of rate-limit
+   tokens, are given back unsent with their attempts kept.
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -232,7 +232,7 @@ class SendPump(Generic[ResultT]):
             state.retry_wait = RETRY_CLAIM_SECONDS
         deliveries, build_failures = self._build(rows)
         admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
-        result.claimed -= admission.held + admission.capped  # given back unsent, their attempts kept
+        result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
         if admission.capped:
             state.more_due, state.awaiting_outcome = False, True
         self.in_flight.give(granted - len(admission.sends))
@@ -241,7 +241,7 @@ class SendPump(Generic[ResultT]):
             key = str(send.row.idempotency_key)
             self.senders.submit(
                 self._send_one, events, send.row, token, send.delivery, key, timeout, send.destination, send.probe,
-                result.telemetry_links,
+                result.telemetry_links, send.granted_at,
             )
             state.in_flight += 1
         if build_failures:
@@ -265,6 +265,7 @@ class SendPump(Generic[ResultT]):
         destination: str,
         probe_row: bool,
         run_links: dict[int, list[Any]],
+        granted_at: float | None = None,
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
@@ -274,7 +275,7 @@ class SendPump(Generic[ResultT]):
         whose lease is nearly over is not sent at all and is retried.
         """
         started_at = self.clock.now()
-        if not probe_row and self.gate.blocked(destination, now=started_at):
+        if not probe_row and self.gate.blocked(destination, now=started_at, granted_at=granted_at):
             self.gate.finished(destination, row.id, None, now=started_at)
             finished.put((_GIVEN_BACK, row, token, destination))
             return

@@ -54,6 +54,7 @@ from sqlalchemy.orm import Mapped, MappedColumn, declared_attr, mapped_column
 from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
+from outboxkit.rate_limits import RateLimit
 from outboxkit.transport import Delivery, validate_timeout
 from outboxkit.webhook_signing import SigningTransport, WebhookSecrets
 
@@ -116,6 +117,10 @@ class OutboxOptions:
     second) and other destinations have rows to send; default
     ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
     quarter of the send threads (``outboxkit.destination_gate``).
+    ``rate_limit`` (default None: none) limits the requests per second each
+    destination gets, across every process (``RateLimit(per_second=...)``,
+    or limits for named destinations; ``outboxkit.rate_limits`` says how
+    precise it is).  A destination without a limit pays nothing for it.
 
     ``ordering_key`` (default None: rows are unordered) names a column of the
     outbox (its attribute name) whose value orders delivery: rows sharing a
@@ -147,6 +152,7 @@ class OutboxOptions:
     transport: Transport | None = field(default=None, compare=False)
     breaker: BreakerOptions | None = BreakerOptions()  # None: off
     destination_concurrency: int | None = None
+    rate_limit: RateLimit | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
     ordering_key: str | None = None
@@ -193,6 +199,10 @@ class OutboxOptions:
         if self.breaker is not None and not isinstance(self.breaker, BreakerOptions):
             raise ConfigurationError(
                 f"outbox {self.job_name!r}: breaker must be BreakerOptions(...) or None, got {type(self.breaker).__name__}"
+            )
+        if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: rate_limit must be RateLimit(...) or None, got {type(self.rate_limit).__name__}"
             )
         cap = self.destination_concurrency
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.concurrency):

@@ -35,6 +35,9 @@ outbox (one row per pair, created by its first recorded outcome): the
 circuit breaker's status, its failure run, recent outcome counts, when it
 opened, the next probe, the last error (``outboxkit.destinations`` for the
 rules, ``outboxkit.destination_store`` for the statements).
+``outboxkit_destination_rates`` holds the token bucket of each destination
+with a rate limit (``outboxkit.rate_limits``, ``outboxkit.destination_rates``):
+one row per (outbox, destination), created by its first send.
 
 ``outboxkit_schedules`` holds the schedules as rows (``outboxkit.schedules``):
 the trigger as data (kind, JSON fields, IANA timezone; never pickled), the
@@ -76,6 +79,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 __all__ = [
     "attempts",
+    "destination_rates",
     "destinations",
     "job_runs",
     "kit_metadata",
@@ -213,6 +217,18 @@ destinations = Table(
     CheckConstraint(
         "status IN (" + ", ".join(f"'{status}'" for status in DESTINATION_STATUSES) + ")", name="ck_outboxkit_destinations_status"
     ),
+)
+
+# Added by migration outboxkit_0009_destination_rates.
+destination_rates = Table(
+    "outboxkit_destination_rates",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("destination", String(300), primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("refilled_at", DateTime(timezone=True), nullable=False),
+    Column("deferred_until", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 TRIGGER_KINDS = ("cron", "every", "calendar_interval", "once")

@@ -9,7 +9,8 @@ answers according to a ``respond`` function that tests replace::
         assert receiver.count_by_key()[key] == 1
 
 A ``Reply`` may delay its answer, hang until ``receiver.release()``, reset
-the connection (after writing part of an answer, if asked), or drip its
+the connection (after writing part of an answer, if asked), answer bytes that
+are not HTTP (``raw``), or drip its
 answer a few bytes at a time (the status line and headers, the body, or
 both).  ``receiver.read_pace`` makes the receiver read request bodies slowly,
 so a large upload stalls in the sender's socket.
@@ -53,6 +54,7 @@ class Reply:
     drip: int = 0  # write the answer this many bytes at a time (0: at once), pausing drip_pause between writes
     drip_pause: float = 0.1
     drip_part: str = "all"  # which part drips: "all", "head" (status line and headers) or "body"
+    raw: bytes = b""  # written as the whole answer (not HTTP, if the test says so), then the connection closes
 
     def __post_init__(self) -> None:
         if self.drip_part not in ("all", "head", "body"):
@@ -129,6 +131,11 @@ class Receiver:
                         return
                     if reply.drip:
                         self._drip(reply)
+                        return
+                    if reply.raw:
+                        self.wfile.write(reply.raw)
+                        self.wfile.flush()
+                        self.close_connection = True
                         return
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
