@@ -25,6 +25,7 @@ from outboxkit.errors import (
     RowsNotFound,
     UnknownJobError,
     UnknownOutboxError,
+    UnknownScheduleError,
 )
 
 __all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
@@ -32,6 +33,7 @@ __all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
 REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     UnknownOutboxError: 404,
     UnknownJobError: 404,
+    UnknownScheduleError: 404,
     RowsNotFound: 404,
     RowsHeld: 409,
     OutboxPaused: 409,
