@@ -15,6 +15,7 @@ from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.pages import pages_router
 from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
+from outboxkit.admin.schedule_pages import schedule_pages_router
 from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
@@ -145,5 +146,10 @@ def create_admin_router(
     router.include_router(schedule_api_router(schedules, actor=actor, route_class=route_class))
     router.include_router(
         pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class)
+    )
+    router.include_router(
+        schedule_pages_router(
+            service, schedules, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
+        )
     )
     return router

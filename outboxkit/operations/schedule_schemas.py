@@ -21,8 +21,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from outboxkit.schedules import MAX_RUNNING_LIMIT, HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.tables import RUN_OUTCOMES as RECORDED_OUTCOMES
 
 __all__ = [
+    "RUN_OUTCOMES",
     "SCHEDULE_NAME_PATTERN",
     "FireTimeModel",
     "ScheduleAction",
@@ -39,6 +41,7 @@ __all__ = [
     "TriggerModel",
 ]
 
+RUN_OUTCOMES = tuple(RECORDED_OUTCOMES)  # what a schedule's history may hold, for the pages' outcome filter
 SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
 TriggerKind = Literal["cron", "every", "calendar_interval", "once"]
 FieldValue = StrictInt | StrictFloat | StrictStr
