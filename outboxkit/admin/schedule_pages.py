@@ -40,9 +40,8 @@ from starlette.datastructures import FormData
 from outboxkit.admin.confirm_pages import render_confirm
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
-from outboxkit.admin.page_frame import PageFrame, PageRoutes
+from outboxkit.admin.page_frame import PageRoutes
 from outboxkit.admin.page_inputs import form_text
-from outboxkit.admin.rendering import make_environment
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.admin.schedule_form import FormRefused, ScheduleForm
 from outboxkit.errors import InvalidScheduleError, PageInputError
@@ -86,9 +85,9 @@ def schedule_pages_router(
     route_class: type[AdminRoute] = AdminRoute,
 ) -> APIRouter:
     """The schedule pages over ``schedules`` (the same page frame as the other pages: CSRF, flash, error pages)."""
-    frame = PageFrame(service, csrf=csrf, flashes=flashes, environment=make_environment())
-    router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
-    routes = PageRoutes(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
+    routes = PageRoutes.create(
+        service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
+    )
     add_schedule_list(routes, schedules)
     add_schedule_form(routes, schedules)  # before /schedules/{name}: "_new" is no schedule's name, but keep it first
     add_schedule(routes, schedules)
@@ -96,7 +95,7 @@ def schedule_pages_router(
     add_schedule_action(routes, "disable", lambda name, who: schedules.disable(name, actor=who), done="schedule_disabled")
     add_schedule_action(routes, "run-now", lambda name, who: schedules.run_now(name, actor=who), done="schedule_run_now")
     add_schedule_delete(routes, schedules)
-    return router
+    return routes.router
 
 
 def add_schedule_list(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
