@@ -27,9 +27,10 @@ due, and runs it within its misfire grace.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -41,10 +42,18 @@ from outboxkit.scheduled_requests import ScheduledRequestOutbox
 from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.tables import schedule_audit, schedules
 
-__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "definition_from_row"]
+__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row"]
 
 CHANNEL = "outboxkit_schedules"
 _NOTIFY = text("SELECT pg_notify(:channel, :name)")
+
+
+class Transactions(Protocol):
+    """Where the store reads and writes: an ``Engine``, or the operator's ``OperatorDatabase`` (its time budget)."""
+
+    def connect(self) -> AbstractContextManager[Connection]: ...
+
+    def begin(self) -> AbstractContextManager[Connection]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +154,10 @@ def _schedule(row: RowMapping) -> Schedule:
 class ScheduleStore:
     """Reads and changes schedule rows.
 
+    ``engine`` is an ``Engine`` or anything with its ``connect()`` and
+    ``begin()`` (the admin and the CLI pass the kit's ``operator_database``,
+    so each change runs within the operator's time budget).
+
     ``jobs`` are the names of the jobs registered in code and ``outboxes``
     the outbox classes the kit knows: a schedule may only target those (a
     job this code base cannot run, or an outbox that is not a
@@ -153,7 +166,7 @@ class ScheduleStore:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | Transactions,
         *,
         clock: Clock | None = None,
         jobs: Collection[str] = (),

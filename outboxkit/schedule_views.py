@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import Engine, select
 
 from outboxkit.errors import InvalidValueError
-from outboxkit.schedule_store import Schedule
+from outboxkit.schedule_store import Schedule, Transactions
 from outboxkit.tables import RUN_OUTCOMES, job_runs
 
 __all__ = ["FireTime", "ScheduleRun", "next_fire_times", "schedule_history"]
@@ -78,7 +78,7 @@ def next_fire_times(schedule: Schedule, *, count: int = 5, viewer_timezone: str 
 
 
 def schedule_history(
-    engine: Engine,
+    engine: Engine | Transactions,
     name: str,
     *,
     limit: int = 50,

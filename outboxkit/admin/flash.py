@@ -24,11 +24,21 @@ __all__ = ["FLASH_COOKIE", "FLASH_SECONDS", "Flash", "FlashNotices"]
 FLASH_COOKIE = "outboxkit_flash"
 FLASH_SECONDS = 60
 _PURPOSE = "flash"
+# What the schedule pages' actions say (outboxkit.admin.schedule_pages).
+SCHEDULE_NOTICES = {
+    "schedule_created": "Created. Every process fires it from its next fire time.",
+    "schedule_edited": "Saved. Every process applies the change within a second.",
+    "schedule_enabled": "Enabled: it fires from its next fire time after now.",
+    "schedule_disabled": "Disabled: no process fires it until it is enabled (occurrences meanwhile are skipped).",
+    "schedule_run_now": "Due now: the next process to look fires one occurrence, then it keeps its own times.",
+    "schedule_deleted": "Deleted. Its run history and its audit stay.",
+}
 
 FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
     "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
     "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged", "skipped",
+    "schedule_created", "schedule_edited", "schedule_enabled", "schedule_disabled", "schedule_run_now", "schedule_deleted",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -48,6 +58,7 @@ _KINDS: tuple[str, ...] = (
     "destination_probed",
     "destination_unchanged",
     "skipped",
+    *SCHEDULE_NOTICES,
 )
 
 
@@ -60,6 +71,8 @@ class Flash:
 
     @property
     def message(self) -> str:
+        if self.kind in SCHEDULE_NOTICES:
+            return SCHEDULE_NOTICES[self.kind]
         if self.kind == "reset":
             return "Reset: the row is pending and due now; the next drain sends it."
         if self.kind == "retry_now":

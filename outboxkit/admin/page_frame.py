@@ -26,7 +26,8 @@ from outboxkit.admin.csrf import CSRF_FIELD, CsrfTokens
 from outboxkit.admin.flash import FLASH_SECONDS, Flash, FlashNotices
 from outboxkit.admin.page_inputs import form_text
 from outboxkit.admin.refusals import REFUSALS, refusal_status
-from outboxkit.admin.route_guard import DATABASE_UNAVAILABLE_ERRORS, report_database_unavailable
+from outboxkit.admin.rendering import make_environment
+from outboxkit.admin.route_guard import DATABASE_UNAVAILABLE_ERRORS, AdminRoute, report_database_unavailable
 from outboxkit.errors import BodyTooLarge
 from outboxkit.operations.schemas import MAX_BULK_IDS
 from outboxkit.operations.service import OperationsService
@@ -144,6 +145,22 @@ class PageRoutes:
     service: OperationsService
     actor: Callable[..., str]
     page_size: int
+
+    @classmethod
+    def create(
+        cls,
+        service: OperationsService,
+        *,
+        actor: Callable[..., str],
+        csrf: CsrfTokens,
+        flashes: FlashNotices,
+        page_size: int,
+        route_class: type[AdminRoute],
+    ) -> PageRoutes:
+        """A router of pages (left out of the OpenAPI schema) whose errors render as error pages, and its frame."""
+        frame = PageFrame(service, csrf=csrf, flashes=flashes, environment=make_environment())
+        router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
+        return cls(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
 
 
 def back_target(frame: PageFrame, request: Request, back: str | None, outbox: str) -> str:

@@ -30,7 +30,7 @@ from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confi
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.destination_pages import add_destination_pages
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
-from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
+from outboxkit.admin.page_frame import PageRoutes, back_target
 from outboxkit.admin.page_inputs import (
     PAGE_SIZES,
     ascii_number,
@@ -40,7 +40,7 @@ from outboxkit.admin.page_inputs import (
     row_filter_from,
     selected_ids,
 )
-from outboxkit.admin.rendering import STATIC_FILES, make_environment, static_file
+from outboxkit.admin.rendering import STATIC_FILES, static_file
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.errors import PageInputError
 from outboxkit.operations.charts import WINDOWS
@@ -65,9 +65,9 @@ def pages_router(
     route_class: type[AdminRoute] = AdminRoute,
 ) -> APIRouter:
     """The HTML routes over ``service``."""
-    frame = PageFrame(service, csrf=csrf, flashes=flashes, environment=make_environment())
-    router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
-    routes = PageRoutes(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
+    routes = PageRoutes.create(
+        service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
+    )
     add_overview(routes)
     add_rows(routes)
     add_search(routes)
@@ -102,7 +102,7 @@ def pages_router(
     add_job(routes)
     add_destination_pages(routes)
     add_static(routes)
-    return router
+    return routes.router
 
 
 def add_overview(routes: PageRoutes) -> None:

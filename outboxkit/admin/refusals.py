@@ -26,6 +26,7 @@ from outboxkit.errors import (
     UnknownDestinationError,
     UnknownJobError,
     UnknownOutboxError,
+    UnknownScheduleError,
 )
 
 __all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
@@ -34,6 +35,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     UnknownOutboxError: 404,
     UnknownJobError: 404,
     UnknownDestinationError: 404,
+    UnknownScheduleError: 404,
     RowsNotFound: 404,
     RowsHeld: 409,
     OutboxPaused: 409,

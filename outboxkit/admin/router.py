@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request, params
@@ -15,11 +15,14 @@ from outboxkit.admin.export_route import export_router
 from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.pages import pages_router
 from outboxkit.admin.route_guard import admin_route_class
+from outboxkit.admin.schedule_api import schedule_api_router
+from outboxkit.admin.schedule_pages import schedule_pages_router
 from outboxkit.admin.signing import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
 from outboxkit.log_events import log_fields
 from outboxkit.operations.job_status import JobSource
+from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.service import OperationsService
 
 __all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
@@ -49,6 +52,7 @@ def create_admin_router(
     csrf_secret: str | bytes | None = None,
     page_size: int = 50,
     preview_chars: int = 10_000,
+    schedule_jobs: Collection[str] = (),
 ) -> APIRouter:
     """The admin as a FastAPI router; mount it under a prefix of your choice::
 
@@ -85,6 +89,10 @@ def create_admin_router(
     time limit of ``admin_statement_timeout_seconds`` on each transaction
     (503 "narrow the filter" past it; see docs/admin.md).
 
+    ``schedule_jobs`` are the job names a schedule row may target (the
+    names your ``ScheduleRunner`` registers); a job that a schedule row
+    already targets is accepted too (see ``outboxkit.operations.schedule_admin``).
+
     ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
     200); ``preview_chars`` caps each payload column in the row detail.
     """
@@ -115,6 +123,8 @@ def create_admin_router(
         raise ConfigurationError(f"preview_chars must be an integer from 100 to 1000000, got {preview_chars!r}")
     if job_source is not None and not isinstance(job_source, JobSource):
         raise ConfigurationError(f"job_source must have a jobs() -> list[JobInfo] method, got {job_source!r}")
+    if isinstance(schedule_jobs, str) or not all(isinstance(job, str) for job in schedule_jobs):
+        raise ConfigurationError(f"schedule_jobs must be a collection of job names, got {schedule_jobs!r}")
     try:
         signer = Signer(csrf_secret)
     except ValueError as exc:
@@ -134,7 +144,14 @@ def create_admin_router(
     router.include_router(api_router(service, actor=actor, route_class=route_class))
     router.include_router(destination_api_router(service, actor=actor, route_class=route_class))
     router.include_router(export_router(service, route_class=route_class))
+    schedules = ScheduleAdmin(kit, jobs=schedule_jobs)
+    router.include_router(schedule_api_router(schedules, actor=actor, route_class=route_class))
     router.include_router(
         pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class)
+    )
+    router.include_router(
+        schedule_pages_router(
+            service, schedules, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
+        )
     )
     return router

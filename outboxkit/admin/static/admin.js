@@ -4,7 +4,10 @@
  * 2. A "select all" checkbox for the rows of a page.
  * 3. "Live refresh" on list pages: off until ticked; while on, the page reloads every N seconds, except while the
  *    tab is hidden or the operator is busy on it (rows ticked, a field focused).  The choice is kept for the tab
- *    (sessionStorage, per path), so it survives the reload. */
+ *    (sessionStorage, per path), so it survives the reload.
+ * 4. The schedule pages show each fire time in the viewer's timezone too: the server knows it only from ?tz=
+ *    (UTC until asked).  While no tz was asked for (the form carries data-viewer-zone-auto), the viewer column
+ *    is rewritten in the browser's own IANA timezone and the form is filled with it. */
 (function () {
   "use strict";
   function pad(n) { return String(n).padStart(2, "0"); }
@@ -61,5 +64,27 @@
       schedule();
     });
   }
-  document.addEventListener("DOMContentLoaded", function () { localTimes(); selectAll(); liveRefresh(); });
+  function zonedText(moment, zone) {
+    var parts = {};
+    new Intl.DateTimeFormat("en-GB", {
+      timeZone: zone, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+      second: "2-digit", hourCycle: "h23", timeZoneName: "short"
+    }).formatToParts(moment).forEach(function (part) { parts[part.type] = part.value; });
+    return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" + parts.minute + ":" +
+      parts.second + " " + parts.timeZoneName;
+  }
+  function viewerTimes() {
+    var form = document.querySelector("form[data-viewer-zone-auto]");
+    var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    if (!form || !zone) { return; }
+    var field = form.querySelector('input[name="tz"]');
+    if (field) { field.value = zone; }
+    document.querySelectorAll("[data-viewer-zone-name]").forEach(function (node) { node.textContent = zone; });
+    document.querySelectorAll("time[data-viewer-time]").forEach(function (node) {
+      var moment = new Date(node.getAttribute("datetime"));
+      if (!isNaN(moment.getTime())) { node.textContent = zonedText(moment, zone); }
+    });
+    document.body.setAttribute("data-viewer-zone", zone);
+  }
+  document.addEventListener("DOMContentLoaded", function () { localTimes(); selectAll(); liveRefresh(); viewerTimes(); });
 })();

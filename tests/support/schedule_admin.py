@@ -1,0 +1,75 @@
+"""An admin app for the schedule pages and API: the admin router behind HTTP Basic, over a kit that knows
+the ``ScheduledCall`` outbox (HTTP targets) and the test jobs (``record``, ``blocking``, ``failing``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from exampleapp.admin_app import require_admin
+from exampleapp.models import WebhookOutbox
+from fastapi import Depends, FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine, text
+
+from outboxkit import Clock, OutboxKit, OutboxKitSettings
+from outboxkit.admin import create_admin_router
+from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER
+from tests.support.database import sqlalchemy_url
+from tests.support.models import ScheduledCall
+
+JOBS = ("record", "blocking", "failing")
+CSRF_SECRET = "schedule-admin-tests-csrf-secret"
+
+
+@dataclass
+class ScheduleAdminApp:
+    app: FastAPI
+    client: TestClient
+    kit: OutboxKit
+    engine: Engine
+
+    def clear(self) -> None:
+        """Empty the schedule tables and the run history (DELETE: cheap on small tables)."""
+        with self.engine.begin() as connection:
+            for table in ("outboxkit_schedule_leases", "outboxkit_schedules", "outboxkit_schedule_audit", "outboxkit_job_runs"):
+                connection.execute(text(f"DELETE FROM {table}"))
+        self.client.cookies.clear()
+
+    def record_run(self, name: str, at: datetime, outcome: str, *, error: str | None = None, counts: Any = None) -> None:
+        """An occurrence in the history as the runner records it."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, "
+                    "counts, error, leader) VALUES (:name, :name, :at, :at, :at, :outcome, CAST(:counts AS jsonb), :error, "
+                    "'host-a:11:abcd')"
+                ),
+                {"name": name, "at": at, "outcome": outcome, "error": error, "counts": "{}" if counts is None else counts},
+            )
+
+
+@contextmanager
+def schedule_admin_app(database_url: str, *, clock: Clock | None = None) -> Iterator[ScheduleAdminApp]:
+    engine = create_engine(sqlalchemy_url(database_url), pool_size=3, max_overflow=0, pool_pre_ping=True)
+    kit = OutboxKit(engine, [WebhookOutbox, ScheduledCall], clock=clock, settings=OutboxKitSettings(listen_enabled=False))
+    app = FastAPI(title="schedule admin tests")
+    app.include_router(
+        create_admin_router(
+            kit,
+            dependencies=[Depends(require_admin(ADMIN_USER, ADMIN_PASSWORD))],
+            csrf_secret=CSRF_SECRET,
+            schedule_jobs=JOBS,
+        ),
+        prefix="/admin",
+    )
+    try:
+        with TestClient(app, follow_redirects=False) as client:
+            client.auth = (ADMIN_USER, ADMIN_PASSWORD)
+            yield ScheduleAdminApp(app=app, client=client, kit=kit, engine=engine)
+    finally:
+        kit.close()
+        engine.dispose()
