@@ -9,8 +9,9 @@ this module decides, inside them, under the schedule row's lock:
 * ``fire``: the occurrence to run and the missed ones (``outboxkit.misfires``),
   each written to the run history under the fence ``(name, fire time)``;
   the HTTP request inserted into its outbox (``enqueued``) or the job's lease
-  taken (``running``; ``missed`` when ``max_running`` leases are live); and
-  ``next_run_at`` advanced.  All of it commits or none of it does;
+  taken (``running``); and ``next_run_at`` advanced.  A job's row whose
+  ``max_running`` leases are live is not claimed: it stays due until a slot
+  frees.  All of it commits or none of it does;
 * ``abandon``: an expired lease's run marked ``abandoned``, and re-run once
   (a new lease, attempt 2) when the schedule allows it.
 """
@@ -46,10 +47,17 @@ _CLAIMABLE = """
     enabled AND next_run_at IS NOT NULL
     AND ((target_kind = 'job' AND job IN :jobs) OR (target_kind = 'http' AND http_outbox IN :outboxes))
 """
+# A job's row whose max_running runs hold live leases waits, due and unclaimed, until a slot frees (the run
+# ends, or its lease expires and is swept): its occurrences then coalesce within the grace, as after downtime.
+_HAS_SLOT = """
+    (target_kind <> 'job' OR max_running > (
+        SELECT count(*) FROM outboxkit_schedule_leases AS lease
+        WHERE lease.schedule_id = outboxkit_schedules.id AND lease.expires_at > :now))
+"""
 _CLAIM = text(
     f"""
     SELECT * FROM outboxkit_schedules
-    WHERE {_CLAIMABLE} AND next_run_at <= :now AND id NOT IN :skip
+    WHERE {_CLAIMABLE} AND next_run_at <= :now AND id NOT IN :skip AND {_HAS_SLOT}
     ORDER BY next_run_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -57,8 +65,9 @@ _CLAIM = text(
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True), bindparam("skip", expanding=True))
 _NEAREST = text(
     f"""
-    SELECT (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE}),
-           (SELECT min(expires_at) FROM outboxkit_schedule_leases)
+    SELECT (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE} AND {_HAS_SLOT}),
+           (SELECT min(expires_at) FROM outboxkit_schedule_leases),
+           clock_timestamp()
     """
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True))
 _ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at WHERE id = :id")
@@ -131,10 +140,11 @@ class ScheduleClaims:
         """Lock the row named ``name`` (waiting for a claim that holds it)."""
         return connection.execute(_ONE, {"name": name}).mappings().first()
 
-    def nearest(self, connection: Connection) -> tuple[datetime | None, datetime | None]:
-        """The nearest ``next_run_at`` of a row this process can fire, and the nearest lease expiry (None: none)."""
-        due, expiry = connection.execute(_NEAREST, self._claimable()).one()
-        return due, expiry
+    def nearest(self, connection: Connection, *, now: datetime) -> tuple[datetime | None, datetime | None, datetime]:
+        """The nearest ``next_run_at`` of a row this process can fire (with a free slot at ``now``), the nearest
+        lease expiry (None: none) and the database server's clock."""
+        due, expiry, database_now = connection.execute(_NEAREST, {**self._claimable(), "now": now}).one()
+        return due, expiry, database_now
 
     def fire(self, connection: Connection, row: RowMapping, *, now: datetime, firing: Firing) -> LeaseGrant | None:
         try:

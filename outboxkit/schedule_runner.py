@@ -23,10 +23,11 @@ No leader is needed.  Each step of the loop protects one invariant:
    enqueued exactly once; the outbox delivers it at least once (retries,
    backoff, ``stuck``, the row's idempotency key).
 4. **Python job target.**  The claim also takes a lease
-   (``outboxkit.schedule_leases``) if fewer than ``max_running`` are live,
-   else the occurrence is recorded ``missed`` ("still running").  After the
-   commit the job runs in this process's thread pool; the loop renews its
-   leases; the outcome and the lease's release are one transaction.
+   (``outboxkit.schedule_leases``); a row whose ``max_running`` leases are
+   live is not claimed and waits, due, for a slot (its occurrences then
+   coalesce within the grace).  After the commit the job runs in this
+   process's thread pool; the loop renews its leases; the outcome and the
+   lease's release are one transaction.
 5. **Sweep.**  Expired leases (their process died) are deleted and their
    runs marked ``abandoned``; a schedule with ``rerun_if_abandoned`` gets
    that occurrence run once more (at least once), otherwise it stays
@@ -37,7 +38,9 @@ No leader is needed.  Each step of the loop protects one invariant:
 
 Time comes from the injected clock wherever "due" or "expired" is decided,
 so tests drive every step with a ``ManualClock`` (``run_pending``,
-``run_job``).  What the claim writes inside its transaction is in
+``run_job``); any other clock is checked against the database server's in
+each of those transactions and corrected when it is off
+(``outboxkit.schedule_clock``).  What the claim writes inside its transaction is in
 ``outboxkit.schedule_claims``; the lease rows in ``outboxkit.schedule_leases``.
 """
 
@@ -67,6 +70,7 @@ from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener
 from outboxkit.results import RunRecord
 from outboxkit.schedule_claims import Firing, ScheduleClaims
+from outboxkit.schedule_clock import CLOCK_TOLERANCE_SECONDS, CheckedClock
 from outboxkit.schedule_leases import LeaseGrant
 from outboxkit.schedule_store import CHANNEL, definition_from_row
 from outboxkit.scheduled_jobs import JobFunction, JobRunner, check_job_function
@@ -120,7 +124,7 @@ class ScheduleRunner:
         outboxes: Iterable[type[Outbox]] = (),
         clock: Clock | None = None,
         holder: str | None = None,
-        lease_seconds: float = 60.0,
+        lease_seconds: float = 30.0,
         batch_size: int = 100,
         max_workers: int = 16,
         history_limit: int = 200,
@@ -128,6 +132,7 @@ class ScheduleRunner:
         retry_seconds: float = 5.0,
         listen_connect: SessionConnector | None = None,
         telemetry: Telemetry | None = None,
+        clock_tolerance_seconds: float | None = CLOCK_TOLERANCE_SECONDS,
     ) -> None:
         self.engine = engine
         self.jobs = dict(jobs or {})
@@ -139,6 +144,7 @@ class ScheduleRunner:
         if lease_seconds <= 0 or max_idle_seconds <= 0 or retry_seconds <= 0 or batch_size < 1:
             raise ConfigurationError("lease_seconds, max_idle_seconds and retry_seconds must be > 0, batch_size >= 1")
         self.clock = clock or SystemClock()
+        self.checked_clock = CheckedClock(self.clock, tolerance_seconds=clock_tolerance_seconds)
         self.holder = holder or default_holder()
         self.lease_seconds = lease_seconds
         self.batch_size = batch_size
@@ -188,9 +194,9 @@ class ScheduleRunner:
                 return firing
 
     def _claim_batch(self, firing: Firing, skip: list[int], limit: int) -> tuple[list[LeaseGrant], int]:
-        now = self.clock.now()
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
+            now = self.checked_clock.check(connection)
             rows = self.claims.due(connection, now=now, skip=skip, limit=limit)
             for row in rows:
                 savepoint = connection.begin_nested()
@@ -212,10 +218,10 @@ class ScheduleRunner:
 
     def sweep_expired_leases(self) -> Firing:
         """Free the slots of runs whose lease expired: mark them abandoned, re-run those that allow it once."""
-        now = self.clock.now()
         firing = Firing()
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
+            now = self.checked_clock.check(connection)
             for lease in schedule_leases.take_expired(connection, now=now):
                 grant = self.claims.abandon(connection, lease, now=now, firing=firing)
                 if grant is not None:
@@ -228,11 +234,11 @@ class ScheduleRunner:
         """Move the expiry of every lease this process holds; returns how many it still holds."""
         with self._held_lock:
             tokens = set(self._held)
-        now = self.clock.now()
-        self._renewed_at = now
+        self._renewed_at = self.checked_clock.now()
         if not tokens:
             return 0
         with self.engine.begin() as connection:
+            now = self.checked_clock.check(connection)
             kept = schedule_leases.renew(connection, tokens, expires_at=now + timedelta(seconds=self.lease_seconds))
         for token in tokens - kept:
             with self._held_lock:  # a run that ended meanwhile released its own lease
@@ -251,9 +257,10 @@ class ScheduleRunner:
         held = self.running()
         if held >= self.max_workers:  # busy: a run that ends wakes the loop
             return self.lease_seconds / 3
+        before = self.clock.now()
         with self.engine.connect() as connection:
-            due, expiry = self.claims.nearest(connection)
-        now = self.clock.now()
+            due, expiry, database_now = self.claims.nearest(connection, now=before + self.checked_clock.correction)
+        now = self.checked_clock.observe(before, database_now, self.clock.now())
         wait = self.max_idle_seconds
         if due is not None:
             wait = min(wait, (due - now).total_seconds())
@@ -293,10 +300,10 @@ class ScheduleRunner:
         ``skipped`` if that occurrence is in the history already, ``missed``
         if ``max_running`` runs hold their lease.
         """
-        now = self.clock.now()
-        occurrence = scheduled_for or now
         firing = Firing()
         with self.engine.begin() as connection:
+            now = self.checked_clock.check(connection)
+            occurrence = scheduled_for or now
             row = self.claims.one(connection, name)
             if row is None:
                 raise UnknownScheduleError(f"no schedule named {name!r}")
@@ -360,8 +367,8 @@ class ScheduleRunner:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                if self._seconds_until_sweep(self.clock.now()) <= 0:
-                    self._swept_at = self.clock.now()
+                if self._seconds_until_sweep(self.checked_clock.now()) <= 0:
+                    self._swept_at = self.checked_clock.now()
                     self.sweep_expired_leases()
                 if self._renewal_due():
                     self.renew_leases()
@@ -386,7 +393,9 @@ class ScheduleRunner:
         return SWEEP_SECONDS - (now - self._swept_at).total_seconds()
 
     def _renewal_due(self) -> bool:
-        return self._renewed_at is None or self.clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
+        if self._renewed_at is None:
+            return True
+        return self.checked_clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
 
     # -- running -------------------------------------------------------------------
 

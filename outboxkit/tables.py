@@ -94,8 +94,8 @@ __all__ = [
 
 kit_metadata = MetaData()
 
-# abandoned: its scheduler died mid-run; missed: a schedule's occurrence not run (beyond its misfire
-# grace, or its running limit was reached); enqueued: a schedule's HTTP call written into its outbox.
+# abandoned: its scheduler died mid-run; missed: a schedule's occurrence not run (found beyond its misfire
+# grace, after downtime or a wait for a running slot); enqueued: a schedule's HTTP call written into its outbox.
 RUN_OUTCOMES = ("running", "ok", "error", "abandoned", "missed", "enqueued")
 
 job_runs = Table(

@@ -30,18 +30,34 @@ def test_a_lease_keeps_a_job_from_overlapping_itself_across_two_runners(schedule
     assert first.renew_leases() == 1  # as its loop does
     blocked = second.fire_due()
 
-    assert blocked.runs == [] and blocked.missed == [("slow", NOON + timedelta(minutes=1))]
+    assert blocked.runs == [] and blocked.missed == []  # it waits for the slot, due and unclaimed
+    assert schedules.next_run_at("slow") == NOON + timedelta(minutes=1)
+    assert second.seconds_until_due() > 0  # a waiting row does not keep the loop spinning
     schedules.jobs.gate.set()
     assert finish(started) == ["ok"]
     assert schedules.leases() == []
-    clock.advance(minutes=1)
-    assert finish(second.fire_due()) == ["ok"]
-    rows = schedules.run_rows("slow")
-    assert [(row["scheduled_for"], row["outcome"]) for row in rows] == [
-        (NOON, "ok"), (NOON + timedelta(minutes=1), "missed"), (NOON + timedelta(minutes=2), "ok"),
+    assert finish(second.fire_due()) == ["ok"]  # the slot is free: the waiting occurrence runs, late
+    assert schedules.history("slow") == [(NOON, "ok"), (NOON + timedelta(minutes=1), "ok")]
+    assert [at for _, at in schedules.jobs.calls] == [NOON, NOON + timedelta(minutes=1)]
+
+
+def test_occurrences_that_waited_for_a_slot_coalesce_and_beyond_the_grace_are_missed(schedules, clock):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking", misfire_grace_seconds=150)
+    runner = schedules.runner(lease_seconds=3600)
+    started = runner.fire_due()
+    entered(schedules)
+    clock.advance(minutes=5)  # 12:01 to 12:05 fall while 12:00 still runs
+    assert runner.fire_due().runs == []
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+
+    assert finish(runner.fire_due()) == ["ok"]
+
+    assert schedules.history("slow") == [
+        (NOON, "ok"), (NOON + timedelta(minutes=1), "missed"), (NOON + timedelta(minutes=5), "ok"),
     ]
-    assert "still held their lease (max_running=1)" in rows[1]["error"]
-    assert [at for _, at in schedules.jobs.calls] == [NOON, NOON + timedelta(minutes=2)]
+    [missed] = [row for row in schedules.run_rows("slow") if row["outcome"] == "missed"]
+    assert missed["counts"] == {"missed": 2}  # 12:01 and 12:02; 12:03 and 12:04 coalesced into the 12:05 run
 
 
 def test_max_running_two_lets_two_runs_overlap_and_no_third(schedules, clock):
@@ -55,10 +71,12 @@ def test_max_running_two_lets_two_runs_overlap_and_no_third(schedules, clock):
     clock.advance(minutes=1)
     assert first.renew_leases() + second.renew_leases() == 2
     third = first.fire_due()
-    assert third.runs == [] and third.missed == [("slow", NOON + timedelta(minutes=2))]
+    assert third.runs == [] and third.missed == []
     assert len(schedules.leases()) == 2
     schedules.jobs.gate.set()
     assert [future.result(timeout=FUTURE_TIMEOUT).outcome for future in runs] == ["ok", "ok"]
+    assert finish(first.fire_due()) == ["ok"]
+    assert [at for at, _ in schedules.history("slow")] == [NOON + timedelta(minutes=minute) for minute in range(3)]
 
 
 def test_a_held_lease_is_renewed_and_not_swept(schedules, clock):
