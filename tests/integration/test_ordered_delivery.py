@@ -255,3 +255,20 @@ def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(en
     assert read < 2_000  # a few index entries per key visited, against 20,000 rows in the table
     assert plan["Actual Rows"] == 50
     assert {node["Index Name"] for node in on_the_outbox if "Index Name" in node} >= {"ix_ordered_event_outbox_order"}
+
+
+def test_drain_until_idle_stops_at_rows_behind_a_stuck_head_and_counts_them(engine, insert_ordered, receiver, clock):
+    from outboxkit import OutboxKit, OutboxKitSettings
+    from outboxkit.testing import drain_until_idle
+
+    insert_ordered([("a", 0), ("a", 1), ("a", 2), ("b", 0)])
+    receiver.respond = lambda request: Reply(status=400) if request.body == {"stream": "a", "n": 0} else Reply()
+    kit = OutboxKit(engine, [OrderedEvent], settings=OutboxKitSettings(), clock=clock)
+    try:
+        report = drain_until_idle(kit)
+    finally:
+        kit.close()
+
+    assert report.pending == 2  # behind the stuck head: waiting, not "due but never claimed"
+    assert report.delivered == 1 and report.rounds == 1
+    assert [request.body["n"] for request in receiver.requests if request.body["stream"] == "a"] == [0]
