@@ -323,7 +323,7 @@ def main() -> None:
     add_ordered_flags(parser)
     options = parser.parse_args()
     if options.ordered_only:
-        print(json.dumps(run_ordered_only()))
+        print(json.dumps(run_ordered_only(repeat=options.ordered_repeat)))
         return
     scratch = scratch_database()
     with psycopg.connect(scratch.server_url, autocommit=True) as connection:
@@ -346,7 +346,7 @@ def main() -> None:
         for name, value in figures.items():
             print(f"{name}: {value:.2f}", flush=True)
         signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
-        ordered = {} if options.no_ordered else ordered_vs_unordered(engine)
+        ordered = {} if options.no_ordered else ordered_vs_unordered(engine, repeat=options.ordered_repeat)
     finally:
         dead.close()
         healthy.stop()
@@ -370,9 +370,10 @@ def add_ordered_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the ordered-delivery measurement (bench/ordered_delivery.py)."""
     parser.add_argument("--ordered-only", action="store_true", help="only the ordered-vs-unordered measurement")
     parser.add_argument("--no-ordered", action="store_true", help="leave the ordered-vs-unordered measurement out")
+    parser.add_argument("--ordered-repeat", type=int, default=1, help="interleaved ordered/unordered pairs; medians")
 
 
-def run_ordered_only() -> dict[str, object]:
+def run_ordered_only(*, repeat: int = 1) -> dict[str, object]:
     """The ordered-vs-unordered figures alone, on a scratch database of their own."""
     scratch = scratch_database()
     with psycopg.connect(scratch.server_url, autocommit=True) as connection:
@@ -380,7 +381,7 @@ def run_ordered_only() -> dict[str, object]:
     engine = create_engine(scratch.sqlalchemy_url, pool_size=10)
     try:
         kit_metadata.create_all(engine)
-        return ordered_vs_unordered(engine)
+        return ordered_vs_unordered(engine, repeat=repeat)
     finally:
         engine.dispose()
         with psycopg.connect(scratch.server_url, autocommit=True) as connection:

@@ -213,6 +213,7 @@ def ordered_vs_unordered(engine: Engine, *, repeat: int = 1) -> dict[str, object
         OrderingBase.metadata.drop_all(engine)
     ordered_rate, unordered_rate = statistics.median(ordered), statistics.median(unordered)
     return {
+        "ordered_ratio_per_pair": [round(one / other, 3) for one, other in zip(ordered, unordered, strict=True)],
         "ordered_rows_per_s": round(ordered_rate, 1),
         "unordered_rows_per_s": round(unordered_rate, 1),
         "ordered_ratio": round(ordered_rate / unordered_rate, 3),

@@ -15,8 +15,10 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │   │                           ManualClock times, RetryPolicy, AttemptResult...
     │   ├── InvalidDeliveryError    a Delivery with a bad URL, method, header or a
     │   │                           JSON body outboxkit cannot encode (the field is named)
-    │   └── InvalidScheduleError    a schedule with a bad trigger, target or limit;
-    │                               ``field`` names it (``trigger.timezone``...)
+    │   ├── InvalidScheduleError    a schedule with a bad trigger, target or limit;
+    │   │                           ``field`` names it (``trigger.timezone``...)
+    │   └── NotOrderedError         (operator) skip or blocked keys asked of an outbox
+    │                               without an ordering key; nothing was changed
     ├── InvalidSearch               (also ValueError; operator) a search that is neither
     │                               a row id nor an idempotency key
     ├── InvalidCursor               (also ValueError; operator) a page cursor that does
@@ -87,6 +89,7 @@ __all__ = [
     "LifecycleError",
     "MigrationRequired",
     "NotIdleError",
+    "NotOrderedError",
     "OperatorPoolBusy",
     "OperatorQueryTimeout",
     "OutboxAssertionError",
@@ -128,6 +131,10 @@ class InvalidScheduleError(InvalidValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class NotOrderedError(InvalidValueError):
+    """Skip or blocked keys were asked of an outbox that has no ordering key (``OutboxOptions.ordering_key``)."""
 
 
 class InvalidTypeError(OutboxKitError, TypeError):

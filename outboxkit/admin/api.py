@@ -44,7 +44,7 @@ from starlette.concurrency import run_in_threadpool
 
 from outboxkit.admin.refusals import REFUSALS, refusal_status
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
-from outboxkit.errors import InvalidSearch
+from outboxkit.errors import InvalidSearch, NotOrderedError
 from outboxkit.operations.ordered_keys import BlockedKeys
 from outboxkit.operations.replay import ReplayOutcome, ReplayRequest
 from outboxkit.operations.schemas import (
@@ -108,8 +108,10 @@ def http_errors() -> Iterator[None]:
     except REFUSALS as exc:
         status_code = refusal_status(exc)
         if status_code == 422:  # shaped as FastAPI's own 422 (the documented HTTPValidationError)
-            field = "q" if isinstance(exc, InvalidSearch) else "payload_column"
-            problem = {"type": "value_error", "loc": ("query", field), "msg": str(exc), "input": None}
+            where = ("path", "outbox") if isinstance(exc, NotOrderedError) else (
+                "query", "q" if isinstance(exc, InvalidSearch) else "payload_column"
+            )
+            problem = {"type": "value_error", "loc": where, "msg": str(exc), "input": None}
             raise RequestValidationError([problem]) from None
         raise HTTPException(status_code=status_code, detail=str(exc)) from None
 

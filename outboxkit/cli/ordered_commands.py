@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from outboxkit.cli.application import CommandError, actor, admin_service, operating
-from outboxkit.errors import InvalidValueError, RowsNotFound
+from outboxkit.errors import NotOrderedError, RowsNotFound
 
 __all__ = ["blocked", "skip"]
 
@@ -40,7 +40,7 @@ def blocked(
     with operating(context, json_output, [outbox]) as (kit, output):
         try:
             found = admin_service(kit).ordered_keys.blocked_keys(outbox)
-        except InvalidValueError as exc:
+        except NotOrderedError as exc:
             raise CommandError(str(exc)) from None
         rows = [
             {"id": head.id, "key": head.key, "waiting": f"{head.waiting}{'+' if head.waiting > found.waiting_cap else ''}",
@@ -62,7 +62,7 @@ def skip(
     with operating(context, json_output, [outbox]) as (kit, output):
         try:
             result = admin_service(kit).skip(outbox, ids, actor=actor())
-        except (InvalidValueError, RowsNotFound) as exc:
+        except (NotOrderedError, RowsNotFound) as exc:
             raise CommandError(str(exc)) from None
         rows = [{"id": changed, "result": "skipped in its key's order"} for changed in result.changed_ids]
         rows += [{"id": left.id, "result": f"left alone: {left.reason}"} for left in result.skipped]

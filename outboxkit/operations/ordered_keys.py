@@ -8,7 +8,7 @@ The operator either retries it (reset, or retry now: the existing actions) or sk
 Skip rules (one id or many, like reset): only a ``stuck`` row with a key that is not skipped yet is
 skipped; any other row is left alone and reported with the reason (so repeating a skip is harmless); an
 unknown id raises ``RowsNotFound`` and nothing changes; an outbox without an ordering key is refused
-(``InvalidValueError``).  A skip is audited (``skip``) with its actor in the same transaction, and wakes
+(``NotOrderedError``).  A skip is audited (``skip``) with its actor in the same transaction, and wakes
 the drain, like a reset.
 """
 
@@ -19,7 +19,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
-from outboxkit.errors import InvalidValueError, RowsNotFound
+from outboxkit.errors import NotOrderedError, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.notify import notify_statement
@@ -72,7 +72,7 @@ class OrderedKeys:
         outbox = self.kit.outbox(outbox_name)  # UnknownOutboxError for a bad name
         statements = _statements(outbox)
         if statements is None:
-            raise InvalidValueError(
+            raise NotOrderedError(
                 f"outbox {outbox_name!r} has no ordering key: its rows are unordered and none blocks another "
                 "(skip is for the stuck head of a key; reset or retry a row instead)"
             )

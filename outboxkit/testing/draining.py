@@ -12,6 +12,7 @@ from outboxkit.clock import ManualClock
 from outboxkit.errors import ConfigurationError, InvalidValueError, NotIdleError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
+from outboxkit.queries import queries_for
 from outboxkit.results import DrainResult
 from outboxkit.testing.recording import attached_recorders
 
@@ -26,7 +27,9 @@ class IdleReport:
     started_at: datetime
     finished_at: datetime
     results: dict[str, DrainResult]
-    pending: int  # rows still pending at the end (in backoff or scheduled later; 0 when the clock was advanced)
+    # rows still pending at the end: in backoff or scheduled later (when the clock was not advanced), or waiting
+    # behind a stuck head of their ordering key (docs/destinations.md, "Ordered delivery")
+    pending: int
 
     @property
     def delivered(self) -> int:
@@ -61,7 +64,8 @@ def drain_until_idle(
     up to the wall clock (rows your code just inserted are due by the
     database's ``now()``), and after each round it is moved to the earliest
     ``next_attempt_at`` of the pending rows, so retries run through the whole
-    backoff table without waiting; it stops when no row is pending.  With
+    backoff table without waiting; it stops when no row is pending (or
+    only rows waiting behind a stuck head of their ordering key are).  With
     ``advance_clock=False`` the clock is left alone and it stops when nothing
     is due now (rows in backoff stay pending; any clock works).
 
@@ -93,8 +97,8 @@ def drain_until_idle(
         for recorder in recorders:
             recorder.check()
         next_due = _next_due(kit.engine, outboxes)
-        if next_due is None:
-            return IdleReport(rounds, started_at, kit.clock.now(), results, pending=0)
+        if next_due is None:  # nothing left a drain could claim (rows behind a stuck head of their key wait)
+            return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
         if next_due > kit.clock.now():
             if manual is None:
                 return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
@@ -124,11 +128,9 @@ def _clock_to_move(kit: OutboxKit, clock: ManualClock | None, advance_clock: boo
 
 
 def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]]) -> datetime | None:
+    """The earliest due time of a row a drain could claim (with an ordering key, rows behind their key's head wait)."""
     with engine.connect() as connection:
-        times = [
-            connection.scalar(select(func.min(outbox.next_attempt_at)).where(outbox.status == "pending"))
-            for outbox in outboxes
-        ]
+        times = [queries_for(outbox).earliest_due(connection) for outbox in outboxes]
     due = [moment for moment in times if moment is not None]
     return min(due) if due else None
 

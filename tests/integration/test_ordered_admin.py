@@ -106,7 +106,8 @@ def test_skip_and_blocked_keys_refuse_an_unordered_outbox(admin):
     (row_id,) = add_webhooks(admin.engine, 1, status="stuck")
     skipped = admin.client.post("/admin/api/outboxes/webhooks/skip", json={"ids": [row_id]})
     listed = admin.client.get("/admin/api/outboxes/webhooks/blocked-keys")
-    assert skipped.status_code == 422 and "has no ordering key" in json.dumps(skipped.json())
+    assert skipped.status_code == 422 and "has no ordering key" in skipped.json()["detail"][0]["msg"]
+    assert skipped.json()["detail"][0]["loc"] == ["path", "outbox"]
     assert listed.status_code == 422
     assert admin.client.get(f"/admin/api/outboxes/webhooks/rows/{row_id}").json()["ordering"] is None
 

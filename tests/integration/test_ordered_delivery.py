@@ -19,6 +19,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit import Delivery, Drainer, HttpTransport, Outbox, OutboxOptions
 from outboxkit.errors import ConfigurationError
+from tests.integration.test_model import plan_nodes
 from tests.support.models import OrderedEvent
 from tests.support.receiver import Reply
 
@@ -213,12 +214,6 @@ def test_a_bad_ordering_key_is_refused_when_the_class_is_defined():
     assert "misspelt_outbox" not in Base.metadata.tables  # a refused class leaves no table behind
 
 
-def plan_nodes(plan):
-    yield plan
-    for child in plan.get("Plans", ()):
-        yield from plan_nodes(child)
-
-
 def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(engine):
     # One key with 10,000 rows behind a head in flight, and 1,000 keys of 10 rows each, all due.  The claim steps
     # over the busy key once, as it steps over any key, and reads a batch's worth of heads from the order index.
@@ -249,9 +244,26 @@ def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(en
     finally:
         connection.rollback()
         connection.close()
-    on_the_outbox = [node for node in plan_nodes(plan) if node.get("Relation Name") == "ordered_event_outbox"]
+    on_the_outbox = [node for node, _ in plan_nodes(plan) if node.get("Relation Name") == "ordered_event_outbox"]
     assert on_the_outbox and not [node for node in on_the_outbox if node["Node Type"] == "Seq Scan"]
     read = sum(node["Actual Rows"] * node["Actual Loops"] for node in on_the_outbox)
     assert read < 2_000  # a few index entries per key visited, against 20,000 rows in the table
     assert plan["Actual Rows"] == 50
     assert {node["Index Name"] for node in on_the_outbox if "Index Name" in node} >= {"ix_ordered_event_outbox_order"}
+
+
+def test_drain_until_idle_stops_at_rows_behind_a_stuck_head_and_counts_them(engine, insert_ordered, receiver, clock):
+    from outboxkit import OutboxKit, OutboxKitSettings
+    from outboxkit.testing import drain_until_idle
+
+    insert_ordered([("a", 0), ("a", 1), ("a", 2), ("b", 0)])
+    receiver.respond = lambda request: Reply(status=400) if request.body == {"stream": "a", "n": 0} else Reply()
+    kit = OutboxKit(engine, [OrderedEvent], settings=OutboxKitSettings(), clock=clock)
+    try:
+        report = drain_until_idle(kit)
+    finally:
+        kit.close()
+
+    assert report.pending == 2  # behind the stuck head: waiting, not "due but never claimed"
+    assert report.delivered == 1 and report.rounds == 1
+    assert [request.body["n"] for request in receiver.requests if request.body["stream"] == "a"] == [0]
