@@ -19,7 +19,9 @@ misfires: they are skipped, as the operator asked.
 Schedules defined in code are written by ``sync_from_code`` when a process
 starts: a new one is inserted, a changed one updated (its ``enabled`` and,
 if its trigger is unchanged, its ``next_run_at`` kept), an unchanged one
-left alone.  So their state lives in the database, and a process that
+left alone; with ``remove_missing`` (what the kit's start does) a row
+defined in code that the code no longer defines is deleted.  So their state
+lives in the database, and a process that
 starts after a deploy finds an occurrence that fell during the deploy still
 due, and runs it within its misfire grace.
 """
@@ -234,12 +236,18 @@ class ScheduleStore:
             connection.execute(delete(schedules).where(schedules.c.name == name))
             self._changed(connection, "delete", actor=actor, before=current, after=None)
 
-    def sync_from_code(self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code") -> dict[str, int]:
+    def sync_from_code(
+        self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code", remove_missing: bool = False
+    ) -> dict[str, int]:
         """Write the schedules defined in code: insert new ones, update changed ones, keep their state.
 
-        Returns how many were inserted, updated and left unchanged.
+        ``remove_missing`` also deletes every row defined in code that
+        ``definitions`` no longer holds (audited as ``sync``; its run history
+        stays); rows made through the API are never touched.  Returns how
+        many were inserted, updated, left unchanged and removed.
         """
-        counts = {"inserted": 0, "updated": 0, "unchanged": 0}
+        definitions = list(definitions)
+        counts = {"inserted": 0, "updated": 0, "unchanged": 0, "removed": 0}
         for definition in definitions:
             self._check(definition, past_allowed=True)
             with self.engine.begin() as connection:
@@ -260,7 +268,23 @@ class ScheduleStore:
                     continue
                 self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code")
                 counts["updated"] += 1
+        if remove_missing:
+            counts["removed"] = self._remove_code_rows_except({definition.name for definition in definitions}, actor=actor)
         return counts
+
+    def _remove_code_rows_except(self, names: Collection[str], *, actor: str) -> int:
+        """Delete the rows defined in code whose names are not in ``names``, each audited; how many."""
+        statement = (
+            select(schedules)
+            .where(schedules.c.defined_in == "code", schedules.c.name.not_in(list(names)))
+            .with_for_update()
+        )
+        with self.engine.begin() as connection:
+            rows = connection.execute(statement).mappings().all()
+            for row in rows:
+                connection.execute(delete(schedules).where(schedules.c.id == row["id"]))
+                self._changed(connection, "sync", actor=actor, before=row, after=None)
+        return len(rows)
 
     # -- internals -----------------------------------------------------------
 

@@ -112,6 +112,10 @@ def test_the_guide_delivers_a_grant_and_its_admin_resets_a_stuck_row(myapp, rece
         assert statuses()[-5] in ("pending", "stuck")  # reset, then (the receiver still refuses it) parked again
         assert client.get("/admin/", auth=auth).status_code == 200
 
+        with engine.connect() as connection:  # the schedule declared in the guide was synced into a row at start
+            synced = connection.execute(text("SELECT name, defined_in FROM outboxkit_schedules")).all()
+        assert [tuple(row) for row in synced] == [("grants.daily-count", "code")]
+
 
 # -- recipes: the blocks marked <!-- doc-test: ... --> ----------------------------
 
