@@ -251,16 +251,23 @@ class ScheduleStore:
         for definition in definitions:
             self._check(definition, past_allowed=True)
             with self.engine.begin() as connection:
-                current = connection.execute(
-                    select(schedules).where(schedules.c.name == definition.name).with_for_update()
-                ).mappings().first()
+                locked = select(schedules).where(schedules.c.name == definition.name).with_for_update()
+                current = connection.execute(locked).mappings().first()
                 if current is None:
                     definition.check_not_past(self.clock.now())
                     values = self._new_row(definition, defined_in="code", actor=actor)
-                    row = connection.execute(insert(schedules).values(values).returning(*schedules.c)).mappings().one()
-                    self._changed(connection, "sync", actor=actor, before=None, after=row)
-                    counts["inserted"] += 1
-                    continue
+                    # Processes that start together sync the same new schedule: one inserts, the
+                    # others wait for its commit on the unique name and then compare with its row.
+                    statement = (
+                        insert(schedules).values(values).on_conflict_do_nothing(index_elements=["name"])
+                        .returning(*schedules.c)
+                    )
+                    row = connection.execute(statement).mappings().first()
+                    if row is not None:
+                        self._changed(connection, "sync", actor=actor, before=None, after=row)
+                        counts["inserted"] += 1
+                        continue
+                    current = connection.execute(locked).mappings().one()
                 # An operator's enable/disable outlives a deploy; the rest of the definition is the code's.
                 wanted = replace(definition, enabled=current["enabled"])
                 if wanted == definition_from_row(current) and current["defined_in"] == "code":
@@ -277,6 +284,7 @@ class ScheduleStore:
         statement = (
             select(schedules)
             .where(schedules.c.defined_in == "code", schedules.c.name.not_in(list(names)))
+            .order_by(schedules.c.name)  # every process locks them in one order: no deadlock between two syncs
             .with_for_update()
         )
         with self.engine.begin() as connection:

@@ -20,6 +20,7 @@ from sqlalchemy import select, text
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError, LifecycleError, MigrationRequired
+from outboxkit.schedule_store import definition_values
 from outboxkit.scheduled_jobs import JobContext, every
 from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.tables import job_runs, schedule_audit, schedules
@@ -192,6 +193,48 @@ def test_a_database_behind_the_schedule_migration_is_said_in_one_line_and_the_re
     message = errors[0].getMessage()
     assert "outboxkit_0006" in message and "alembic upgrade heads" in message and "the API starts without it" in message
     assert errors[0].exc_info is None  # one line, no traceback
+
+
+def test_processes_that_start_together_sync_a_new_schedule_once_and_all_start(engine):
+    # Another process's start inserted the new schedule and has not committed yet: this start's
+    # insert waits on the unique name, and must then take that row as its own, not fail.
+    other = make_kit(engine, scheduler_enabled=False)
+    other.schedules.add_job("shop.nightly", nothing, FAR_AWAY)
+    [definition] = other.schedules.definitions
+    now = other.clock.now()
+    values = {**definition_values(definition), "next_run_at": FAR_AWAY.first_at_or_after(now), "defined_in": "code",
+              "created_at": now, "created_by": "code", "changed_at": now, "changed_by": "code"}
+    kit = make_kit(engine, scheduler_enabled=False)
+    kit.schedules.add_job("shop.nightly", nothing, FAR_AWAY)
+    started: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            kit.schedules.start()
+            started.append(None)
+        except BaseException as exc:
+            started.append(exc)
+
+    with engine.connect() as holder:
+        transaction = holder.begin()
+        holder.execute(schedules.insert().values(values))
+        thread = threading.Thread(target=start)
+        thread.start()
+        wait_until(lambda: waiting_on_a_lock(engine), timeout=TIMEOUT, message="the second insert waiting")
+        transaction.commit()
+    thread.join(TIMEOUT)
+    try:
+        assert started == [None] and kit.schedules.running
+        assert list(schedule_rows(engine)) == ["shop.nightly"]
+    finally:
+        kit.close()
+        other.close()
+
+
+def waiting_on_a_lock(engine) -> bool:
+    with engine.connect() as connection:
+        statement = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        return connection.execute(statement).scalar_one() > 0
 
 
 # -- one loop per process; names ------------------------------------------------------------
