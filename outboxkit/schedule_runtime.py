@@ -177,8 +177,15 @@ class KitSchedules:
 
     @property
     def store(self) -> ScheduleStore:
-        """A ``ScheduleStore`` on the kit's engine and clock that knows the registered jobs and the kit's outboxes."""
-        return ScheduleStore(self.kit.engine, clock=self.kit.clock, jobs=self.jobs, outboxes=self.kit.outboxes)
+        """A ``ScheduleStore`` on the kit's engine and clock that knows the registered jobs and the kit's outboxes.
+
+        It refuses (``InvalidScheduleError``, field ``name``) a schedule named like an elected job or
+        under the kit's ``outboxkit.`` prefix, as declaring one in code does.
+        """
+        return ScheduleStore(
+            self.kit.engine, clock=self.kit.clock, jobs=self.jobs, outboxes=self.kit.outboxes,
+            reserved_names=self._reserved_name,
+        )
 
     @property
     def runner(self) -> ScheduleRunner:
@@ -285,21 +292,28 @@ class KitSchedules:
 
     # -- internals -----------------------------------------------------------
 
-    def _declare(self, definition: ScheduleDefinition) -> None:
-        name = definition.name
-        self._refuse_while_running(f"declare the schedule {name!r}")
+    def _reserved_name(self, name: str) -> str | None:
+        """Why no schedule may be named ``name`` (the kit's prefix, an elected job's id), or None."""
         if name.startswith(KIT_JOB_PREFIX):
-            raise ConfigurationError(
+            return (
                 f"schedule {name!r}: names starting with {KIT_JOB_PREFIX!r} are the kit's own (drains, retention); "
                 "use your application's own prefix, e.g. 'billing.expire-trials'"
             )
-        if name in self._definitions:
-            raise ConfigurationError(f"schedule {name!r} is declared twice with kit.schedules; each name once")
         if name in self._elected_job_ids():
-            raise ConfigurationError(
+            return (
                 f"schedule {name!r}: the elected scheduler has a job with this id (kit.scheduler.add_job); "
                 "schedule names and job ids share the run history and its fence: rename one of them"
             )
+        return None
+
+    def _declare(self, definition: ScheduleDefinition) -> None:
+        name = definition.name
+        self._refuse_while_running(f"declare the schedule {name!r}")
+        if name in self._definitions:
+            raise ConfigurationError(f"schedule {name!r} is declared twice with kit.schedules; each name once")
+        reserved = self._reserved_name(name)
+        if reserved is not None:
+            raise ConfigurationError(reserved)
         self._definitions[name] = definition
 
     def _changed(self) -> None:

@@ -28,7 +28,7 @@ due, and runs it within its misfire grace.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -151,6 +151,8 @@ class ScheduleStore:
     the outbox classes the kit knows: a schedule may only target those (a
     job this code base cannot run, or an outbox that is not a
     ``ScheduledRequestOutbox``, is refused with the field named).
+    ``reserved_names(name)`` says why a name may not be used, or None (the
+    kit's store: the elected scheduler's job ids, which share the run history).
     """
 
     def __init__(
@@ -160,8 +162,10 @@ class ScheduleStore:
         clock: Clock | None = None,
         jobs: Collection[str] = (),
         outboxes: Iterable[type[Outbox]] = (),
+        reserved_names: Callable[[str], str | None] | None = None,
     ) -> None:
         self.engine = engine
+        self.reserved_names = reserved_names
         self.clock = clock or SystemClock()
         self.jobs = frozenset(jobs)
         self.request_outboxes = {
@@ -297,6 +301,9 @@ class ScheduleStore:
     # -- internals -----------------------------------------------------------
 
     def _check(self, definition: ScheduleDefinition, *, past_allowed: bool = False) -> None:
+        reserved = self.reserved_names(definition.name) if self.reserved_names is not None else None
+        if reserved is not None:
+            raise InvalidScheduleError("name", reserved)
         target = definition.target
         if isinstance(target, JobTarget) and target.job not in self.jobs:
             known = ", ".join(sorted(self.jobs)) or "none"

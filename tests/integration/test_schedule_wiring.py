@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.errors import ConfigurationError, LifecycleError, MigrationRequired
+from outboxkit.errors import ConfigurationError, InvalidScheduleError, LifecycleError, MigrationRequired
 from outboxkit.schedule_store import definition_values
 from outboxkit.scheduled_jobs import JobContext, every
 from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
@@ -271,6 +271,12 @@ def test_names_collide_with_neither_the_elected_jobs_nor_the_kits_own(engine):
         kit.schedules.add_http("billing.report", EVERY_SECOND, HttpTarget(url="http://127.0.0.1/x", outbox="scheduled-calls"))
     with pytest.raises(ConfigurationError, match="kit's own"):
         kit.schedules.add_job("outboxkit.drain.sample-events", nothing, EVERY_SECOND)
+    with pytest.raises(InvalidScheduleError, match="^name: .*the elected scheduler has a job with this id"):
+        kit.schedules.store.create(  # a schedule made at runtime is refused the same way
+            ScheduleDefinition(name="billing.expire", trigger=EVERY_SECOND, target=JobTarget(job="billing.report")),
+            actor="alice",
+        )
+    assert schedule_rows(engine) == {}
     assert [definition.name for definition in kit.schedules.definitions] == ["billing.report"]
     assert [job.id for job in kit.scheduler.jobs() if not job.id.startswith("outboxkit.")] == ["billing.expire"]
     kit.close()
