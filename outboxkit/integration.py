@@ -13,9 +13,10 @@ the trigger loop that fires this process's share of the due schedule rows
 leader needed), and starts campaigning for leadership in a background
 thread, and returns: the API serves requests whether this worker leads,
 stands by, or cannot reach the database at all.  A drain, schedule loop or
-scheduler that fails to start is logged (a database whose kit migration
-predates the schedule tables: one ERROR line naming the migration) and never
-blocks the API.  On shutdown it stops the schedule loop (runs in progress
+scheduler that fails to start is logged and never blocks the API (the
+schedule loop syncs and starts in a thread, retried while the database does
+not answer; a database whose kit migration predates the schedule tables is
+one ERROR line naming the migration).  On shutdown it stops the schedule loop (runs in progress
 record their outcome first), the drain loops (rows in flight are recorded
 first), stops the scheduler, releases the lock and closes the kit, which
 leaves it usable: a second start (another ``TestClient(app)``) works.
@@ -44,7 +45,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from outboxkit.errors import MigrationRequired
 from outboxkit.health import ProbeApp
 from outboxkit.log_events import log_fields
 from outboxkit.worker import database_readiness
@@ -140,27 +140,23 @@ def _start(kit: Runtime) -> None:
                          extra=log_fields("integration.scheduler_start_failed"))
 
 
-def start_schedules(schedules: KitSchedules, *, enabled: bool, where: str) -> bool:
-    """Start the schedule loop unless disabled; a failure is logged (one line), never raised.  Whether it runs.
+def start_schedules(schedules: KitSchedules, *, enabled: bool, where: str) -> None:
+    """Start the schedule loop in the background unless disabled; a refusal is logged (one line), never raised.
 
     Shared by the lifespan and ``outboxkit worker``: ``where`` names what
-    goes on without the loop ("the API", "the worker").
+    goes on without the loop ("the API", "the worker").  The sync and the
+    start run in a thread (``KitSchedules.start_in_background``), so a
+    database that does not answer never holds up the start-up.
     """
     if not enabled:
         logger.info("schedule rows are not fired in this process (OUTBOXKIT_SCHEDULES_ENABLED=false)",
                     extra=log_fields("integration.schedules_disabled"))
-        return False
+        return
     try:
-        schedules.start()
-    except MigrationRequired as exc:  # a database behind the kit's migration: the fix, in one line
-        logger.error("the schedule loop did not start: %s; %s starts without it", exc, where,
-                     extra=log_fields("integration.schedules_need_migration"))
-        return False
+        schedules.start_in_background()
     except Exception:
         logger.exception("the schedule loop could not start; %s starts without it", where,
                          extra=log_fields("integration.schedules_start_failed"))
-        return False
-    return True
 
 
 def stop_schedules(schedules: KitSchedules) -> None:

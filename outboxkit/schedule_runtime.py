@@ -10,12 +10,15 @@ whose state lives in ``outboxkit_schedules``::
     kit.schedules.register_job("reports.rebuild", rebuild)   # a job only schedules made at runtime target
 
 Every process that runs the kit's runtime (``kit.lifespan``, ``outboxkit
-worker``) calls ``start()``, unless ``OUTBOXKIT_SCHEDULES_ENABLED=false``:
+worker``) calls ``start_in_background()``, unless
+``OUTBOXKIT_SCHEDULES_ENABLED=false``; in a thread of its own, so start-up
+never waits for the database (one that does not answer is tried again every
+few seconds until it does or ``stop()`` is called):
 
 1. it checks that the kit's migration has the schedule tables (``outboxkit_0006``);
-   a database behind it raises ``MigrationRequired``, which the lifespan and
-   the worker log as one line and go on without the loop (drains and the
-   elected scheduler are not held up by it);
+   a database behind it is one ERROR line (``start()`` raises
+   ``MigrationRequired``) and the process goes on without the loop (drains
+   and the elected scheduler are not held up by it);
 2. it syncs the declared schedules into rows (``ScheduleStore.sync_from_code``
    with ``remove_missing=True``): new ones are inserted, changed ones updated
    (their ``enabled`` kept, their ``next_run_at`` too when the trigger is
@@ -26,10 +29,11 @@ worker``) calls ``start()``, unless ``OUTBOXKIT_SCHEDULES_ENABLED=false``:
    kit's outboxes, clock and telemetry: it fires this process's share of
    every due row (``outboxkit.schedule_runner``).
 
-``stop()`` waits for the runs in progress to record their outcome; the kit
-stops it before it closes its engine.  A kit runs one loop per process: a
-second ``start()`` while it runs raises ``LifecycleError``; after ``stop()``
-it starts again (a second ``TestClient(app)``).
+``stop()`` cancels a start in progress and waits for the runs in progress
+to record their outcome; the kit stops it before it closes its engine.  A
+kit runs one loop per process: a second start while it runs or starts
+raises ``LifecycleError``; after ``stop()`` it starts again (a second
+``TestClient(app)``).
 
 Names are shared with the elected scheduler's job ids (both write their runs
 into ``outboxkit_job_runs`` under that name, and the fence keys on it), so a
@@ -87,6 +91,8 @@ class KitSchedules:
         self._runner: ScheduleRunner | None = None  # built from the registry; rebuilt after it changes
         self._running = False
         self._synced = False
+        self._starter: threading.Thread | None = None  # start_in_background's thread while it starts
+        self._cancel = threading.Event()
 
     # -- declaring -----------------------------------------------------------
 
@@ -239,29 +245,48 @@ class KitSchedules:
         return counts
 
     def start(self) -> None:
-        """Check the tables, sync the declared schedules and start the trigger loop.
+        """Check the tables, sync the declared schedules and start the trigger loop, in this thread.
 
         Raises ``MigrationRequired`` (nothing started) when the schedule
         tables are missing, ``LifecycleError`` when this kit's loop already
-        runs in this process.
+        runs (or is starting) in this process; a database error propagates.
         """
         with self._lock:
             self._refuse_while_running("start it again")
-            self.sync()
-            runner = self.runner
-            runner.start()
-            self._running = True
-        logger.info(
-            "firing schedule rows in this process (%d declared in code, %d job(s) registered)",
-            len(self._definitions), len(self._jobs),
-            extra=log_fields("schedule.runner_started", declared=len(self._definitions), jobs=len(self._jobs)),
-        )
+            self._refuse_while_starting()
+        self._start(threading.Event())
 
-    def stop(self) -> None:
+    def start_in_background(self, *, retry_seconds: float = 5.0) -> None:
+        """What the lifespan and ``outboxkit worker`` call: ``start()`` in a thread, so start-up never waits for it.
+
+        A database that does not answer is tried again every
+        ``retry_seconds`` (a WARNING the first time) until it does or
+        ``stop()`` is called; missing schedule tables are one ERROR line
+        (``schedule.needs_migration``) and the process goes on without the
+        loop.  ``LifecycleError`` at once if the loop runs or is starting.
+        """
+        with self._lock:
+            self._refuse_while_running("start it again")
+            self._refuse_while_starting()
+            cancel = threading.Event()
+            self._cancel = cancel
+            self._starter = threading.Thread(
+                target=self._start_until_done, args=(cancel, retry_seconds), name="outboxkit-schedules-start", daemon=True
+            )
+            self._starter.start()
+
+    def stop(self, *, timeout: float = 60.0) -> None:
         """Stop the loop and wait for the runs in progress to record their outcome.  Idempotent.
 
-        A runner driven by hand (``run_pending``) has its run threads released too.
+        A start still in progress is cancelled (it starts nothing after
+        this); a runner driven by hand (``run_pending``) has its run threads
+        released too.
         """
+        with self._lock:
+            self._cancel.set()
+            starter, self._starter = self._starter, None
+        if starter is not None and starter is not threading.current_thread():
+            starter.join(timeout)  # a sync in progress ends, or its connection attempt fails
         with self._lock:
             runner, was_running = self._runner, self._running
             self._running = False
@@ -271,6 +296,41 @@ class KitSchedules:
         runner.stop(wait=True)
         if was_running:
             logger.info("stopped firing schedule rows", extra=log_fields("schedule.runner_stopped"))
+
+    def _start(self, cancel: threading.Event) -> bool:
+        """Sync, then start the runner unless ``cancel`` was set meanwhile; whether it started."""
+        self.sync()
+        with self._lock:
+            if cancel.is_set():
+                return False
+            self._refuse_while_running("start it again")
+            runner = self.runner
+            runner.start()
+            self._running = True
+        logger.info(
+            "firing schedule rows in this process (%d declared in code, %d job(s) registered)",
+            len(self._definitions), len(self._jobs),
+            extra=log_fields("schedule.runner_started", declared=len(self._definitions), jobs=len(self._jobs)),
+        )
+        return True
+
+    def _start_until_done(self, cancel: threading.Event, retry_seconds: float) -> None:
+        warned = False
+        while not cancel.is_set():
+            try:
+                self._start(cancel)
+                return
+            except MigrationRequired as exc:  # a database behind the kit's migration: the fix, in one line
+                logger.error("the schedule loop did not start: %s; this process goes on without it", exc,
+                             extra=log_fields("schedule.needs_migration"))
+                return
+            except Exception as exc:
+                if not warned:
+                    logger.warning("the schedule loop could not start yet (%s: %s); trying again every %g s",
+                                   type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                                   retry_seconds, extra=log_fields("schedule.start_retrying"))
+                    warned = True
+            cancel.wait(retry_seconds)
 
     # -- driving it by hand (tests) ----------------------------------------------
 
@@ -320,6 +380,14 @@ class KitSchedules:
         """The registry changed: the next sync and runner see it."""
         self._runner = None
         self._synced = False
+
+    def _refuse_while_starting(self) -> None:
+        starter = self._starter
+        if starter is not None and starter.is_alive() and starter is not threading.current_thread():
+            raise LifecycleError(
+                "cannot start it again: this kit's schedule loop is starting in this process (kit.lifespan or "
+                "outboxkit worker started it); stop it first"
+            )
 
     def _refuse_while_running(self, what: str) -> None:
         if self._running:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select, text
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.pool import NullPool
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError, InvalidScheduleError, LifecycleError, MigrationRequired
@@ -73,7 +74,7 @@ def test_the_lifespan_fires_a_schedule_declared_in_code_and_one_made_at_runtime(
     kit.schedules.register_job("shop.later", record)  # targeted only by a row made at runtime
     app = FastAPI(lifespan=kit.lifespan)
     with TestClient(app):
-        assert kit.schedules.running
+        wait_until(lambda: kit.schedules.running, timeout=TIMEOUT, message="the loop's start")
         kit.schedules.store.create(
             ScheduleDefinition(name="made-at-runtime", trigger=EVERY_SECOND, target=JobTarget(job="shop.later")),
             actor="alice",
@@ -104,6 +105,7 @@ def test_the_schedules_declared_in_code_are_synced_at_every_start(engine):
     before.schedules.add_job("nightly", nothing, FAR_AWAY)
     before.schedules.add_job("retired", nothing, FAR_AWAY)
     with TestClient(FastAPI(lifespan=before.lifespan)):
+        wait_until(lambda: before.schedules.running, timeout=TIMEOUT, message="the first start")
         before.schedules.store.create(api_row, actor="alice")
     first = schedule_rows(engine)
     assert set(first) == {"nightly", "retired", "made-by-alice"}
@@ -113,6 +115,7 @@ def test_the_schedules_declared_in_code_are_synced_at_every_start(engine):
     moved = ScheduleTrigger.once(at="2098-06-01T00:00:00+00:00")
     after.schedules.add_job("nightly", nothing, moved)
     with TestClient(FastAPI(lifespan=after.lifespan)):
+        wait_until(lambda: after.schedules.running, timeout=TIMEOUT, message="the second start")
         rows = schedule_rows(engine)
 
     assert set(rows) == {"nightly", "made-by-alice"}
@@ -184,14 +187,17 @@ def test_a_database_behind_the_schedule_migration_is_said_in_one_line_and_the_re
     caplog.clear()
 
     with TestClient(FastAPI(lifespan=kit.lifespan)):
+        wait_until(lambda: any(r.levelno >= logging.ERROR for r in caplog.records), timeout=TIMEOUT,
+                   message="the line that says the migration is missing")
         assert kit.worker.running and not kit.schedules.running
         with engine.begin() as connection:
             connection.execute(SampleEvent.__table__.insert().values(target_url=receiver.url + "/e", payload={}))
         receiver.wait_for(lambda r: len(r.requests) == 1, timeout=TIMEOUT)  # the drain is not held up
+    assert kit_threads() == []
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r.event_name for r in errors] == ["integration.schedules_need_migration"]
+    assert [r.event_name for r in errors] == ["schedule.needs_migration"]
     message = errors[0].getMessage()
-    assert "outboxkit_0006" in message and "alembic upgrade heads" in message and "the API starts without it" in message
+    assert "outboxkit_0006" in message and "alembic upgrade heads" in message and "goes on without it" in message
     assert errors[0].exc_info is None  # one line, no traceback
 
 
@@ -235,6 +241,43 @@ def waiting_on_a_lock(engine) -> bool:
     with engine.connect() as connection:
         statement = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
         return connection.execute(statement).scalar_one() > 0
+
+
+def test_a_database_that_does_not_answer_at_start_holds_up_nothing_and_the_loop_starts_once_it_does(engine, caplog):
+    kit_engine = create_engine(engine.url)  # a pool of its own, with no connection open yet
+    kit = make_kit(kit_engine, scheduler_enabled=False, drain_enabled=False)
+    kit.schedules.add_job("shop.tick", record, EVERY_SECOND)
+    app = FastAPI(lifespan=kit.lifespan)
+    caplog.set_level(logging.INFO, logger="outboxkit")
+    refuse_connections(engine, True)
+    try:
+        with TestClient(app):  # the lifespan's start-up returns although the database refuses
+            wait_until(lambda: retrying(caplog), timeout=TIMEOUT, message="the start's retry warning")
+        assert kit_threads() == [] and not kit.schedules.running  # the shutdown cancelled the start
+        caplog.clear()
+        with TestClient(app):
+            wait_until(lambda: retrying(caplog), timeout=TIMEOUT, message="the start's retry warning")
+            refuse_connections(engine, False)
+            wait_until(lambda: any(run["outcome"] == "ok" for run in runs(engine, "shop.tick")), timeout=TIMEOUT,
+                       message="a run once the database answers")
+    finally:
+        refuse_connections(engine, False)
+        kit_engine.dispose()
+    assert [r.event_name for r in caplog.records if r.levelno >= logging.WARNING] == ["schedule.start_retrying"]
+
+
+def refuse_connections(engine, refuse: bool) -> None:
+    """New connections to the test's database are refused (existing ones, like the engine's, go on)."""
+    maintenance = create_engine(engine.url.set(database="postgres"), poolclass=NullPool)
+    with maintenance.connect() as connection:
+        connection.exec_driver_sql(
+            f'ALTER DATABASE "{engine.url.database}" ALLOW_CONNECTIONS {"false" if refuse else "true"}'
+        )
+        connection.commit()
+
+
+def retrying(caplog) -> bool:
+    return any(getattr(r, "event_name", None) == "schedule.start_retrying" for r in caplog.records)
 
 
 # -- one loop per process; names ------------------------------------------------------------
