@@ -1,4 +1,4 @@
-"""FastAPI (or any ASGI) integration: a lifespan that drains and runs the election.
+"""FastAPI (or any ASGI) integration: a lifespan that drains, fires schedule rows and runs the election.
 
 ::
 
@@ -7,14 +7,20 @@
 
 On start-up the lifespan starts this process's drain loops and their NOTIFY
 listener (``OUTBOXKIT_DRAIN_ENABLED``, on by default; they claim at once,
-leader or not) and starts campaigning for leadership in a background thread,
-and returns at once: the API serves requests whether this worker leads,
-stands by, or cannot reach the database at all.  A drain or scheduler that
-fails to start is logged and never blocks the API.  On shutdown it stops the
-drain loops (rows in flight are recorded first), stops the scheduler,
-releases the lock and closes the kit, which leaves it usable: a second
-start (another ``TestClient(app)``) works.  Blocking work runs in a thread,
-never on the event loop.
+leader or not), syncs the schedules declared in code into rows and starts
+the trigger loop that fires this process's share of the due schedule rows
+(``kit.schedules``, ``OUTBOXKIT_SCHEDULES_ENABLED``, on by default; no
+leader needed), and starts campaigning for leadership in a background
+thread, and returns: the API serves requests whether this worker leads,
+stands by, or cannot reach the database at all.  A drain, schedule loop or
+scheduler that fails to start is logged and never blocks the API (the
+schedule loop syncs and starts in a thread, retried while the database does
+not answer; a database whose kit migration predates the schedule tables is
+one ERROR line naming the migration).  On shutdown it stops the schedule loop (runs in progress
+record their outcome first), the drain loops (rows in flight are recorded
+first), stops the scheduler, releases the lock and closes the kit, which
+leaves it usable: a second start (another ``TestClient(app)``) works.
+Blocking work runs in a thread, never on the event loop.
 
 Probes for the application's own routes: ``liveness_app()`` (``/healthz``)
 and ``readiness_app(kit)`` (``/readyz``: the drain loops run, when this
@@ -46,11 +52,12 @@ from outboxkit.worker import database_readiness
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from outboxkit.schedule_runtime import KitSchedules
     from outboxkit.scheduler import OutboxScheduler
     from outboxkit.settings import OutboxKitSettings
     from outboxkit.worker import DrainWorker
 
-__all__ = ["Runtime", "lifespan", "liveness_app", "readiness", "readiness_app"]
+__all__ = ["Runtime", "lifespan", "liveness_app", "readiness", "readiness_app", "start_schedules", "stop_schedules"]
 
 logger = logging.getLogger("outboxkit.integration")
 
@@ -70,11 +77,14 @@ class Runtime(Protocol):
     @property
     def scheduler(self) -> OutboxScheduler: ...
 
+    @property
+    def schedules(self) -> KitSchedules: ...
+
     def close(self) -> None: ...
 
 
 def lifespan(kit: Runtime, *, close_kit: bool = True) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ASGI lifespan for ``FastAPI(lifespan=...)`` that drains, elects, schedules and cleans up.
+    """An ASGI lifespan for ``FastAPI(lifespan=...)`` that drains, fires schedule rows, elects and cleans up.
 
     ``close_kit=False`` keeps the kit's thread pools and connections open
     after shutdown (when the application owns the kit beyond the app's life).
@@ -118,6 +128,7 @@ def _start(kit: Runtime) -> None:
     else:
         logger.info("drain loops disabled (OUTBOXKIT_DRAIN_ENABLED=false) in this process",
                     extra=log_fields("integration.drain_disabled"))
+    start_schedules(kit.schedules, enabled=kit.settings.schedules_enabled, where="the API")
     if not kit.settings.scheduler_enabled:
         logger.info("scheduler disabled (OUTBOXKIT_SCHEDULER_ENABLED=false) in this process",
                     extra=log_fields("integration.scheduler_disabled"))
@@ -129,7 +140,35 @@ def _start(kit: Runtime) -> None:
                          extra=log_fields("integration.scheduler_start_failed"))
 
 
+def start_schedules(schedules: KitSchedules, *, enabled: bool, where: str) -> None:
+    """Start the schedule loop in the background unless disabled; a refusal is logged (one line), never raised.
+
+    Shared by the lifespan and ``outboxkit worker``: ``where`` names what
+    goes on without the loop ("the API", "the worker").  The sync and the
+    start run in a thread (``KitSchedules.start_in_background``), so a
+    database that does not answer never holds up the start-up.
+    """
+    if not enabled:
+        logger.info("schedule rows are not fired in this process (OUTBOXKIT_SCHEDULES_ENABLED=false)",
+                    extra=log_fields("integration.schedules_disabled"))
+        return
+    try:
+        schedules.start_in_background()
+    except Exception:
+        logger.exception("the schedule loop could not start; %s starts without it", where,
+                         extra=log_fields("integration.schedules_start_failed"))
+
+
+def stop_schedules(schedules: KitSchedules) -> None:
+    """Stop the schedule loop (its runs record their outcome first); a failure is logged, never raised."""
+    try:
+        schedules.stop()
+    except Exception:
+        logger.exception("stopping the schedule loop failed", extra=log_fields("integration.schedules_stop_failed"))
+
+
 def _stop(kit: Runtime, close_kit: bool) -> None:
+    stop_schedules(kit.schedules)  # before the engine closes: its runs record their outcome
     try:
         kit.worker.stop()
     except Exception:

@@ -3,8 +3,9 @@
 ``OutboxKit`` is ``KitCore`` (engine, outboxes, drainers, transport, clock,
 telemetry: ``outboxkit.core``) plus the runtime built on top of it: the
 drain loops of this process (``kit.worker``), the job registry and elected
-scheduler (``kit.scheduler``) and the ASGI lifespan that starts and stops
-both (``kit.lifespan``).  The runtime modules take a ``KitCore`` and never
+scheduler (``kit.scheduler``), the schedules as rows declared in code and
+this process's trigger loop (``kit.schedules``) and the ASGI lifespan that
+starts and stops them (``kit.lifespan``).  The runtime modules take a ``KitCore`` and never
 import this module, so the layers point one way: core, then runtime, then
 the kit.
 """
@@ -21,6 +22,7 @@ from outboxkit.clock import Clock
 from outboxkit.core import KitCore
 from outboxkit.integration import lifespan
 from outboxkit.model import Outbox
+from outboxkit.schedule_runtime import KitSchedules
 from outboxkit.scheduler import OutboxScheduler
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.transport import Transport
@@ -64,6 +66,7 @@ class OutboxKit(KitCore):
         super().__init__(engine, outboxes, settings=settings, clock=clock, transport=transport)
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
+        self._schedules: KitSchedules | None = None
 
     @property
     def worker(self) -> DrainWorker:
@@ -78,22 +81,39 @@ class OutboxKit(KitCore):
         """The job registry and elected scheduler (one drain job per outbox, plus your own jobs)."""
         with self._lock:
             if self._scheduler is None:
-                self._scheduler = OutboxScheduler(self)
+                self._scheduler = OutboxScheduler(self, reserved_ids=lambda id: self.schedules.claimed_name(id))
             return self._scheduler
+
+    @property
+    def schedules(self) -> KitSchedules:
+        """Schedules as rows: declare them in code (``add_job``, ``add_http``) and fire them in every process.
+
+        See ``outboxkit.schedule_runtime`` and docs/schedules.md; the lifespan
+        and ``outboxkit worker`` start its loop (``OUTBOXKIT_SCHEDULES_ENABLED``).
+        """
+        with self._lock:
+            if self._schedules is None:
+                self._schedules = KitSchedules(self, elected_job_ids=self._elected_job_ids)
+            return self._schedules
 
     def lifespan(self, app: object) -> AbstractAsyncContextManager[None]:
         """ASGI lifespan: ``FastAPI(lifespan=kit.lifespan)``.  See ``outboxkit.integration``."""
         return lifespan(self)(app)
 
+    def _elected_job_ids(self) -> set[str]:
+        return {job.id for job in self.scheduler.jobs()}
+
     def close(self) -> None:
-        """Stop draining and the scheduler, finish sends in flight, release thread pools and connections.
+        """Stop the schedule loop, draining and the scheduler, finish runs and sends in flight, release pools and connections.
 
         Like ``Engine.dispose()``, it leaves the kit usable: the next drain
         (or the next ``lifespan`` start, e.g. a second ``TestClient(app)``)
         builds fresh drainers and a fresh transport.
         """
         with self._lock:
-            worker, scheduler = self._worker, self._scheduler
+            worker, scheduler, schedules = self._worker, self._scheduler, self._schedules
+        if schedules is not None:  # its runs record their outcome while the engine is open
+            schedules.stop()
         if worker is not None:
             worker.stop()
         if scheduler is not None:

@@ -49,10 +49,12 @@ The fixtures, from the bottom up:
     forward to an ``HttpTransport`` under respx.  After the test it raises
     ``UnexpectedSendError`` for any unexpected send nobody reported.
 ``outboxkit_settings`` (test)
-    The environment's ``OutboxKitSettings`` with ``drain_enabled`` and
-    ``scheduler_enabled`` off: a lifespan given the kit (``TestClient(app)``)
-    starts no drain loop and no election, so nothing sends in the background
-    and ``drain_until_idle`` delivers every row when the test says so.
+    The environment's ``OutboxKitSettings`` with ``drain_enabled``,
+    ``scheduler_enabled`` and ``schedules_enabled`` off: a lifespan given the
+    kit (``TestClient(app)``) starts no drain loop, no election and no
+    schedule loop, so nothing sends or runs in the background,
+    ``drain_until_idle`` delivers every row and ``kit.schedules.run_pending()``
+    fires the due schedules when the test says so.
 ``outboxkit_kit`` (test)
     An ``OutboxKit`` on this test's database with those settings, that clock
     and that transport (attached, so sends are recorded per outbox).  It
@@ -290,8 +292,10 @@ def outboxkit_transport() -> Iterator[RecordingTransport]:
 
 @pytest.fixture
 def outboxkit_settings() -> OutboxKitSettings:
-    """The environment's settings with the background work off: no drain loops, no election, in any lifespan."""
-    return OutboxKitSettings.from_environment().model_copy(update={"drain_enabled": False, "scheduler_enabled": False})
+    """The environment's settings with the background work off: no drain loops, no election, no schedule loop."""
+    return OutboxKitSettings.from_environment().model_copy(
+        update={"drain_enabled": False, "scheduler_enabled": False, "schedules_enabled": False}
+    )
 
 
 @pytest.fixture

@@ -19,14 +19,16 @@ misfires: they are skipped, as the operator asked.
 Schedules defined in code are written by ``sync_from_code`` when a process
 starts: a new one is inserted, a changed one updated (its ``enabled`` and,
 if its trigger is unchanged, its ``next_run_at`` kept), an unchanged one
-left alone.  So their state lives in the database, and a process that
+left alone; with ``remove_missing`` (what the kit's start does) a row
+defined in code that the code no longer defines is deleted.  So their state
+lives in the database, and a process that
 starts after a deploy finds an occurrence that fell during the deploy still
 due, and runs it within its misfire grace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -162,6 +164,8 @@ class ScheduleStore:
     the outbox classes the kit knows: a schedule may only target those (a
     job this code base cannot run, or an outbox that is not a
     ``ScheduledRequestOutbox``, is refused with the field named).
+    ``reserved_names(name)`` says why a name may not be used, or None (the
+    kit's store: the elected scheduler's job ids, which share the run history).
     """
 
     def __init__(
@@ -171,8 +175,10 @@ class ScheduleStore:
         clock: Clock | None = None,
         jobs: Collection[str] = (),
         outboxes: Iterable[type[Outbox]] = (),
+        reserved_names: Callable[[str], str | None] | None = None,
     ) -> None:
         self.engine = engine
+        self.reserved_names = reserved_names
         self.clock = clock or SystemClock()
         self.jobs = frozenset(jobs)
         self.request_outboxes = {
@@ -247,25 +253,38 @@ class ScheduleStore:
             connection.execute(delete(schedules).where(schedules.c.name == name))
             self._changed(connection, "delete", actor=actor, before=current, after=None)
 
-    def sync_from_code(self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code") -> dict[str, int]:
+    def sync_from_code(
+        self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code", remove_missing: bool = False
+    ) -> dict[str, int]:
         """Write the schedules defined in code: insert new ones, update changed ones, keep their state.
 
-        Returns how many were inserted, updated and left unchanged.
+        ``remove_missing`` also deletes every row defined in code that
+        ``definitions`` no longer holds (audited as ``sync``; its run history
+        stays); rows made through the API are never touched.  Returns how
+        many were inserted, updated, left unchanged and removed.
         """
-        counts = {"inserted": 0, "updated": 0, "unchanged": 0}
+        definitions = list(definitions)
+        counts = {"inserted": 0, "updated": 0, "unchanged": 0, "removed": 0}
         for definition in definitions:
             self._check(definition, past_allowed=True)
             with self.engine.begin() as connection:
-                current = connection.execute(
-                    select(schedules).where(schedules.c.name == definition.name).with_for_update()
-                ).mappings().first()
+                locked = select(schedules).where(schedules.c.name == definition.name).with_for_update()
+                current = connection.execute(locked).mappings().first()
                 if current is None:
                     definition.check_not_past(self.clock.now())
                     values = self._new_row(definition, defined_in="code", actor=actor)
-                    row = connection.execute(insert(schedules).values(values).returning(*schedules.c)).mappings().one()
-                    self._changed(connection, "sync", actor=actor, before=None, after=row)
-                    counts["inserted"] += 1
-                    continue
+                    # Processes that start together sync the same new schedule: one inserts, the
+                    # others wait for its commit on the unique name and then compare with its row.
+                    statement = (
+                        insert(schedules).values(values).on_conflict_do_nothing(index_elements=["name"])
+                        .returning(*schedules.c)
+                    )
+                    row = connection.execute(statement).mappings().first()
+                    if row is not None:
+                        self._changed(connection, "sync", actor=actor, before=None, after=row)
+                        counts["inserted"] += 1
+                        continue
+                    current = connection.execute(locked).mappings().one()
                 # An operator's enable/disable outlives a deploy; the rest of the definition is the code's.
                 wanted = replace(definition, enabled=current["enabled"])
                 if wanted == definition_from_row(current) and current["defined_in"] == "code":
@@ -273,11 +292,31 @@ class ScheduleStore:
                     continue
                 self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code")
                 counts["updated"] += 1
+        if remove_missing:
+            counts["removed"] = self._remove_code_rows_except({definition.name for definition in definitions}, actor=actor)
         return counts
+
+    def _remove_code_rows_except(self, names: Collection[str], *, actor: str) -> int:
+        """Delete the rows defined in code whose names are not in ``names``, each audited; how many."""
+        statement = (
+            select(schedules)
+            .where(schedules.c.defined_in == "code", schedules.c.name.not_in(list(names)))
+            .order_by(schedules.c.name)  # every process locks them in one order: no deadlock between two syncs
+            .with_for_update()
+        )
+        with self.engine.begin() as connection:
+            rows = connection.execute(statement).mappings().all()
+            for row in rows:
+                connection.execute(delete(schedules).where(schedules.c.id == row["id"]))
+                self._changed(connection, "sync", actor=actor, before=row, after=None)
+        return len(rows)
 
     # -- internals -----------------------------------------------------------
 
     def _check(self, definition: ScheduleDefinition, *, past_allowed: bool = False) -> None:
+        reserved = self.reserved_names(definition.name) if self.reserved_names is not None else None
+        if reserved is not None:
+            raise InvalidScheduleError("name", reserved)
         target = definition.target
         if isinstance(target, JobTarget) and target.job not in self.jobs:
             known = ", ".join(sorted(self.jobs)) or "none"

@@ -142,8 +142,12 @@ class _OccurrenceScheduler(BackgroundScheduler):
 class OutboxScheduler:
     """The job registry and, while this process leads, the running APScheduler."""
 
-    def __init__(self, kit: KitCore, *, max_workers: int = 10) -> None:
+    def __init__(
+        self, kit: KitCore, *, max_workers: int = 10, reserved_ids: Callable[[str], str | None] | None = None
+    ) -> None:
+        """``reserved_ids(id)`` says why an application job may not take ``id`` (the kit: a schedule row's name)."""
         self.kit = kit
+        self._reserved_ids = reserved_ids
         self.settings = kit.settings
         self.max_workers = max_workers
         self.runner = JobRunner(
@@ -173,6 +177,9 @@ class OutboxScheduler:
                 f"job ids starting with {KIT_JOB_PREFIX!r} are reserved for the kit's own jobs (drains, retention); "
                 "use your application's own prefix, e.g. 'billing.expire-trials'"
             )
+        reserved = self._reserved_ids(id) if self._reserved_ids is not None else None
+        if reserved is not None:
+            raise ConfigurationError(reserved)
         job = ScheduledJob(id=id, name=name or id, trigger=trigger, function=function)
         with self._lock:
             self._jobs[id] = job

@@ -33,6 +33,10 @@ The election and the scheduler (see docs/election.md)::
     OUTBOXKIT_STANDBY_PROBE_SECONDS=60
     OUTBOXKIT_DRAIN_INTERVAL_SECONDS=60
 
+Schedules as rows (see docs/schedules.md)::
+
+    OUTBOXKIT_SCHEDULES_ENABLED=true    # this process syncs the schedules declared in code and fires due rows
+
 Drain work (see docs/operations.md, "Drains and workers")::
 
     OUTBOXKIT_DRAIN_ENABLED=true        # this process drains (NOTIFY, due times), leader or not
@@ -198,6 +202,11 @@ class OutboxKitSettings(BaseSettings):
     attempt_history_days: float = Field(default=7.0, ge=0, le=3650, allow_inf_nan=False)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
+    # Schedules as rows (docs/schedules.md): every process that runs the kit
+    # (kit.lifespan, outboxkit worker) syncs the schedules declared in code
+    # into rows and runs a trigger loop that fires its share of the due rows,
+    # no leader needed.  Off: this process neither syncs nor fires them.
+    schedules_enabled: bool = True
 
     def __init__(self, **values: Any) -> None:
         check_variable_names(os.environ)

@@ -15,7 +15,7 @@
     outboxkit --app myapp.outbox:kit destinations resume https://billing.internal:443 --outbox webhooks
     outboxkit --app myapp.outbox:kit replay webhooks --delivered-after 2030-01-01T00:00 --yes
     outboxkit --app myapp.outbox:kit export webhooks --status stuck --format csv > stuck.csv
-    outboxkit --app myapp.outbox:kit worker                   # a dedicated drainer process (until SIGTERM)
+    outboxkit --app myapp.outbox:kit worker                   # drains and fires schedule rows (until SIGTERM)
     outboxkit --install-completion                            # tab completion for your shell
 
 Built on typer (commands, options, help, shell completion) and rich (tables).
@@ -266,9 +266,14 @@ def worker(
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
-    """Drain in the foreground until SIGTERM or SIGINT: a dedicated drainer process (exit 0 on a clean stop)."""
+    """Drain and fire schedule rows in the foreground until SIGTERM or SIGINT (exit 0 on a clean stop).
+
+    The schedule rows' trigger loop runs as in the lifespan (``OUTBOXKIT_SCHEDULES_ENABLED``):
+    the schedules declared on the kit are synced, and this process fires its share of the due rows.
+    """
     import logging
 
+    from outboxkit.integration import start_schedules, stop_schedules
     from outboxkit.metrics import serve_worker_metrics
     from outboxkit.worker import DrainWorker
 
@@ -278,9 +283,13 @@ def worker(
         drain_worker = DrainWorker(kit, outboxes=outboxes or None)
         if scheduler:
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
-        # No-op without --metrics-port; with it, the port also answers /healthz and /readyz.
-        with serve_worker_metrics(kit, port=metrics_port, host=metrics_host, readiness=drain_worker.readiness):
-            drain_worker.run_until_stopped()
+        start_schedules(kit.schedules, enabled=kit.settings.schedules_enabled, where="the worker")
+        try:
+            # No-op without --metrics-port; with it, the port also answers /healthz and /readyz.
+            with serve_worker_metrics(kit, port=metrics_port, host=metrics_host, readiness=drain_worker.readiness):
+                drain_worker.run_until_stopped()
+        finally:
+            stop_schedules(kit.schedules)  # its runs record their outcome before the kit closes its engine
 
 
 # The demo's own options (argparse, in admin/exampleapp/demo.py) pass through untouched, --help included.

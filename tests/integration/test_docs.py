@@ -112,6 +112,15 @@ def test_the_guide_delivers_a_grant_and_its_admin_resets_a_stuck_row(myapp, rece
         assert statuses()[-5] in ("pending", "stuck")  # reset, then (the receiver still refuses it) parked again
         assert client.get("/admin/", auth=auth).status_code == 200
 
+        def synced() -> list[tuple[str, str]]:  # the schedule declared in the guide, synced into a row at start
+            with engine.connect() as connection:
+                return [tuple(row) for row in connection.execute(text("SELECT name, defined_in FROM outboxkit_schedules"))]
+
+        deadline = time.monotonic() + 30
+        while synced() != [("grants.daily-count", "code")]:
+            assert time.monotonic() < deadline, synced()
+            time.sleep(0.05)
+
 
 # -- recipes: the blocks marked <!-- doc-test: ... --> ----------------------------
 

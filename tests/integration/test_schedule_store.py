@@ -193,12 +193,12 @@ def test_every_change_notifies_the_schedules_channel(schedules, database_url):
 def test_the_sync_from_code_inserts_updates_and_keeps_the_rows_state(schedules, clock):
     nightly = ScheduleDefinition(name="nightly", trigger=ScheduleTrigger.cron(hour=3), target=JobTarget(job="record"))
     tick = ScheduleDefinition(name="tick", trigger=EVERY_MINUTE, target=JobTarget(job="record"))
-    assert schedules.store.sync_from_code([nightly, tick]) == {"inserted": 2, "updated": 0, "unchanged": 0}
+    assert schedules.store.sync_from_code([nightly, tick]) == {"inserted": 2, "updated": 0, "unchanged": 0, "removed": 0}
     schedules.store.set_enabled("nightly", False, actor="operator")
     clock.advance(minutes=3)  # a deploy: tick's 12:00 is due and not fired
 
     changed = ScheduleDefinition(**{**tick.__dict__, "misfire_grace_seconds": 600})
-    assert schedules.store.sync_from_code([nightly, changed]) == {"inserted": 0, "updated": 1, "unchanged": 1}
+    assert schedules.store.sync_from_code([nightly, changed]) == {"inserted": 0, "updated": 1, "unchanged": 1, "removed": 0}
 
     assert schedules.store.get("nightly").definition.enabled is False  # the operator's choice outlives the deploy
     synced = schedules.store.get("tick")

@@ -1,4 +1,9 @@
-"""A kit over ``SampleEvent`` for the CLI tests: ``--app tests.support.worker_app:kit_from_environment``."""
+"""Kits over ``SampleEvent`` for the CLI tests: ``--app tests.support.worker_app:kit_from_environment``.
+
+``kit_with_schedules_from_environment`` also declares a schedule in code
+(``worker.tick``, every second) whose job reports the pid of the process
+that ran it, so a test sees which process fired it.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,31 @@ import sys
 from sqlalchemy import create_engine
 
 from outboxkit import OutboxKit
+from outboxkit.scheduled_jobs import JobContext
+from outboxkit.schedules import ScheduleTrigger
 from tests.support.database import sqlalchemy_url
-from tests.support.models import SampleEvent
+from tests.support.models import SampleEvent, ScheduledCall
 
 
 def kit_from_environment() -> OutboxKit:
     return OutboxKit(create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=4), [SampleEvent])
 
 
+def report_pid(context: JobContext) -> dict[str, int]:
+    return {"pid": os.getpid()}
+
+
+def kit_with_schedules_from_environment() -> OutboxKit:
+    engine = create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=4)
+    kit = OutboxKit(engine, [SampleEvent, ScheduledCall])
+    kit.schedules.add_job("worker.tick", report_pid, ScheduleTrigger.every(seconds=1))
+    return kit
+
+
 APP = "tests.support.worker_app:kit_from_environment"
+SCHEDULES_APP = "tests.support.worker_app:kit_with_schedules_from_environment"
 
 
-def worker_command(*arguments: str) -> list[str]:
-    """``outboxkit --app <this kit> worker <arguments>`` as a subprocess argv, in this interpreter."""
-    return [sys.executable, "-m", "outboxkit.cli", "--app", APP, "worker", *arguments]
+def worker_command(*arguments: str, app: str = APP) -> list[str]:
+    """``outboxkit --app <the kit> worker <arguments>`` as a subprocess argv, in this interpreter."""
+    return [sys.executable, "-m", "outboxkit.cli", "--app", app, "worker", *arguments]
