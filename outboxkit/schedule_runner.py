@@ -162,8 +162,9 @@ class ScheduleRunner:
         self._executor = self._new_executor()
         self._held: dict[uuid.UUID, LeaseGrant] = {}
         self._held_lock = threading.Lock()
-        self._renewed_at: datetime | None = None
-        self._swept_at: datetime | None = None
+        # Cadences, on the monotonic clock: a step of the wall clock must not stop the renewals.
+        self._renewed_at: float | None = None
+        self._swept_at: float | None = None
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._stopping = threading.Event()
@@ -234,7 +235,7 @@ class ScheduleRunner:
         """Move the expiry of every lease this process holds; returns how many it still holds."""
         with self._held_lock:
             tokens = set(self._held)
-        self._renewed_at = self.checked_clock.now()
+        self._renewed_at = time.monotonic()
         if not tokens:
             return 0
         with self.engine.begin() as connection:
@@ -265,7 +266,7 @@ class ScheduleRunner:
         if due is not None:
             wait = min(wait, (due - now).total_seconds())
         if expiry is not None:  # swept at most every SWEEP_SECONDS
-            wait = min(wait, max((expiry - now).total_seconds(), self._seconds_until_sweep(now)))
+            wait = min(wait, max((expiry - now).total_seconds(), self._seconds_until_sweep()))
         if held:
             wait = min(wait, self.lease_seconds / 3)
         return max(0.0, wait)
@@ -367,8 +368,8 @@ class ScheduleRunner:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                if self._seconds_until_sweep(self.checked_clock.now()) <= 0:
-                    self._swept_at = self.checked_clock.now()
+                if self._seconds_until_sweep() <= 0:
+                    self._swept_at = time.monotonic()
                     self.sweep_expired_leases()
                 if self._renewal_due():
                     self.renew_leases()
@@ -387,15 +388,13 @@ class ScheduleRunner:
             self._idle.clear()
             self._wake.clear()
 
-    def _seconds_until_sweep(self, now: datetime) -> float:
+    def _seconds_until_sweep(self) -> float:
         if self._swept_at is None:
             return 0.0
-        return SWEEP_SECONDS - (now - self._swept_at).total_seconds()
+        return SWEEP_SECONDS - (time.monotonic() - self._swept_at)
 
     def _renewal_due(self) -> bool:
-        if self._renewed_at is None:
-            return True
-        return self.checked_clock.now() - self._renewed_at >= timedelta(seconds=self.lease_seconds / 3)
+        return self._renewed_at is None or time.monotonic() - self._renewed_at >= self.lease_seconds / 3
 
     # -- running -------------------------------------------------------------------
 
