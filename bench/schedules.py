@@ -24,6 +24,10 @@ happened:
 * ``cpu_ms_per_firing``: the workers' CPU time (user + system) per run,
   counted from when each was firing (start-up imports left out).
 
+``--profile FILE`` samples the first worker with py-spy (GIL holder only,
+a CPU profile) into FILE as collapsed stacks; ``bench/profile_summary.py
+FILE`` reads it.
+
 ``--kill-every N`` SIGKILLs a random worker every N seconds and starts a new
 one (use a short ``--period`` and ``--lease``); the JSON then adds
 ``kills``, and ``missed`` includes the occurrences recorded ``missed``
@@ -60,6 +64,7 @@ import psycopg  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from bench.ceilings import scratch_database  # noqa: E402
+from bench.drain_throughput import start_profiler, stop_profiler  # noqa: E402
 from outboxkit.schedule_claims import ScheduleClaims  # noqa: E402
 from outboxkit.scheduled_jobs import JobContext  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
@@ -174,6 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         with engine.begin() as connection:
             connection.execute(text(FIRINGS_TABLE))
         workers = [start_worker(scratch.sqlalchemy_url, args.lease) for _ in range(args.processes)]
+        profiler = start_profiler(workers[0].pid, args.profile) if args.profile else None
         first = datetime.now(timezone.utc) + timedelta(seconds=WARMUP_SECONDS)
         insert_schedules(engine, args.schedules, args.period, first)
         with engine.begin() as connection:
@@ -188,6 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 workers[victim].wait()
                 workers[victim] = start_worker(scratch.sqlalchemy_url, args.lease)
                 kills += 1
+        if profiler is not None:
+            stop_profiler(profiler)
         cpu_ms = 0.0
         for process in workers:
             process.send_signal(signal.SIGTERM)
@@ -255,6 +263,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--lease", type=float, default=60.0)
     parser.add_argument("--kill-every", type=float, default=0.0)
+    parser.add_argument("--profile", metavar="FILE", help="py-spy the first worker into FILE (collapsed stacks)")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.lease)

@@ -18,6 +18,7 @@ this module decides, inside them, under the schedule row's lock:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
@@ -163,10 +164,10 @@ class ScheduleClaims:
         if plan.run_for is not None:
             if isinstance(definition.target, HttpTarget):
                 self.enqueue(connection, definition, definition.target, plan.run_for, now=now, firing=firing)
-            else:
-                grant = self.lease(connection, row, definition, plan.run_for, now=now, firing=firing)
+            else:  # the claim found a free slot under this row's lock: no other lease can have been taken since
+                grant = self.lease(connection, row, definition, plan.run_for, now=now, firing=firing, slot_free=True)
         connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": plan.next_run_at})
-        return grant
+        return None if grant is None else dataclasses.replace(grant, next_run_at=plan.next_run_at)
 
     def record(
         self, connection: Connection, name: str, scheduled_for: datetime, outcome: str, *,
@@ -225,9 +226,9 @@ class ScheduleClaims:
 
     def lease(
         self, connection: Connection, row: RowMapping, definition: ScheduleDefinition, scheduled_for: datetime,
-        *, now: datetime, firing: Firing,
+        *, now: datetime, firing: Firing, slot_free: bool = False,
     ) -> LeaseGrant | None:
-        live = schedule_leases.count_live(connection, row["id"], now=now)
+        live = 0 if slot_free else schedule_leases.count_live(connection, row["id"], now=now)
         if live >= definition.max_running:
             error = (
                 f"not run: {live} run(s) of this schedule still held their lease (max_running={definition.max_running})"

@@ -75,6 +75,7 @@ class LeaseGrant:
     scheduled_for: datetime
     attempt: int = 1
     note: str | None = None  # what the history says about a re-run
+    next_run_at: datetime | None = None  # the schedule's next occurrence after this one (None: unknown or none)
 
 
 def count_live(connection: Connection, schedule_id: int, *, now: datetime) -> int:

@@ -1,14 +1,16 @@
-"""Fixtures of the fault suite: one ``FaultScenario`` per test."""
+"""Fixtures of the fault suite: one ``FaultScenario`` per test; a private PostgreSQL cluster for the tests that restart it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import create_engine
 
 from tests.faults.models import install_fault_schema
+from tests.faults.private_server import PrivateServer, postgres_binaries
 from tests.faults.scenario import FaultScenario, fault_seed
 from tests.support.database import sqlalchemy_url
 from tests.support.receiver import Receiver
@@ -35,3 +37,19 @@ def fault_scenario(request: pytest.FixtureRequest, database_url: str, tmp_path: 
                 scenario.close()
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    """A PostgreSQL cluster of the test's own (which it may crash or restart) holding an empty database ``crash``."""
+    binaries = postgres_binaries()
+    if binaries is None:
+        pytest.skip("needs PostgreSQL's initdb and pg_ctl (/usr/lib/postgresql/*/bin)")
+    server = PrivateServer(binaries)
+    try:
+        server.start()
+        with psycopg.connect(server.url, autocommit=True) as connection:
+            connection.execute("CREATE DATABASE crash")
+        yield server
+    finally:
+        server.stop()

@@ -97,6 +97,10 @@ class PrivateServer:
         if alive:
             raise RuntimeError(f"server processes survived SIGKILL: {[process.pid for process in alive]}")
 
+    def stop_immediately(self) -> None:
+        """``pg_ctl stop -m immediate``: every process quits without a checkpoint; ``start()`` then recovers."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "60", "stop")
+
     def stop(self) -> None:
         """A fast shutdown if it runs, then the folder is removed."""
         if (self.data / "postmaster.pid").exists():

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -49,19 +48,6 @@ pytestmark = [
     pytest.mark.skipif(binaries is None, reason="needs PostgreSQL's initdb and pg_ctl (/usr/lib/postgresql/*/bin)"),
     pytest.mark.timeout(600),
 ]
-
-
-@pytest.fixture
-def private_server() -> Iterator[PrivateServer]:
-    assert binaries is not None
-    server = PrivateServer(binaries)
-    try:
-        server.start()
-        with psycopg.connect(server.url, autocommit=True) as connection:
-            connection.execute("CREATE DATABASE crash")
-        yield server
-    finally:
-        server.stop()
 
 
 def committed_state(database_url: str) -> dict[int, tuple[int, str]]:

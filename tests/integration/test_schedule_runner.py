@@ -250,3 +250,13 @@ def test_a_busy_runner_claims_no_more_than_it_can_start_and_leaves_the_rest_to_a
     schedules.jobs.gate.set()
     assert finish(first) + finish(second) == ["ok"] * 3
     assert sorted(name for name, _ in schedules.jobs.calls) == ["a", "b", "c"]
+
+
+def test_a_run_records_its_outcome_and_trims_the_history_to_the_newest_runs(schedules, clock):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    runner = schedules.runner(history_limit=3)
+    for _ in range(5):
+        assert finish(runner.fire_due()) == ["ok"]
+        clock.advance(minutes=1)
+    assert schedules.history("tick") == [(NOON + timedelta(minutes=minute), "ok") for minute in (2, 3, 4)]
+    assert schedules.leases() == []

@@ -1,0 +1,109 @@
+"""Schedules: the database server restarted (immediate stop) while claims are in flight; the runners recover.
+
+The test runs its own PostgreSQL cluster (``tests/faults/private_server.py``;
+the shared server is never touched).  Three ``schedule_worker`` processes
+fire ten schedules of one second (grace 60 s, runs of 0.05 s, a 6 s lease),
+through two restarts (six in the long variant, ``pytest -m slow``).
+Fire times fall on whole seconds, when every runner wakes and claims; each
+restart is timed a few milliseconds past one (``pg_ctl stop -m immediate``:
+every server process quits at once without a checkpoint, the clients'
+sessions and transactions die mid-claim, mid-run or mid-record; ``start``
+then runs crash recovery).
+
+After each restart every process fires again by itself (no process is
+restarted; each one's loop retries and its pool reconnects).  At the end
+(``ScheduleLedger``): no occurrence ran twice; none is recorded ``missed``
+and every fire time ran or coalesced into a later run within the grace; no
+run started before its fire time; no schedule's runs overlapped; no run is
+left ``running``; and every process logged the failure it recovered from.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+
+from tests.faults.fleet import WorkerFleet
+from tests.faults.private_server import PrivateServer
+from tests.faults.scenario import LONG_VARIANT
+from tests.faults.schedule_ledger import ScheduleLedger, install_schedules
+from tests.faults.schedule_worker import schedule_worker_command
+from tests.support.database import sqlalchemy_url
+
+pytestmark = pytest.mark.timeout(600)
+
+PERIOD, GRACE, SCHEDULES = 1.0, 60.0, 10
+WORKERS = ["schedules-1", "schedules-2", "schedules-3"]
+# Seconds after a fire time, in turn per restart: the runners are claiming.
+PAST_THE_SECOND = [0.002, 0.015, 0.030, 0.008, 0.022, 0.004]
+RESTARTS = [pytest.param(2, id="ci"), pytest.param(len(PAST_THE_SECOND), id="long", marks=LONG_VARIANT)]
+
+
+def database_now(database_url: str) -> datetime:
+    with psycopg.connect(database_url) as connection:
+        (moment,) = connection.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+        return moment
+
+
+@pytest.mark.parametrize("restarts", RESTARTS)
+def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each_occurrence_once(
+    private_server: PrivateServer, tmp_path, restarts: int
+) -> None:
+    database_url = private_server.database_url("crash")
+    engine = create_engine(sqlalchemy_url(database_url), pool_size=2, max_overflow=2, pool_pre_ping=True)
+    names = install_schedules(engine, count=SCHEDULES, period=PERIOD, grace=GRACE)
+    command = schedule_worker_command(sqlalchemy_url(database_url), lease=6.0, job_seconds=0.05)
+
+    def fired_since(worker: str, since) -> bool:
+        return any(run.holder.startswith(worker + ":") and run.started_at >= since
+                   for run in ScheduleLedger.read(engine).runs)  # fmt: skip
+
+    def wait_until(condition, what: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if condition():
+                    return
+            except Exception:  # the server is still starting
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not reached within {timeout:g}s: {what} (worker logs in {tmp_path})")
+            time.sleep(0.1)
+
+    try:
+        with WorkerFleet(command, log_dir=tmp_path / "logs") as fleet:
+            fleet.start(WORKERS)
+            start = database_now(database_url)
+            for worker in WORKERS:
+                wait_until(lambda worker=worker: fired_since(worker, start), f"{worker} firing")
+            for offset in PAST_THE_SECOND[:restarts]:
+                time.sleep(1 - time.time() % 1 + offset)  # just past a fire time (the hosts' clocks agree)
+                private_server.stop_immediately()
+                private_server.start()
+                restarted = database_now(database_url)
+                for worker in WORKERS:  # each recovers by itself
+                    wait_until(lambda worker=worker, restarted=restarted: fired_since(worker, restarted),
+                               f"{worker} firing after the restart")
+            end = database_now(database_url) - timedelta(seconds=3)
+        deaths = fleet.deaths()
+        failures = {worker: sum(event["event_name"] == "schedule.loop_failed" for event in fleet.events("log", name=worker))
+                    for worker in WORKERS}  # fmt: skip
+        ledger = ScheduleLedger.read(engine)
+    finally:
+        engine.dispose()
+
+    assert deaths == [], f"a process died: {deaths}"
+    assert all(failures.values()), f"a process never saw the restarts: {failures}"
+    assert ledger.duplicates() == [], f"occurrences run twice: {ledger.duplicates()[:5]}"
+    outcomes = ledger.outcomes()
+    assert outcomes["missed"] == 0 and outcomes["running"] == 0, outcomes
+    lost = {name: ledger.uncovered(name, period=PERIOD, grace=GRACE, start=start, end=end) for name in names}
+    assert not any(lost.values()), f"occurrences lost: {lost}"
+    assert ledger.early() == [], f"runs started before their fire time: {ledger.early()[:5]}"
+    assert ledger.overlaps() == [], f"runs overlapping: {ledger.overlaps()[:3]}"
+    print(f"database restart: {restarts} restarts, {len(ledger.runs)} runs, outcomes {dict(outcomes)}, "
+          f"loop failures per process {failures}")
