@@ -16,10 +16,8 @@ import pytest
 from sqlalchemy import text
 
 from outboxkit import ManualClock
-from tests.browser.test_admin_browser import CHROMIUM, CHROMIUM_ARGS, _require_chromium
+from tests.browser.test_admin_browser import _require_chromium, browser, page_factory  # noqa: F401  (fixtures)
 from tests.support.admin import (
-    ADMIN_PASSWORD,
-    ADMIN_USER,
     ServedApp,
     admin_database_url,  # noqa: F401  (fixture)
 )
@@ -41,37 +39,6 @@ def site(served) -> tuple[str, ScheduleAdminApp]:
     harness.clear()
     harness.kit.clock.set(START)  # type: ignore[attr-defined]
     return base_url, harness
-
-
-@pytest.fixture(scope="module")
-def browser(served):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def page_factory(browser):
-    contexts = []
-
-    def open_page(*, javascript: bool = False, timezone_id: str | None = None):
-        options = {"timezone_id": timezone_id} if timezone_id else {}
-        context = browser.new_context(
-            http_credentials={"username": ADMIN_USER, "password": ADMIN_PASSWORD}, java_script_enabled=javascript,
-            **options,
-        )
-        context.set_default_timeout(15_000)
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_page
-    for context in contexts:
-        context.close()
 
 
 def schedule_rows(harness: ScheduleAdminApp) -> list[tuple[object, ...]]:
