@@ -11,6 +11,7 @@
     outboxkit --app myapp.outbox:kit jobs --json              # scheduled jobs, last runs, leader
     outboxkit --app myapp.outbox:kit replay webhooks --delivered-after 2030-01-01T00:00 --yes
     outboxkit --app myapp.outbox:kit export webhooks --status stuck --format csv > stuck.csv
+    outboxkit --app myapp.outbox:kit schedules list --tz Europe/Berlin   # schedule rows (show, create, edit, ...)
     outboxkit --app myapp.outbox:kit worker                   # a dedicated drainer process (until SIGTERM)
     outboxkit --install-completion                            # tab completion for your shell
 
@@ -26,7 +27,8 @@ the admin (``outboxkit.operations``: a reset is audited and wakes the drain,
 and a row a drain holds is refused); none of them needs the ``admin`` extra.
 
 The commands are here, except ``replay`` and ``export`` (every row a
-filter matches), which are ``outboxkit.cli.bulk_commands``; finding the application's kit and turning failures
+filter matches), which are ``outboxkit.cli.bulk_commands``, and ``schedules``
+(schedule rows), which is ``outboxkit.cli.schedule_commands``; finding the application's kit and turning failures
 into one line is ``outboxkit.cli.application``; tables and JSON are
 ``outboxkit.cli.output``.
 """
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from outboxkit.cli import bulk_commands
+from outboxkit.cli import bulk_commands, schedule_commands
 from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
 from outboxkit.cli.output import age, fail
 from outboxkit.errors import RowsHeld, RowsNotFound
@@ -205,6 +207,7 @@ def reset(
 
 app.command("replay")(bulk_commands.replay)
 app.command("export")(bulk_commands.export)
+app.add_typer(schedule_commands.app, name="schedules")
 
 
 @app.command()
