@@ -25,8 +25,11 @@ on for each flag.
 """
 
 # No ``from __future__ import annotations``: typer reads the commands' annotations at runtime.
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,8 +85,8 @@ def _document(base: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     trigger = document.setdefault("trigger", {})
     if options["trigger"] is not None:
         trigger["kind"] = options["trigger"]
-    if options["fields"] is not None:
-        trigger["fields"] = _pairs(options["fields"], "=", "NAME=VALUE")
+    if options["field"] is not None:
+        trigger["fields"] = _pairs(options["field"], "=", "NAME=VALUE")
     if options["timezone"] is not None:
         trigger["timezone"] = options["timezone"]
     target = document.get("target") or {}
@@ -95,8 +98,8 @@ def _document(base: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         for flag, key in (("url", "url"), ("outbox", "outbox"), ("method", "method")):
             if options[flag] is not None:
                 target[key] = options[flag]
-        if options["headers"] is not None:
-            target["headers"] = _pairs(options["headers"], ":", "'NAME: VALUE'")
+        if options["header"] is not None:
+            target["headers"] = _pairs(options["header"], ":", "'NAME: VALUE'")
         if options["body"] is not None:
             try:
                 target["body"] = json.loads(options["body"])
@@ -194,22 +197,41 @@ def show(
                       for entry in changes], ["when", "who", "what"])
 
 
+DEFINITION_OPTIONS: dict[str, Any] = {
+    "file": File, "trigger": Trigger, "field": Fields, "timezone": Timezone, "job": Job, "url": Url, "outbox": Outbox,
+    "method": Method, "header": Headers, "body": Body, "grace": Grace, "max_running": MaxRunning, "rerun": Rerun,
+    "enabled": Enabled,
+}
+
+
+def with_definition_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with ``DEFINITION_OPTIONS`` added to its options; it receives them as one ``options`` dict."""
+    signature = inspect.signature(command)
+    own = [parameter for parameter in signature.parameters.values() if parameter.name != "options"]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        for name, annotation in DEFINITION_OPTIONS.items()
+    ]
+
+    @functools.wraps(command)
+    def with_options(**given: Any) -> None:
+        options = {name: given.pop(name) for name in DEFINITION_OPTIONS}
+        command(**given, options=options)
+
+    with_options.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    with_options.__annotations__ = {parameter.name: parameter.annotation for parameter in own + added}
+    return with_options
+
+
 @app.command()
-def create(
-    context: typer.Context, name: Name, file: File = None, trigger: Trigger = None, field: Fields = None,
-    timezone: Timezone = None, job: Job = None, url: Url = None, outbox: Outbox = None, method: Method = None,
-    header: Headers = None, body: Body = None, grace: Grace = None, max_running: MaxRunning = None, rerun: Rerun = None,
-    enabled: Enabled = None, json_output: JsonFlag = False,
-) -> None:
+@with_definition_options
+def create(context: typer.Context, name: Name, options: dict[str, Any], json_output: JsonFlag = False) -> None:
     """Create a schedule from flags or --file (the API's JSON); a refused field is named and nothing is written."""
-    options = {"trigger": trigger, "fields": field, "timezone": timezone, "job": job, "url": url, "outbox": outbox,
-               "method": method, "headers": header, "body": body, "grace": grace, "max_running": max_running,
-               "rerun": rerun, "enabled": enabled}
     with operating(context, json_output) as (kit, output):
         from outboxkit.operations.schedule_admin import ScheduleAdmin
         from outboxkit.operations.schedule_schemas import ScheduleCreate
 
-        document = _document(_read_file(file) if file else {}, options)
+        document = _document(_read_file(options["file"]) if options["file"] else {}, options)
         try:
             request = ScheduleCreate.model_validate({**document, "name": name})
         except ValidationError as exc:
@@ -218,22 +240,15 @@ def create(
 
 
 @app.command()
-def edit(
-    context: typer.Context, name: Name, file: File = None, trigger: Trigger = None, field: Fields = None,
-    timezone: Timezone = None, job: Job = None, url: Url = None, outbox: Outbox = None, method: Method = None,
-    header: Headers = None, body: Body = None, grace: Grace = None, max_running: MaxRunning = None, rerun: Rerun = None,
-    enabled: Enabled = None, json_output: JsonFlag = False,
-) -> None:
+@with_definition_options
+def edit(context: typer.Context, name: Name, options: dict[str, Any], json_output: JsonFlag = False) -> None:
     """Change a schedule: the flags given (or --file) replace those parts; the rest stays as it is."""
-    options = {"trigger": trigger, "fields": field, "timezone": timezone, "job": job, "url": url, "outbox": outbox,
-               "method": method, "headers": header, "body": body, "grace": grace, "max_running": max_running,
-               "rerun": rerun, "enabled": enabled}
     with operating(context, json_output) as (kit, output):
         from outboxkit.operations.schedule_admin import ScheduleAdmin
         from outboxkit.operations.schedule_schemas import ScheduleFields
 
         schedules = ScheduleAdmin(kit)
-        base = _read_file(file) if file else schedules.schedule(name).definition.model_dump(mode="json")
+        base = _read_file(options["file"]) if options["file"] else schedules.schedule(name).definition.model_dump(mode="json")
         try:
             request = ScheduleFields.model_validate(_document(base, options))
         except ValidationError as exc:

@@ -7,8 +7,7 @@ import json
 import pytest
 from sqlalchemy import text
 
-from outboxkit.cli import main
-from tests.support.database import sqlalchemy_url
+from tests.support.cli import cli_fixture
 
 APP = ["--app", "tests.support.schedule_admin:kit_from_environment"]
 EVERY_FIVE = ["--trigger", "every", "--field", "minutes=5"]
@@ -19,16 +18,7 @@ CALL = [
 HEARTBEAT = [*EVERY_FIVE, *CALL]
 
 
-@pytest.fixture
-def cli(database_url, monkeypatch, capsys):
-    monkeypatch.setenv("DATABASE_URL", sqlalchemy_url(database_url))
-
-    def run(*words: str) -> tuple[int, str, str]:
-        code = main([*APP, *words])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+cli = cli_fixture(APP)
 
 
 def schedule_rows(engine) -> list[tuple[object, ...]]:
