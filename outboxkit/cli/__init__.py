@@ -15,6 +15,7 @@
     outboxkit --app myapp.outbox:kit destinations resume https://billing.internal:443 --outbox webhooks
     outboxkit --app myapp.outbox:kit replay webhooks --delivered-after 2030-01-01T00:00 --yes
     outboxkit --app myapp.outbox:kit export webhooks --status stuck --format csv > stuck.csv
+    outboxkit --app myapp.outbox:kit schedules list --tz Europe/Berlin   # schedule rows (show, create, edit, ...)
     outboxkit --app myapp.outbox:kit worker                   # drains and fires schedule rows (until SIGTERM)
     outboxkit --install-completion                            # tab completion for your shell
 
@@ -30,9 +31,10 @@ the admin (``outboxkit.operations``: a reset is audited and wakes the drain,
 and a row a drain holds is refused); none of them needs the ``admin`` extra.
 
 The commands are here, except ``replay`` and ``export`` (every row a
-filter matches), which are ``outboxkit.cli.bulk_commands``, and
-``destinations``, which is ``outboxkit.cli.destination_commands``, and ``blocked``
-and ``skip`` (ordered keys), which are ``outboxkit.cli.ordered_commands``; finding the application's kit and turning failures
+filter matches), which are ``outboxkit.cli.bulk_commands``,
+``destinations``, which is ``outboxkit.cli.destination_commands``, ``blocked``
+and ``skip`` (ordered keys), which are ``outboxkit.cli.ordered_commands``, and ``schedules``
+(schedule rows), which is ``outboxkit.cli.schedule_commands``; finding the application's kit and turning failures
 into one line is ``outboxkit.cli.application``; tables and JSON are
 ``outboxkit.cli.output``.
 """
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from outboxkit.cli import bulk_commands, destination_commands, ordered_commands
+from outboxkit.cli import bulk_commands, destination_commands, ordered_commands, schedule_commands
 from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
 from outboxkit.cli.output import age, fail
 from outboxkit.errors import RowsHeld, RowsNotFound
@@ -214,6 +216,7 @@ app.command("export")(bulk_commands.export)
 app.add_typer(destination_commands.destinations)
 app.command("blocked")(ordered_commands.blocked)
 app.command("skip")(ordered_commands.skip)
+app.add_typer(schedule_commands.app, name="schedules")
 
 
 @app.command()

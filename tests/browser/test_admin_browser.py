@@ -81,9 +81,10 @@ def browser(served):
 def page_factory(browser):
     contexts = []
 
-    def open_page(*, javascript: bool = False):
+    def open_page(*, javascript: bool = False, timezone_id: str | None = None):
+        zone = {"timezone_id": timezone_id} if timezone_id else {}  # the browser's own timezone, e.g. America/New_York
         context = browser.new_context(
-            http_credentials={"username": ADMIN_USER, "password": ADMIN_PASSWORD}, java_script_enabled=javascript
+            http_credentials={"username": ADMIN_USER, "password": ADMIN_PASSWORD}, java_script_enabled=javascript, **zone
         )
         context.set_default_timeout(15_000)
         contexts.append(context)

@@ -65,9 +65,13 @@ app.include_router(create_admin_router(OutboxKit(engine, [Hook]), insecure_no_au
 with TestClient(app) as client:
     page = client.get("/ops/outboxes/webhooks?status=stuck")
     stylesheet = client.get("/ops/static/admin.css")
+    script = client.get("/ops/static/admin.js")  # the viewer's timezone on the schedule pages, local times, live refresh
+    schedules = client.get("/ops/schedules")
 engine.dispose()
 assert page.status_code == 200 and "<h1>webhooks</h1>" in page.text and "No stuck rows" in page.text, page.text[:500]
 assert stylesheet.status_code == 200 and stylesheet.text.startswith("/* outboxkit admin"), stylesheet.status_code
+assert script.status_code == 200 and "viewerTimes" in script.text, script.status_code
+assert schedules.status_code == 200 and "No schedules yet" in schedules.text, schedules.text[:500]
 print("served from", Path(outboxkit.admin.__file__).parent)
 """
 

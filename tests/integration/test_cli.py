@@ -14,21 +14,13 @@ from outboxkit.cli import main
 from outboxkit.notify import channel_for
 from outboxkit.tables import reset_audit
 from tests.support.admin import add_webhooks, listening, notified
+from tests.support.cli import cli_fixture
 from tests.support.database import sqlalchemy_url
 
 APP = ["--app", "exampleapp.app:kit_from_environment"]
 
 
-@pytest.fixture
-def cli(database_url, monkeypatch, capsys):
-    monkeypatch.setenv("DATABASE_URL", sqlalchemy_url(database_url))
-
-    def run(*words: str) -> tuple[int, str, str]:
-        code = main([*APP, *words])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+cli = cli_fixture(APP)
 
 
 def statuses(engine) -> dict[int, str]:

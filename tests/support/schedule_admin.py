@@ -73,3 +73,11 @@ def schedule_admin_app(database_url: str, *, clock: Clock | None = None) -> Iter
     finally:
         kit.close()
         engine.dispose()
+
+
+def kit_from_environment() -> OutboxKit:
+    """The kit the CLI tests load (``--app tests.support.schedule_admin:kit_from_environment``), on ``DATABASE_URL``."""
+    import os
+
+    engine = create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=2, max_overflow=0)
+    return OutboxKit(engine, [WebhookOutbox, ScheduledCall], settings=OutboxKitSettings(listen_enabled=False))
