@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, bindparam, case, select, text, update
+from sqlalchemy import Connection, case, select, text, update
 
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import DestinationState, Status
@@ -36,7 +36,15 @@ from outboxkit.model import Outbox
 from outboxkit.queries import quote_table
 from outboxkit.tables import destinations as destination_table
 
-__all__ = ["DestinationView", "destination_views", "hold_instants", "read_state", "release_waiting", "waiting_rows"]
+__all__ = [
+    "DestinationView",
+    "destination_views",
+    "hold_instants",
+    "read_state",
+    "release_waiting",
+    "waiting_counts",
+    "waiting_rows",
+]
 
 # The order operators read destinations in: the ones that need a person first.
 _STATUS_ORDER = {Status.DISABLED.value: 0, Status.OPEN.value: 1, Status.HALF_OPEN.value: 2, Status.HEALTHY.value: 3}
@@ -77,15 +85,29 @@ def read_state(connection: Connection, outbox: type[Outbox], destination: str, *
 
 def waiting_rows(connection: Connection, outbox: type[Outbox], state: DestinationState, *, now: datetime, cap: int) -> int:
     """Pending rows held back for this destination, counted up to ``cap + 1`` (more than ``cap`` means "over cap")."""
-    instants = hold_instants(state, now=now)
-    if not instants:
-        return 0
+    return waiting_counts(connection, outbox, [state], now=now, cap=cap).get(state.destination, 0)
+
+
+def waiting_counts(
+    connection: Connection, outbox: type[Outbox], states: list[DestinationState], *, now: datetime, cap: int
+) -> dict[str, int]:
+    """Rows held back for each destination in one statement (one capped index step per hold instant).
+
+    A count over ``cap`` means "over cap"; destinations that hold nothing back are absent.
+    """
+    pairs = [(state.destination, instant) for state in states for instant in hold_instants(state, now=now)]
+    if not pairs:
+        return {}
     table = quote_table(outbox.__table__)  # type: ignore[attr-defined]
     statement = text(
-        f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND next_attempt_at IN :instants "
-        "AND claim_token IS NULL LIMIT :cap) AS capped"
-    ).bindparams(bindparam("instants", expanding=True))
-    return int(connection.execute(statement, {"instants": instants, "cap": cap + 1}).scalar_one())
+        "SELECT held.destination, sum(counted.rows) FROM unnest(CAST(:names AS text[]), CAST(:instants AS timestamptz[])) "
+        "AS held(destination, instant) CROSS JOIN LATERAL (SELECT count(*) AS rows FROM (SELECT 1 FROM "
+        f"{table} WHERE status = 'pending' AND next_attempt_at = held.instant AND claim_token IS NULL LIMIT :cap) AS capped) "
+        "AS counted GROUP BY held.destination"
+    )
+    names, instants = [name for name, _ in pairs], [instant for _, instant in pairs]
+    found = connection.execute(statement, {"names": names, "instants": instants, "cap": cap + 1})
+    return {name: int(count) for name, count in found}
 
 
 def destination_views(
@@ -94,7 +116,7 @@ def destination_views(
     """The outbox's stored destinations, those that need a person first (disabled, open, half-open, healthy), then by name.
 
     ``limit`` keeps the first ``limit`` of that order (the metrics' bound on
-    label cardinality); rows waiting are counted for each one kept.
+    label cardinality); rows waiting are counted for each one kept, in one statement.
     """
     table = destination_table
     statement = (
@@ -106,14 +128,16 @@ def destination_views(
         statement = statement.limit(limit)
     names = list(connection.scalars(statement))
     states = DestinationStore(outbox).states(connection, names)
-    views = []
-    for name in names:
-        state = states.get(name)
-        if state is None:  # deleted by hand between the two reads: healthy, and nothing to show
-            continue
-        count = waiting_rows(connection, outbox, state, now=now, cap=cap)
-        views.append(DestinationView(state=state, waiting_rows=min(count, cap), waiting_rows_at_least=count > cap))
-    return views
+    kept = [states[name] for name in names if name in states]  # a row deleted by hand meanwhile: healthy, not shown
+    counts = waiting_counts(connection, outbox, kept, now=now, cap=cap)
+    return [
+        DestinationView(
+            state=state,
+            waiting_rows=min(counts.get(state.destination, 0), cap),
+            waiting_rows_at_least=counts.get(state.destination, 0) > cap,
+        )
+        for state in kept
+    ]
 
 
 def release_waiting(connection: Connection, outbox: type[Outbox], instants: list[datetime], *, now: datetime) -> int:
