@@ -214,6 +214,7 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
+        self.gate.settle()  # rows given back over a cap are due again: let this claim see them
         try:
             rows, token, taken, orphaned = self.claimer.claim(granted, result, may_claim)
         except BaseException:
