@@ -95,7 +95,7 @@ class Send:
     delivery: Delivery
     destination: str
     probe: bool = False
-    granted_at: float | None = None  # time.monotonic() of its rate-limit token, if its destination has a limit
+    granted_at: datetime | None = None  # when its rate-limit token was granted, if its destination has a limit
 
 
 @dataclass(slots=True)
@@ -171,7 +171,8 @@ class DestinationGate:
             )
             granted_at = None
             if self.rate_limit is not None and group:
-                group, granted_at = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
+                group, limited = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
+                granted_at = now if limited else None  # the bucket's time of the grant
             admission.sends.extend(
                 Send(row, delivery, destination, probe=probe and index == 0, granted_at=granted_at)
                 for index, (row, delivery) in enumerate(group)
@@ -248,14 +249,14 @@ class DestinationGate:
         with self._lock:
             return all(not local.in_flight for name, local in self._local.items() if name != destination)
 
-    def blocked(self, destination: str, *, now: datetime, granted_at: float | None = None) -> bool:
+    def blocked(self, destination: str, *, now: datetime, granted_at: datetime | None = None) -> bool:
         """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
 
         Asked by a send thread just before a (non-probe) send: rows admitted
         before an outcome opened the breaker are given back instead of sent,
         and so are rows whose rate-limit token is older than ``GRANT_SECONDS``.
         """
-        if granted_at is not None and time.monotonic() - granted_at > GRANT_SECONDS:
+        if granted_at is not None and (now - granted_at).total_seconds() > GRANT_SECONDS:
             return True
         with self._lock:
             known = self._known.get(destination)
@@ -386,15 +387,15 @@ class DestinationGate:
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
-    ) -> tuple[list[tuple[Outbox, Delivery]], float | None]:
-        """The rows that got a token of the destination's rate limit (a probe needs none), and when they got it."""
+    ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
+        """The rows that got a token of the destination's rate limit (a probe needs none), and whether it has one."""
         assert self.rate_limit is not None
         per_second = self.rate_limit.per_second_of(destination)
         if per_second is None:
-            return group, None
+            return group, False
         free, limited = (group[:1], group[1:]) if probe else ([], group)
         if not limited:
-            return group, None
+            return group, False
         with self.engine.begin() as connection:
             taken = self.rates.take(
                 connection, destination, len(limited), now=now, per_second=per_second, burst=self.rate_limit.burst_of(per_second)
@@ -403,8 +404,7 @@ class DestinationGate:
             if over:
                 due = {row.id: until for (row, _), until in zip(over, taken.later, strict=True)}
                 self.store.release_each(connection, due, token=token, now=now)
-        granted_at = time.monotonic()
         for row, _ in over:
             self.finished(destination, row.id, None, now=now)  # not sent: no place under the cap
         admission.deferred += len(over)
-        return free + limited[: taken.granted], granted_at
+        return free + limited[: taken.granted], True

@@ -263,7 +263,7 @@ class SendPump(Generic[ResultT]):
         destination: str,
         probe_row: bool,
         run_links: dict[int, list[Any]],
-        granted_at: float | None = None,
+        granted_at: datetime | None = None,
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
