@@ -5,14 +5,18 @@ example ``WebhookOutbox`` and two receivers on 127.0.0.1: ``bench/receiver.py``
 (healthy, answers 200 at once) and a dead one that accepts TCP connections and
 never answers (a blackholed partner) until told to answer.
 
-1. **Isolation**, default options (concurrency 32, timeout 10 s, the breaker on:
-   ``breaker=BreakerOptions()``, the default):
+1. **Isolation**, default options (concurrency 32, timeout 10 s), with the
+   breaker on (``breaker=BreakerOptions()``, the default) and off (``breaker=None``; the
+   ``_breaker_off`` keys), ``--breaker`` choosing:
    1,000 rows to the healthy receiver (``healthy_rows_per_s_without``); then
    1,000 rows of which every tenth goes to the dead receiver, until the 900
    healthy rows are delivered (``healthy_rows_per_s_with_dead_10pct``), each
-   with a fresh drainer; ``--repeat`` interleaved pairs, medians reported.
-   Once with the drain loop (``Drainer.start``, as the kit runs it), once
-   with ``Drainer.drain`` called in a loop (the ``_drain_calls`` keys).
+   with a fresh drainer; ``--repeat`` interleaved pairs, medians reported
+   (``healthy_ratio`` is the median with over the median without,
+   ``healthy_ratio_median_of_pairs`` the median of each pair's ratio), and
+   the load average beside each pair.  Once with the drain loop
+   (``Drainer.start``, as the kit runs it), once with ``Drainer.drain``
+   called in a loop (the ``_drain_calls`` keys; ``--no-drain-calls`` skips it).
 2. **Probes across processes**: 100 rows to the dead receiver, two drainer
    processes (background loops) with a 5 s cool-down; from the end of the
    first cool-down, the requests reaching the dead receiver during

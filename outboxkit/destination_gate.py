@@ -19,7 +19,11 @@ claimed batch by destination and decides, for each destination:
   drainer; the rows beyond are not sent, keep their attempts and are due
   again one ``timeout`` later if it is failing, ``SLOW_SEND_SECONDS`` later
   if it is slow, and at once (behind the rows already due) if it is merely
-  not yet proven.  The cap protects the other destinations, so it applies only
+  not yet proven.  They are given back from a thread of their own, so the
+  pump goes on sending the others meanwhile (the next claim waits for it):
+  profiled under load, those short transactions on the pump's thread were
+  most of what a hanging destination cost the healthy ones.  The cap
+  protects the other destinations, so it applies only
   when there are others (in the batch, or with sends in flight): an outbox
   that sends to one receiver sends as before.  A destination proven healthy
   is not capped, so one fast receiver still gets every send thread; a
@@ -60,6 +64,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -90,7 +95,7 @@ class Send:
     delivery: Delivery
     destination: str
     probe: bool = False
-    granted_at: float | None = None  # time.monotonic() of its rate-limit token, if its destination has a limit
+    granted_at: datetime | None = None  # when its rate-limit token was granted, if its destination has a limit
 
 
 @dataclass(slots=True)
@@ -145,6 +150,8 @@ class DestinationGate:
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
         self._local: defaultdict[str, _Local] = defaultdict(_Local)
         self._released = False  # a recorded outcome made held rows due now
+        self._releaser: ThreadPoolExecutor | None = None  # gives rows over a cap back (started on first use)
+        self._releases: list[Future[None]] = []
 
     def admit(self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime) -> Admission:
         """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring)."""
@@ -164,7 +171,8 @@ class DestinationGate:
             )
             granted_at = None
             if self.rate_limit is not None and group:
-                group, granted_at = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
+                group, limited = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
+                granted_at = now if limited else None  # the bucket's time of the grant
             admission.sends.extend(
                 Send(row, delivery, destination, probe=probe and index == 0, granted_at=granted_at)
                 for index, (row, delivery) in enumerate(group)
@@ -241,14 +249,14 @@ class DestinationGate:
         with self._lock:
             return all(not local.in_flight for name, local in self._local.items() if name != destination)
 
-    def blocked(self, destination: str, *, now: datetime, granted_at: float | None = None) -> bool:
+    def blocked(self, destination: str, *, now: datetime, granted_at: datetime | None = None) -> bool:
         """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
 
         Asked by a send thread just before a (non-probe) send: rows admitted
         before an outcome opened the breaker are given back instead of sent,
         and so are rows whose rate-limit token is older than ``GRANT_SECONDS``.
         """
-        if granted_at is not None and time.monotonic() - granted_at > GRANT_SECONDS:
+        if granted_at is not None and (now - granted_at).total_seconds() > GRANT_SECONDS:
             return True
         with self._lock:
             known = self._known.get(destination)
@@ -330,10 +338,45 @@ class DestinationGate:
             wait = local.retry_in(state, clock, self.options.timeout)
         if over:
             later = now + timedelta(seconds=wait)
-            with self.engine.begin() as connection:
-                self.store.release(connection, ids=[row.id for row, _ in over], token=token, until=later, now=now)
+            self._release_in_background([row.id for row, _ in over], token=token, until=later, now=now)
             admission.capped += len(over)
         return allowed
+
+    # -- rows over a cap go back off the pump's thread ---------------------------
+
+    def _release_in_background(self, ids: list[int], *, token: uuid.UUID, until: datetime, now: datetime) -> None:
+        """Give rows over a cap back in a thread of their own: the pump goes on sending the others meanwhile."""
+        with self._lock:
+            if self._releaser is None:
+                name = f"outboxkit-release-{self.options.job_name}"
+                self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+            self._releases.append(self._releaser.submit(self._release, ids, token, until, now))
+
+    def _release(self, ids: list[int], token: uuid.UUID, until: datetime, now: datetime) -> None:
+        try:
+            with self.engine.begin() as connection:
+                self.store.release(connection, ids=ids, token=token, until=until, now=now)
+        except Exception as exc:  # the rows come back when their lease ends, one attempt spent
+            logger.warning(
+                "%s: could not give back %d row(s) over their destination's cap (%s: %s); they come back when their "
+                "lease ends", self.options.job_name, len(ids), type(exc).__name__, exc,
+                extra=log_fields("destination.release_failed", self.options.job_name, rows=len(ids)),
+            )
+
+    def settle(self) -> None:
+        """Wait until the rows given back in the background are written (before a claim, so it can take them)."""
+        with self._lock:
+            pending, self._releases = self._releases, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        """Write what is still being given back, then stop the background thread."""
+        self.settle()
+        with self._lock:
+            releaser, self._releaser = self._releaser, None
+        if releaser is not None:
+            releaser.shutdown(wait=True)
 
     def _within_rate(
         self,
@@ -344,15 +387,15 @@ class DestinationGate:
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
-    ) -> tuple[list[tuple[Outbox, Delivery]], float | None]:
-        """The rows that got a token of the destination's rate limit (a probe needs none), and when they got it."""
+    ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
+        """The rows that got a token of the destination's rate limit (a probe needs none), and whether it has one."""
         assert self.rate_limit is not None
         per_second = self.rate_limit.per_second_of(destination)
         if per_second is None:
-            return group, None
+            return group, False
         free, limited = (group[:1], group[1:]) if probe else ([], group)
         if not limited:
-            return group, None
+            return group, False
         with self.engine.begin() as connection:
             taken = self.rates.take(
                 connection, destination, len(limited), now=now, per_second=per_second, burst=self.rate_limit.burst_of(per_second)
@@ -361,8 +404,7 @@ class DestinationGate:
             if over:
                 due = {row.id: until for (row, _), until in zip(over, taken.later, strict=True)}
                 self.store.release_each(connection, due, token=token, now=now)
-        granted_at = time.monotonic()
         for row, _ in over:
             self.finished(destination, row.id, None, now=now)  # not sent: no place under the cap
         admission.deferred += len(over)
-        return free + limited[: taken.granted], granted_at
+        return free + limited[: taken.granted], True

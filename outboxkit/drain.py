@@ -197,6 +197,7 @@ class Drainer:
                 return
             self._closed = True
         self.pump.senders.shutdown()
+        self.gate.close()
 
     # -- calls that return ---------------------------------------------------
 

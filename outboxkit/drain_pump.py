@@ -217,6 +217,7 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
+        self.gate.settle()  # rows given back over a cap are due again: let this claim see them
         try:
             rows, token, taken, orphaned = self.claimer.claim(granted, result, may_claim)
         except BaseException:
@@ -265,7 +266,7 @@ class SendPump(Generic[ResultT]):
         destination: str,
         probe_row: bool,
         run_links: dict[int, list[Any]],
-        granted_at: float | None = None,
+        granted_at: datetime | None = None,
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 

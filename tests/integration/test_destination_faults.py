@@ -42,6 +42,16 @@ def sent(receiver: Receiver) -> int:
     return len(receiver.requests)
 
 
+def opened_by_503s(engine, make_drainer, receiver: Receiver):
+    """A drainer whose first drain opened the receiver's breaker: three rows, three 503s."""
+    receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, receiver.url, [{"n": n} for n in range(3)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    drainer.drain()
+    assert state(engine, receiver.url).status == "open"
+    return drainer
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_misbehaving_destination_is_contained_and_loses_nothing(
     fault, engine, make_drainer, clock, receiver, read_events
@@ -111,10 +121,7 @@ def test_a_probe_whose_build_raises_leaves_the_probe_to_a_row_that_builds(
     engine, make_drainer, clock, receiver, read_events
 ):
     """Only the broken row is charged; a destination whose every row fails to build stays open and loses nothing."""
-    receiver.respond = lambda request: Reply(status=503)
-    insert_at(engine, receiver.url, [{"n": n} for n in range(3)])
-    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    drainer.drain()
+    drainer = opened_by_503s(engine, make_drainer, receiver)
     with engine.begin() as connection:  # only rows that cannot be built are left
         connection.execute(delete(SampleEvent))
     broken = insert_at(engine, receiver.url, [{"raise": True, "n": n} for n in range(2)])
@@ -134,10 +141,7 @@ def test_a_probe_whose_build_raises_leaves_the_probe_to_a_row_that_builds(
 
 
 def test_a_state_row_deleted_while_its_probe_is_out_loses_nothing(engine, make_drainer, clock, receiver, read_events):
-    receiver.respond = lambda request: Reply(status=503)
-    insert_at(engine, receiver.url, [{"n": n} for n in range(3)])
-    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    drainer.drain()
+    drainer = opened_by_503s(engine, make_drainer, receiver)
     insert_at(engine, receiver.url, [{"n": n} for n in range(3, 8)])
     clock.advance(seconds=61)
     answered = threading.Event()

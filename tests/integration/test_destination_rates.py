@@ -19,13 +19,13 @@ from sqlalchemy import create_engine, func, select
 
 from outboxkit import Delivery, Drainer, HttpTransport
 from outboxkit.destination_rates import RateStore
-from outboxkit.destinations import destination_of
+from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.policy import AttemptResult
 from outboxkit.rate_limits import GRANT_SECONDS, RateLimit
 from tests.integration.test_destination_drain import attempts_match_requests, insert_at
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
-from tests.support.receiver import Receiver
+from tests.support.receiver import Receiver, Reply
 
 
 def test_rows_over_the_limit_wait_for_their_token_and_keep_their_attempts(engine, make_drainer, clock, receiver, read_events):
@@ -59,6 +59,25 @@ def test_only_the_named_destination_is_limited(engine, make_drainer, clock, read
         with engine.connect() as connection:  # a destination without a limit has no bucket
             assert RateStore("sample-events").bucket(connection, destination_of(free.url)) is None
         attempts_match_requests(read_events, limited, free)
+
+
+def test_a_probe_goes_without_a_token(engine, make_drainer, clock, receiver, read_events):
+    receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, receiver.url, [{"n": 0}])
+    drainer = make_drainer(
+        breaker=BreakerOptions(failures=1, cool_down=60), rate_limit=RateLimit(per_second=1), max_attempts=20
+    )
+    drainer.drain()  # the first row takes the one token, fails, and opens the breaker
+    insert_at(engine, receiver.url, [{"n": n} for n in range(1, 4)])
+    clock.advance(seconds=0.5)  # the breaker holds the new rows; the bucket has half a token
+    assert drainer.drain().claimed == 0
+    receiver.respond = lambda request: Reply(status=200)
+    clock.advance(seconds=60)  # the bucket is full again (one token): the probe goes without it, one row with it
+    drainer.drain()
+    assert len(receiver.requests) == 3
+    rows = read_events()
+    assert sorted(row.status for row in rows.values()) == ["done", "done", "pending", "pending"]
+    attempts_match_requests(read_events, receiver)
 
 
 # -- two processes share one limit ----------------------------------------------------------
