@@ -1,7 +1,7 @@
 """The trigger loop: every process fires the schedule rows that are due, and no occurrence is fired twice.
 
-(It runs past 400 lines: the loop, the renewal of its leases and its job threads share the runner's
-state and its lock; the claim's writes are in ``outboxkit.schedule_claims``.)
+(The claim's writes are in ``outboxkit.schedule_claims``; the runs this process holds a lease for, their
+threads, renewals and outcomes in ``outboxkit.schedule_runs``.)
 
 No leader is needed.  Each step of the loop protects one invariant:
 
@@ -97,7 +97,11 @@ class ScheduleRunner:
     fire, so during a rolling deploy a job that only the new code has is
     left to the new processes.  It claims no more rows than it has free
     workers (``max_workers``), so what it cannot start now stays due for
-    another process instead of queueing here.  Drive it step by step (``fire_due``,
+    another process instead of queueing here.  ``lease_seconds`` (30) bounds how long
+    a dead holder keeps its schedule waiting; ``clock_tolerance_seconds`` (2) is how
+    far this process's clock may be off the database server's before the runner
+    decides by the server's (``outboxkit.schedule_clock``; None: never checked).
+    Drive it step by step (``fire_due``,
     ``sweep_expired_leases``, ``renew_leases``) or start its loop thread.
     """
 
