@@ -17,9 +17,19 @@ Run (creates and drops its own database on the server)::
 
     .venv/bin/python bench/latency.py                      # real defaults: about 2 minutes
     .venv/bin/python bench/latency.py --tick 1 --probe 2   # quick
+    .venv/bin/python bench/latency.py --steps --skip-failover   # where the milliseconds go
+
+``--steps`` times each step of every row's way in this process (the
+listener's wake-up, the pause read, the claim, the send's start, the
+receiver) by wrapping the drainer's objects, and reports each step's p50 and
+p95 over the rows whose steps all matched.  The report always gives the CPU
+time of the kit's drain threads (the drain loop, the listener and the send
+threads; ``pthread_getcpuclockid``) per delivered row: the Python work of one
+wake-up, whatever the host's load does to the wall clock.
 
 The last line is one JSON object: latency_p50_ms, latency_p95_ms,
-latency_max_ms, demote_s, failover_first_job_s (plus the intervals used).
+latency_max_ms, drain_cpu_ms_per_wake, demote_s, failover_first_job_s (plus
+the intervals used, and the step figures with ``--steps``).
 """
 
 from __future__ import annotations
@@ -117,8 +127,97 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def measure_latency(engine, receiver: LatencyReceiver, *, rows: int, spacing: float) -> list[float]:
-    commits: dict[str, float] = {}
+DRAIN_THREAD_PREFIXES = ("outboxkit-drain-", "outboxkit-listener", "outboxkit-send-")
+
+
+def drain_thread_cpu() -> float:
+    """CPU seconds so far of this process's drain threads (loop, listener, senders)."""
+    return sum(drain_thread_cpu_by_name().values())
+
+
+def drain_thread_cpu_by_name() -> dict[str, float]:
+    """CPU seconds so far of each of this process's drain threads, by thread name."""
+    total: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None or not thread.name.startswith(DRAIN_THREAD_PREFIXES):
+            continue
+        try:
+            total[thread.name] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return total
+
+
+class StepTimer:
+    """Wraps a drainer's objects to note when each step happens (perf_counter), for ``--steps``."""
+
+    def __init__(self, drainer) -> None:
+        self.lock = threading.Lock()
+        self.wakes: list[float] = []
+        self.pause_reads: list[tuple[float, float]] = []
+        self.claims: list[tuple[float, float, list[str]]] = []
+        self.sends: dict[str, float] = {}
+        wake, read, claim = drainer.wake, drainer.pause_check._read, drainer.claimer.claim
+        transport = drainer.pump.transport
+        send = transport.send
+
+        def timed_wake(*args, **kwargs):
+            self.wakes.append(time.perf_counter())
+            return wake(*args, **kwargs)
+
+        def timed_read(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return read(*args, **kwargs)
+            finally:
+                self.pause_reads.append((started, time.perf_counter()))
+
+        def timed_claim(*args, **kwargs):
+            started = time.perf_counter()
+            answer = claim(*args, **kwargs)
+            self.claims.append((started, time.perf_counter(), [str(row.idempotency_key) for row in answer[0]]))
+            return answer
+
+        def timed_send(delivery, *, idempotency_key, timeout):
+            self.sends.setdefault(idempotency_key, time.perf_counter())
+            return send(delivery, idempotency_key=idempotency_key, timeout=timeout)
+
+        drainer.wake = timed_wake  # before the listener starts: it takes the bound method then
+        drainer.pause_check._read = timed_read
+        drainer.claimer.claim = timed_claim
+        transport.send = timed_send
+
+    def steps(self, commits: dict[str, float], arrivals: dict[str, float]) -> dict[str, list[float]]:
+        """Per step, the milliseconds of each row whose every step was found in order."""
+        steps: dict[str, list[float]] = {
+            name: [] for name in ("commit_to_wake", "wake_to_claim", "pause_read", "claim", "claim_to_send",
+                                  "send_to_receiver", "commit_to_receiver")
+        }
+        for key, committed in commits.items():
+            claim = next((c for c in self.claims if key in c[2]), None)
+            if claim is None or key not in self.sends or key not in arrivals:
+                continue
+            claim_start, claim_end, _ = claim
+            wake = next((w for w in self.wakes if committed <= w <= claim_start), None)
+            if wake is None:
+                continue
+            reads = [r for r in self.pause_reads if wake <= r[0] and r[1] <= claim_end]
+            sent, arrived = self.sends[key], arrivals[key]
+            if not committed <= wake <= claim_start <= claim_end <= sent <= arrived:
+                continue
+            steps["commit_to_wake"].append(wake - committed)
+            steps["wake_to_claim"].append(claim_start - wake)
+            steps["pause_read"].append(sum(end - start for start, end in reads))
+            steps["claim"].append(claim_end - claim_start)
+            steps["claim_to_send"].append(sent - claim_end)
+            steps["send_to_receiver"].append(arrived - sent)
+            steps["commit_to_receiver"].append(arrived - committed)
+        return {name: [value * 1000 for value in values] for name, values in steps.items()}
+
+
+def measure_latency(
+    engine, receiver: LatencyReceiver, *, rows: int, spacing: float, commits: dict[str, float]
+) -> list[float]:
     for n in range(rows):
         key = uuid.uuid4()
         with Session(engine) as session:
@@ -162,6 +261,8 @@ def main() -> None:
     parser.add_argument("--spacing", type=float, default=0.05, help="seconds between enqueues")
     parser.add_argument("--tick", type=float, default=15.0, help="leader tick seconds (default: the real 15)")
     parser.add_argument("--probe", type=float, default=60.0, help="standby probe seconds (default: the real 60)")
+    parser.add_argument("--steps", action="store_true", help="time each step of every row's way (see the docstring)")
+    parser.add_argument("--skip-failover", action="store_true", help="measure the latency only")
     parser.add_argument(
         "--drain-async-commit",
         action="store_true",
@@ -184,6 +285,8 @@ def main() -> None:
         # A job due every second, so the first run after a promotion shows when the new leader's
         # scheduler started (the kit's own drain jobs fire on a 60 s grid, which would add up to 60 s).
         kit.scheduler.add_job("bench.heartbeat", lambda context: None, every(seconds=1))
+    timer = StepTimer(leader.drainer(WebhookOutbox)) if options.steps else None
+    demote_s = first_job_s = None
     try:
         leader.worker.start()  # the drain loop and its listener, as kit.lifespan starts them in every process
         election = leader.scheduler.elect()
@@ -191,13 +294,38 @@ def main() -> None:
         if not election.wait_for(ElectionState.LEADER, timeout=options.tick + 30):
             raise SystemExit("no leader")
         leader.worker.listener.wait_for_generation(1, timeout=30)
-        latencies = measure_latency(engine, receiver, rows=options.rows, spacing=options.spacing)
+        commits: dict[str, float] = {}
+        cpu_before = drain_thread_cpu_by_name()
+        latencies = measure_latency(engine, receiver, rows=options.rows, spacing=options.spacing, commits=commits)
+        time.sleep(0.2)  # the last outcome's write and the loop's due-time read
+        cpu_after = drain_thread_cpu_by_name()
+        cpu_by_kind: dict[str, float] = {}
+        for name, seconds in cpu_after.items():
+            kind = name.split("-")[1]
+            cpu_by_kind[kind] = cpu_by_kind.get(kind, 0.0) + (seconds - cpu_before.get(name, 0.0)) * 1000 / len(latencies)
+        cpu_ms_per_wake = sum(cpu_by_kind.values())
         p50, p95, most = percentile(latencies, 0.5), percentile(latencies, 0.95), max(latencies)
         print(f"commit -> receiver over {len(latencies)} rows: p50 {p50:.2f} ms, p95 {p95:.2f} ms, max {most:.2f} ms")
-        print(f"failover with tick {options.tick:g}s, probe {options.probe:g}s ...", flush=True)
-        demote_s, first_job_s = measure_failover(engine, url, leader, standby)
-        print(f"pg_terminate_backend -> old leader demoted: {demote_s:.2f} s")
-        print(f"pg_terminate_backend -> new leader's first job: {first_job_s:.2f} s")
+        print(f"drain threads' CPU per delivered row (one wake-up each): {cpu_ms_per_wake:.3f} ms "
+              f"({', '.join(f'{kind} {ms:.3f}' for kind, ms in sorted(cpu_by_kind.items()))})")
+        step_figures: dict[str, float | int] = {}
+        if timer is not None:
+            steps = timer.steps(commits, receiver.arrivals)
+            matched = len(steps["commit_to_receiver"])
+            print(f"steps, over the {matched} of {len(commits)} rows whose every step matched (ms):")
+            step_figures["steps_matched_rows"] = matched
+            for name, values in steps.items():
+                if values:
+                    print(f"  {name:<20} p50 {percentile(values, 0.5):7.3f}  p95 {percentile(values, 0.95):7.3f}")
+                    step_figures[f"step_{name}_p50_ms"] = round(percentile(values, 0.5), 3)
+                    step_figures[f"step_{name}_p95_ms"] = round(percentile(values, 0.95), 3)
+            print(f"  pause reads: {len(timer.pause_reads)}, claims: {len(timer.claims)}, wakes: {len(timer.wakes)}")
+            step_figures.update(pause_reads=len(timer.pause_reads), claims=len(timer.claims), wakes=len(timer.wakes))
+        if not options.skip_failover:
+            print(f"failover with tick {options.tick:g}s, probe {options.probe:g}s ...", flush=True)
+            demote_s, first_job_s = measure_failover(engine, url, leader, standby)
+            print(f"pg_terminate_backend -> old leader demoted: {demote_s:.2f} s")
+            print(f"pg_terminate_backend -> new leader's first job: {first_job_s:.2f} s")
     finally:
         standby.close()
         leader.close()
@@ -211,12 +339,15 @@ def main() -> None:
                 "latency_p50_ms": round(p50, 3),
                 "latency_p95_ms": round(p95, 3),
                 "latency_max_ms": round(most, 3),
-                "demote_s": round(demote_s, 3),
-                "failover_first_job_s": round(first_job_s, 3),
+                "drain_cpu_ms_per_wake": round(cpu_ms_per_wake, 3),
+                "demote_s": None if demote_s is None else round(demote_s, 3),
+                "failover_first_job_s": None if first_job_s is None else round(first_job_s, 3),
                 "leader_tick_s": options.tick,
                 "standby_probe_s": options.probe,
                 "rows": len(latencies),
                 "drain_async_commit": options.drain_async_commit,
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                **step_figures,
             }
         )
     )

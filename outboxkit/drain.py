@@ -4,7 +4,7 @@ A drain works in four steps, each in its own module with the prose of the
 invariant it protects; the ``Drainer`` here composes them (``Claimer``,
 ``SendPump``, ``Recorder``) and drives them with calls and a background loop:
 
-1. Claim (``outboxkit.drain_claim``, one short transaction).  Due rows are
+1. Claim (``outboxkit.drain_claim``, one statement, its own transaction).  Due rows are
    taken with ``FOR UPDATE SKIP LOCKED``, leased, and their attempt counted
    and committed.  *Disjoint claims*: two drains, in one process or two,
    never get the same row while its lease runs.  *Claim before send*: a row
@@ -297,7 +297,7 @@ class Drainer:
         """Tell the background loop rows may be due now (a NOTIFY, a reset).  Cheap; coalesces."""
         background = self._background
         if background is not None:
-            self.pause_check.forget()  # the wake-up may be a resume
+            self.pause_check.woken()  # without a listener the wake-up may be a resume (outboxkit.pauses)
             background.wake()
 
     def stop(self, timeout: float | None = None, *, wait: bool = True) -> None:

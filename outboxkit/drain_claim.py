@@ -1,15 +1,22 @@
-"""Step 1 of the drain: claim due rows in one short committed transaction.
+"""Step 1 of the drain: claim due rows in one statement that is its own committed transaction.
 
 Up to ``batch_size`` due rows are taken oldest first with ``FOR UPDATE SKIP
 LOCKED``; each gets a lease (``claimed_until``), the batch's fresh
-``claim_token``, and its attempt is counted; then the transaction commits.
+``claim_token``, and its attempt is counted.  The statement runs on a pooled
+connection in AUTOCOMMIT mode, so it commits by itself: one round trip (no
+BEGIN before it, no COMMIT after it), and, with synchronous commit, one WAL
+flush, all before any send.
 
 *Disjoint claims*: two drains, in one process or two, never get the same row
 while its lease runs.  *Claim before send*: the attempt is committed before
 any network call, so a row that kills the worker every time still runs out
 of attempts and ends ``stuck``.  Rows whose previous attempt never recorded
 an outcome and that have no attempts left are parked as ``stuck`` here
-instead of being sent again.  A row still holding the claim of a worker that
+instead of being sent again, by a second statement guarded by the claim's
+token that also takes back the attempt the claim counted (a crash between
+the two leaves the row claimed: it comes due again at its lease's end and is
+parked then, with that one unsent attempt counted, as a claim whose sends
+never started always is).  A row still holding the claim of a worker that
 died is claimed alone, so a row that kills its worker does not take healthy
 batch-mates down with it again.
 
@@ -96,7 +103,7 @@ class Claimer:
     def claim(
         self, wanted: int, result: DrainCounts, may_claim: Callable[[], bool] | None = None
     ) -> tuple[list[Outbox], uuid.UUID, int, bool]:
-        """One short committed transaction: take up to ``wanted`` due rows.
+        """One committed statement (see the module): take up to ``wanted`` due rows.
 
         ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
         stop that was handled before that reading always prevents the claim: a claim's own time never
@@ -109,7 +116,10 @@ class Claimer:
             return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
         if not result.claimed:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
-        with Session(self.engine, expire_on_commit=False, autoflush=False) as session, session.begin():
+        with (
+            self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection,
+            Session(connection, expire_on_commit=False, autoflush=False) as session,
+        ):
             now = self.clock.now()
             if may_claim is not None and not may_claim():
                 return [], token, 0, False

@@ -231,6 +231,7 @@ class SendPump(Generic[ResultT]):
         state.isolated = orphaned
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
+        short = 0 < taken < granted and not orphaned
         deliveries, build_failures = self._build(rows)
         admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
         result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
@@ -248,11 +249,21 @@ class SendPump(Generic[ResultT]):
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
-        if not state.more_due and background is not None:
-            state.next_due = self._earliest_due()
+        if background is not None and (short or not state.more_due):
+            # The loop's next wake-up.  A short claim took every row it could lock: when none is due
+            # now, this read stands in for the empty claim that would have said so (one round trip
+            # instead of a claim's transaction); when some are (locked elsewhere, or just come due),
+            # the loop claims again as after any claim that found rows.
+            state.next_due = self._earliest_due(outcomes)
+            if short:
+                state.more_due = state.next_due is not None and state.next_due <= self.clock.now()
 
-    def _earliest_due(self) -> datetime | None:
-        with self.engine.connect() as connection:
+    def _earliest_due(self, outcomes: OutcomeConnection) -> datetime | None:
+        """One statement in AUTOCOMMIT (no BEGIN, no ROLLBACK), on the outcome connection when the loop holds it."""
+        held = outcomes.held
+        if held is not None:
+            return self.queries.earliest_due(held)
+        with self.queries.outcome_connection(self.engine) as connection:
             return self.queries.earliest_due(connection)
 
     def _send_one(

@@ -148,6 +148,11 @@ class OutcomeConnection:
             self._connection = self._cleanup.enter_context(self._queries.outcome_connection(self._engine))
         return self._connection
 
+    @property
+    def held(self) -> Connection | None:
+        """The connection if it was checked out already, else None (a reader then takes a short-lived one)."""
+        return self._connection
+
 
 class Recorder:
     """Decides and writes the outcomes of one outbox's sent rows; keeps its attempt history and summary line."""

@@ -23,13 +23,14 @@ from outboxkit.core import KitCore
 from outboxkit.integration import lifespan
 from outboxkit.model import Outbox
 from outboxkit.schedule_runtime import KitSchedules
-from outboxkit.scheduler import OutboxScheduler
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.transport import Transport
 from outboxkit.worker import DrainWorker
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from outboxkit.scheduler import OutboxScheduler
 
 __all__ = ["OutboxKit"]
 
@@ -81,6 +82,10 @@ class OutboxKit(KitCore):
         """The job registry and elected scheduler (one drain job per outbox, plus your own jobs)."""
         with self._lock:
             if self._scheduler is None:
+                # Imported here: a process that only drains (``outboxkit worker``) never loads APScheduler's
+                # scheduler and executors, nor the election.
+                from outboxkit.scheduler import OutboxScheduler
+
                 self._scheduler = OutboxScheduler(self, reserved_ids=lambda id: self.schedules.claimed_name(id))
             return self._scheduler
 

@@ -1,14 +1,25 @@
 """Paused outboxes: an operator stops an outbox's drains, in every process, until resumed.
 
 A pause is one row in ``outboxkit_outbox_pauses`` (who paused it, when).
-Every drainer asks ``PauseCheck.paused()`` before each claim; the answer is
-cached for ``PAUSE_CACHE_SECONDS`` and forgotten on a wake-up, so a paused
-outbox costs one indexed read every few seconds per drainer, and a pause or
-resume takes effect within that time everywhere (at once in a drainer woken
-by the resume's NOTIFY).  A paused outbox's drains claim nothing: rows stay
-``pending`` and keep their due times, inserts keep piling up, nothing is
-lost, and the rows already in flight finish normally.  The leader's
-safety-net drain job runs and claims nothing too.
+Every drainer asks ``PauseCheck.paused()`` before each claim.  A pause and a
+resume each notify ``PAUSES_CHANNEL`` in their transaction, and every
+draining process LISTENs on it (``outboxkit.worker``), so:
+
+* while the drainer's listener is connected (``PauseCheck.follow``), its
+  answer is kept until such a notification (or the listener's loss or
+  reconnection) says it may have changed, and for at most
+  ``PAUSE_TRUST_SECONDS``: an insert's wake-up claims without reading it
+  again, and a pause or resume takes effect at once in every listening
+  process;
+* without a listener, the answer is kept for ``PAUSE_CACHE_SECONDS`` and
+  forgotten on every wake-up (it may be a resume), so a pause or resume
+  takes effect within that time.
+
+A paused outbox costs one indexed read per drainer when it changes (every
+few seconds without a listener).  A paused outbox's drains claim nothing:
+rows stay ``pending`` and keep their due times, inserts keep piling up,
+nothing is lost, and the rows already in flight finish normally.  The
+leader's safety-net drain job runs and claims nothing too.
 
 Without the table (the kit's migration ``outboxkit_0003`` not run yet) no
 outbox is paused: a missing table must not stop delivery.
@@ -25,18 +36,37 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, delete, select
+from sqlalchemy import Connection, Engine, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import ProgrammingError
 
 from outboxkit.log_events import log_fields
 from outboxkit.tables import outbox_pauses
 
-__all__ = ["PAUSE_CACHE_SECONDS", "Pause", "PauseCheck", "is_paused", "pause", "paused_outboxes", "resume"]
+__all__ = [
+    "PAUSES_CHANNEL",
+    "PAUSE_CACHE_SECONDS",
+    "PAUSE_TRUST_SECONDS",
+    "Pause",
+    "PauseCheck",
+    "is_paused",
+    "pause",
+    "paused_outboxes",
+    "resume",
+]
 
 logger = logging.getLogger("outboxkit.pauses")
 
+# How long a drainer keeps its answer without a listener, and with one.  The
+# bound with a listener covers a pause made by a process that does not
+# notify (an older version of the kit during a rolling upgrade).
 PAUSE_CACHE_SECONDS = 2.0
+PAUSE_TRUST_SECONDS = 60.0
+
+# Notified with the job name by every pause and resume.  An outbox's own
+# channel is ``outboxkit_<name>`` (outboxkit.notify), so this one, with its
+# hyphen, never meets one.
+PAUSES_CHANNEL = "outboxkit-pauses"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,47 +90,104 @@ def paused_outboxes(connection: Connection) -> dict[str, Pause]:
 
 
 def pause(connection: Connection, job_name: str, *, actor: str, now: datetime) -> bool:
-    """Pause ``job_name``'s drains; False if it was paused already (nothing changes then)."""
+    """Pause ``job_name``'s drains; False if it was paused already (nothing changes then).
+
+    A change notifies ``PAUSES_CHANNEL`` when the caller's transaction commits.
+    """
     statement = (
         insert(outbox_pauses)
         .values(outbox=job_name, paused_at=now, paused_by=actor[:300])
         .on_conflict_do_nothing(index_elements=[outbox_pauses.c.outbox])
         .returning(outbox_pauses.c.outbox)
     )
-    return connection.execute(statement).first() is not None
+    return _notify_if(connection.execute(statement).first() is not None, connection, job_name)
 
 
 def resume(connection: Connection, job_name: str) -> bool:
-    """Resume ``job_name``'s drains; False if it was not paused."""
+    """Resume ``job_name``'s drains; False if it was not paused.
+
+    A change notifies ``PAUSES_CHANNEL`` when the caller's transaction commits.
+    """
     statement = delete(outbox_pauses).where(outbox_pauses.c.outbox == job_name).returning(outbox_pauses.c.outbox)
-    return connection.execute(statement).first() is not None
+    return _notify_if(connection.execute(statement).first() is not None, connection, job_name)
+
+
+def _notify_if(changed: bool, connection: Connection, job_name: str) -> bool:
+    if changed:  # delivered on commit: listening drainers drop their cached answer then
+        connection.execute(select(func.pg_notify(PAUSES_CHANNEL, job_name)))
+    return changed
 
 
 class PauseCheck:
-    """A drainer's cached view of its outbox's pause (see the module).  Thread-safe."""
+    """A drainer's cached view of its outbox's pause (see the module).  Thread-safe.
 
-    def __init__(self, engine: Engine, job_name: str, *, cache_seconds: float = PAUSE_CACHE_SECONDS) -> None:
+    ``cache_seconds`` bounds how long an answer is kept without a listener,
+    ``trust_seconds`` with one (``follow(True)``).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        job_name: str,
+        *,
+        cache_seconds: float = PAUSE_CACHE_SECONDS,
+        trust_seconds: float = PAUSE_TRUST_SECONDS,
+    ) -> None:
         self.engine = engine
         self.job_name = job_name
         self.cache_seconds = cache_seconds
+        self.trust_seconds = trust_seconds
         self._lock = threading.Lock()
         self._answer = False
-        self._valid_until = float("-inf")
+        self._read_at = float("-inf")
+        # Counts forget() calls: a read that a forget() overtook is not kept (it may predate the change).
+        self._generation = 0
+        self._following = False
         self._missing_reported = False
+
+    @property
+    def following(self) -> bool:
+        """True while a listener delivers this outbox's pause notifications (``follow``)."""
+        return self._following
 
     def paused(self) -> bool:
         with self._lock:
-            if time.monotonic() < self._valid_until:
+            kept = self.trust_seconds if self._following else self.cache_seconds
+            if time.monotonic() - self._read_at < kept:
                 return self._answer
+            generation = self._generation
         answer = self._read()
         with self._lock:
-            self._answer, self._valid_until = answer, time.monotonic() + self.cache_seconds
+            if self._generation == generation:
+                self._answer, self._read_at = answer, time.monotonic()
         return answer
 
     def forget(self) -> None:
-        """Drop the cached answer (a wake-up may follow a resume)."""
+        """Drop the cached answer: the pause may have changed (a notification, a resume, a pause here)."""
         with self._lock:
-            self._valid_until = float("-inf")
+            self._generation += 1
+            self._read_at = float("-inf")
+
+    def woken(self) -> None:
+        """A wake-up of the drain: without a listener it may follow a resume, so the answer is dropped.
+
+        With a listener, a resume announced itself on ``PAUSES_CHANNEL``: an
+        insert's wake-up keeps the answer and the claim reads nothing more.
+        """
+        if not self._following:
+            self.forget()
+
+    def follow(self, following: bool) -> None:
+        """The listener LISTENs on ``PAUSES_CHANNEL`` (True) or lost its connection (False).
+
+        Either way the answer is dropped: a change may have been missed
+        while nobody listened, and from a loss on, it is kept only
+        ``cache_seconds`` again.
+        """
+        with self._lock:
+            self._following = following
+            self._generation += 1
+            self._read_at = float("-inf")
 
     def _read(self) -> bool:
         try:

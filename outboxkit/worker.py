@@ -13,7 +13,10 @@ on by default):
   wakes that outbox's loop: an insert (the trigger or ``notify_statement``)
   and an admin reset both notify, so the time from commit to send is
   milliseconds.  Each (re)connection wakes every loop once, to catch up on
-  notifications sent while nobody listened.
+  notifications sent while nobody listened.  It also LISTENs on
+  ``outboxkit.pauses.PAUSES_CHANNEL``: while it is connected, the drainers
+  keep their pause answer until a pause or resume notifies (``PauseCheck.follow``),
+  so an insert's wake-up goes straight to the claim.
 
 The application's processes get one through ``kit.lifespan``; dedicated
 drainer processes on any number of hosts run ``outboxkit worker --app
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from outboxkit.model import Outbox
 from outboxkit.notify import NotifyListener, channel_for, listener_application_name
+from outboxkit.pauses import PAUSES_CHANNEL
 from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.telemetry import log_fields
 
@@ -61,6 +65,13 @@ def database_readiness(engine: Engine) -> str | None:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"the database does not answer: {type(exc).__name__}: {first_line}"
     return None
+
+
+def _pauses_changed(drainers: list[Drainer]) -> None:
+    """A pause or resume committed somewhere: every drainer reads its answer again, and a resume claims at once."""
+    for drainer in drainers:
+        drainer.pause_check.forget()
+        drainer.wake()
 
 
 class DrainWorker:
@@ -115,14 +126,19 @@ class DrainWorker:
             self._drainers = drainers
             if listen:
                 channels = {channel_for(drainer.outbox): drainer.wake for drainer in drainers}
+                channels[PAUSES_CHANNEL] = lambda: _pauses_changed(drainers)
                 telemetry = self.kit.telemetry
+
+                def connection_changed(connected: bool, reconnected: bool) -> None:
+                    for drainer in drainers:  # after LISTEN (or its loss): see PauseCheck.follow
+                        drainer.pause_check.follow(connected)
+                    telemetry.listener_changed(connected=connected, reconnected=reconnected)
+
                 self._listener = NotifyListener(
                     connect=self.kit.session_connector(listener_application_name()),
                     channels=channels,
                     source=self.kit.session_source,
-                    on_connection=lambda connected, reconnected: telemetry.listener_changed(
-                        connected=connected, reconnected=reconnected
-                    ),
+                    on_connection=connection_changed,
                 )
                 self._listener.start()
         logger.info(

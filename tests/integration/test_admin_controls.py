@@ -122,3 +122,54 @@ def test_no_pause_table_means_not_paused(admin_database_url, database_factory, c
     finally:
         engine.dispose()
         database_factory.drop(url)
+
+
+def test_without_a_listener_a_wake_up_drops_the_answer_and_with_one_it_keeps_it(admin):
+    check = PauseCheck(admin.engine, "webhooks", cache_seconds=3600, trust_seconds=3600)
+    assert check.paused() is False
+    admin.client.post("/admin/api/outboxes/webhooks/pause", json={})
+    check.woken()  # no listener: the wake-up may be a resume (or anything), so the table is read again
+    assert check.paused() is True
+    admin.client.post("/admin/api/outboxes/webhooks/resume", json={})
+    check.follow(True)  # a listener LISTENs now: what was cached before it may be stale, so it is dropped
+    assert check.following and check.paused() is False
+    admin.client.post("/admin/api/outboxes/webhooks/pause", json={})
+    check.woken()  # an insert's wake-up: a pause would have notified, so the answer is kept
+    assert check.paused() is False
+    check.forget()  # what the pause's notification does
+    assert check.paused() is True
+    check.follow(False)  # the listener's connection is lost: back to the short cache, and dropped
+    assert not check.following and check.paused() is True
+
+
+def test_a_pause_read_overtaken_by_a_notification_is_not_kept(admin):
+    class Overtaken(PauseCheck):
+        def _read(self) -> bool:
+            answer = super()._read()
+            if not overtaken:
+                overtaken.append(True)
+                admin.client.post("/admin/api/outboxes/webhooks/pause", json={})
+                self.forget()  # the pause's notification arrives while the read's answer is on its way
+            return answer
+
+    overtaken: list[bool] = []
+    check = Overtaken(admin.engine, "webhooks", cache_seconds=3600, trust_seconds=3600)
+    check.follow(True)
+    assert check.paused() is False  # the answer of the read that started before the pause
+    assert check.paused() is True  # not kept: the next claim reads again
+
+
+def test_a_pause_and_a_resume_notify_the_pause_channel_on_commit(admin, admin_database_url):
+    import psycopg
+    from psycopg import sql
+
+    from outboxkit.pauses import PAUSES_CHANNEL
+
+    with psycopg.connect(admin_database_url, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PAUSES_CHANNEL)))
+        admin.client.post("/admin/api/outboxes/webhooks/pause", json={})
+        admin.client.post("/admin/api/outboxes/webhooks/pause", json={})  # no change: no notification
+        admin.client.post("/admin/api/outboxes/webhooks/resume", json={})
+        heard = [(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=2)]
+        assert heard == [(PAUSES_CHANNEL, "webhooks")] * 2
+        assert list(listener.notifies(timeout=0.2)) == []

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.notify import channel_for, notify_statement
-from tests.support.leadership import terminate_backend
+from tests.support.leadership import terminate_backend, wait_until
 from tests.support.models import SampleEvent
 
 # The loops' safety-net poll is an hour away, so only a wake-up can deliver within the test.
@@ -61,3 +61,66 @@ def test_trigger_notifies_once_per_statement_and_enqueue_helper_notifies_on_comm
             connection.execute(notify_statement(SampleEvent))
             assert list(listener.notifies(timeout=0.2)) == []  # nothing before the commit
         assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == [channel]
+
+
+def change_pause(engine, kit, *, paused: bool) -> None:
+    """Pause or resume SampleEvent's drains as the admin does, in one committed transaction."""
+    from outboxkit.pauses import pause, resume
+
+    job_name = SampleEvent.__outbox__.job_name
+    with engine.begin() as connection:
+        if paused:
+            assert pause(connection, job_name, actor="test", now=kit.clock.now())
+        else:
+            assert resume(connection, job_name)
+
+
+def test_a_listening_drainer_hears_a_pause_and_a_resume_at_once(engine, receiver, kit):
+    kit.worker.start()
+    assert kit.worker.listener.wait_for_generation(1, timeout=10)
+    check = kit.drainer(SampleEvent).pause_check
+    check.trust_seconds = 3600.0  # only a notification can change the answer within the test
+    wait_until(lambda: check.following, message="the pause check follows the listener")
+    assert check.paused() is False
+
+    change_pause(engine, kit, paused=True)
+    wait_until(check.paused, message="the pause reaches the listening drainer")
+    change_pause(engine, kit, paused=False)  # the resume notifies the pause channel only: it must wake the loop too
+    wait_until(lambda: not check.paused(), message="the resume reaches the listening drainer")
+    enqueue(engine, receiver, 3)
+    receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+
+
+def test_a_resume_wakes_a_listening_drainer_to_claim_the_rows_that_waited(engine, receiver, kit):
+    change_pause(engine, kit, paused=True)
+    kit.worker.start()
+    assert kit.worker.listener.wait_for_generation(1, timeout=10)
+    check = kit.drainer(SampleEvent).pause_check
+    wait_until(lambda: check.following and check.paused(), message="the drainer knows it is paused")
+    enqueue(engine, receiver, 4)  # its wake-up claims nothing: paused
+    change_pause(engine, kit, paused=False)  # no insert, no NOTIFY on the outbox's channel: the pause channel alone
+    receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+    assert receiver.requests[0].body == {"n": 4}
+
+
+def test_an_inserts_wake_up_does_not_read_the_pause_again_while_the_listener_is_connected(engine, receiver, kit):
+    drainer = kit.drainer(SampleEvent)
+    reads: list[bool] = []
+    read = drainer.pause_check._read
+
+    def counted() -> bool:
+        reads.append(read())
+        return reads[-1]
+
+    drainer.pause_check._read = counted
+    kit.worker.start()
+    assert kit.worker.listener.wait_for_generation(1, timeout=10)
+    wait_until(lambda: drainer.pause_check.following, message="the pause check follows the listener")
+    enqueue(engine, receiver, 0)
+    receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+    before = len(reads)
+    for n in range(1, 6):
+        enqueue(engine, receiver, n)
+        receiver.wait_for(lambda r, sent=n + 1: len(r.requests) == sent, timeout=10)
+    # Five wake-ups, five claims: at most one read, the one a wake-up of the listener's connection may still owe.
+    assert len(reads) - before <= 1 and not any(reads)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -22,6 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit.clock import ManualClock
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
@@ -362,3 +364,44 @@ def test_an_app_that_does_not_drain_is_ready_when_its_database_answers(engine):
         assert answer.status_code == expected, answer.text
     assert answer.text.startswith("not ready: the database does not answer: OperationalError")
     unreachable.dispose()
+
+
+def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_claimed_when_freed(engine, receiver):
+    # No listener: the test's wake() calls are the loop's only wake-ups, so every claim is accounted for.
+    clock = ManualClock(datetime.now(timezone.utc) + timedelta(minutes=1))  # rows inserted now are due
+    kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**QUIET, listen_enabled=False), clock=clock)
+    drainer = kit.drainer(SampleEvent)
+    claims: list[int] = []
+    claim = drainer.claimer.claim
+
+    def counted(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        claims.append(answer[2])
+        return answer
+
+    drainer.claimer.claim = counted
+    url = receiver.url + "/events"
+    try:
+        kit.worker.start()
+        wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+        enqueue(engine, url, [{"n": 0}])
+        drainer.wake()
+        receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+        wait_until(lambda: claimed_rows(engine) == 0, message="the outcome is recorded")
+        # The claim took one row of the fifty it could: no second claim to find nothing (the due time is read instead).
+        assert claims == [0, 1]
+
+        # A due row another transaction holds is skipped by the short claim, and claimed once it is freed.
+        with Session(engine) as session, session.begin():
+            session.add(SampleEvent(target_url=url, payload={"n": 1}, next_attempt_at=clock.now() + timedelta(seconds=10)))
+        with engine.connect() as blocker:
+            blocker.execute(select(SampleEvent.id).where(SampleEvent.payload["n"].as_integer() == 1).with_for_update())
+            clock.advance(seconds=20)  # due now, and locked
+            enqueue(engine, url, [{"n": 2}])
+            drainer.wake()  # the claim takes row 2 and skips row 1
+            receiver.wait_for(lambda r: len(r.requests) == 2, timeout=10)
+            blocker.rollback()
+        receiver.wait_for(lambda r: len(r.requests) == 3, timeout=30)  # with no wake-up, well before the hour's poll
+    finally:
+        kit.close()
+    assert [request.body["n"] for request in receiver.requests] == [0, 2, 1]

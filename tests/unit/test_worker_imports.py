@@ -50,3 +50,22 @@ def test_the_cli_still_prints_tables_and_errors_with_rich():
     )  # fmt: skip
     assert finished.returncode == 1
     assert finished.stderr.startswith("outboxkit: ") and "no_such_module" in finished.stderr
+
+
+def test_a_drainer_loads_neither_the_scheduler_nor_the_election_until_asked():
+    result = modules_after(
+        "import sys\n"
+        "from sqlalchemy import create_engine\n"
+        "import outboxkit, outboxkit.cli, outboxkit.worker\n"
+        "from tests.support.models import SampleEvent\n"
+        "kit = outboxkit.OutboxKit(create_engine('postgresql+psycopg://nobody@127.0.0.1:9/none'), [SampleEvent])\n"
+        "kit.drainer(SampleEvent), kit.worker\n"
+        "names = ('outboxkit.scheduler', 'outboxkit.election', 'apscheduler.schedulers.background')\n"
+        "result = {name: name in sys.modules for name in names}\n"
+        "kit.scheduler\n"
+        "result['after'] = all(name in sys.modules for name in names)"
+    )
+    assert result == {
+        "outboxkit.scheduler": False, "outboxkit.election": False, "apscheduler.schedulers.background": False,
+        "after": True,
+    }
