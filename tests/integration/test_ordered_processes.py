@@ -2,7 +2,8 @@
 
 Both processes claim from the same ordered outbox at once; the receiver answers 503 to some first attempts,
 so keys wait out a backoff while the others go on.  Per key, the requests arrive in id order, never two at
-once, and every row ends ``done``.
+once, and every row ends ``done``.  Which process sends how many rows is left to the claims: on a loaded host
+one process may take every batch before the other's first claim, and the checks hold either way.
 """
 
 from __future__ import annotations
@@ -80,5 +81,3 @@ def test_two_processes_keep_each_keys_order_and_send_one_row_of_a_key_at_a_time(
     assert overlaps == []
     with engine.connect() as connection:
         assert connection.execute(text("SELECT DISTINCT status FROM ordered_event_outbox")).scalars().all() == ["done"]
-        senders = connection.execute(text("SELECT count(DISTINCT sender) FROM outboxkit_attempts")).scalar_one()
-    assert senders == 2  # both processes delivered rows (each attempt records its sender)
