@@ -17,9 +17,9 @@ Each change goes through ``outboxkit.operations.schedule_admin`` on the
 operator database: one transaction, audited as ``cli:<user>@<host>``, that
 wakes every process's schedule runner (NOTIFY).  A refused definition names
 the field (``outboxkit: trigger.timezone: unknown IANA timezone ...``, exit
-1) and writes nothing.  A job target must name a job that a schedule row
-already targets (the CLI has no registry of its own; see the operations
-module).  ``edit`` starts from the schedule as it is: ``--field`` replaces
+1) and writes nothing.  A job target must name a job registered on the
+application's kit (``kit.schedules``) or one that a schedule row already
+targets (see the operations module).  ``edit`` starts from the schedule as it is: ``--field`` replaces
 the trigger's fields when given (with ``--trigger``, the kind too), and so
 on for each flag.
 """

@@ -14,8 +14,9 @@ every process's ``ScheduleRunner``, so an edit applies everywhere within a
 second.  A refused change (``InvalidScheduleError``, naming the field;
 ``UnknownScheduleError``) writes nothing.
 
-Which job names a schedule may target: the ``jobs`` given here (the names
-the application's runners register; the admin takes them as
+Which job names a schedule may target: the jobs registered on the kit
+(``kit.schedules.add_job`` and ``register_job``), the ``jobs`` given here
+(names that other processes' runners register; the admin takes them as
 ``create_admin_router(schedule_jobs=...)``), and every job a schedule row
 already targets (a row was checked against its process's registry when it
 was written, so a job that the code's own schedules run is known to the CLI
@@ -71,7 +72,8 @@ class ScheduleAdmin:
 
     def __init__(self, kit: OutboxKit, *, jobs: Collection[str] = ()) -> None:
         self.kit = kit
-        self.declared_jobs = frozenset(jobs)
+        # The kit's own registry (``kit.schedules``: jobs declared or registered in code) and the names given.
+        self.declared_jobs = frozenset(jobs) | frozenset(kit.schedules.jobs)
 
     @property
     def request_outboxes(self) -> list[str]:
