@@ -42,13 +42,27 @@ def drain_until_stopped(url: str, stop) -> None:
     engine.dispose()
 
 
-def flapping(request) -> Reply:
-    return Reply(status=200) if int(time.time()) % 2 == 0 else Reply(status=503)
+DOWN_FIRST_SECONDS = 3.0  # longer than the cool-down: the breaker opens and stays open until the receiver is up
+
+
+def flapping_from(started: float):
+    """Down for the first seconds, then up and down every second.
+
+    Starting down makes the breaker open whatever the host's speed: on a quick host all rows could otherwise be
+    delivered within one 'up' second, and the breaker would have nothing to do."""
+
+    def respond(request) -> Reply:
+        elapsed = time.monotonic() - started
+        if elapsed < DOWN_FIRST_SECONDS:
+            return Reply(status=503)
+        return Reply(status=200) if int(elapsed) % 2 == 0 else Reply(status=503)
+
+    return respond
 
 
 def test_two_processes_share_a_flapping_destinations_breaker_and_lose_nothing(database_url, engine, read_events):
     with Receiver() as receiver:
-        receiver.respond = flapping
+        receiver.respond = flapping_from(time.monotonic())
         with engine.begin() as connection:
             connection.execute(
                 SampleEvent.__table__.insert(),
