@@ -60,8 +60,7 @@ from outboxkit.log_events import log_fields
 from outboxkit.results import RunRecord
 from outboxkit.schedule_runner import Firing, ScheduleRunner, default_holder
 from outboxkit.schedule_store import ScheduleStore
-from outboxkit.scheduled_jobs import JobFunction, check_job_function
-from outboxkit.scheduler import KIT_JOB_PREFIX
+from outboxkit.scheduled_jobs import KIT_JOB_PREFIX, JobFunction, check_job_function
 from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 
 if TYPE_CHECKING:

@@ -56,6 +56,7 @@ from outboxkit.telemetry import Telemetry, log_fields
 from outboxkit.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 
 __all__ = [
+    "KIT_JOB_PREFIX",
     "JobContext",
     "JobFailed",
     "JobRunner",
@@ -66,6 +67,9 @@ __all__ = [
     "every",
     "once",
 ]
+
+# Job ids and schedule names under this prefix are the kit's own (drains, retention).
+KIT_JOB_PREFIX = "outboxkit."
 
 logger = logging.getLogger("outboxkit.jobs")  # the documented logger name (docs/operations.md), kept across the rename
 

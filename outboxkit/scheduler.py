@@ -45,7 +45,7 @@ from outboxkit.model import Outbox
 from outboxkit.pooler_checks import check_engine, session_source_accepted
 from outboxkit.results import RunRecord
 from outboxkit.retention import retention_job
-from outboxkit.scheduled_jobs import JobFailed, JobFunction, JobRunner, ScheduledJob, every
+from outboxkit.scheduled_jobs import KIT_JOB_PREFIX, JobFailed, JobFunction, JobRunner, ScheduledJob, every
 
 if TYPE_CHECKING:
     from outboxkit.core import KitCore
@@ -56,7 +56,6 @@ logger = logging.getLogger("outboxkit.scheduler")
 
 DRAIN_JOB_PREFIX = "outboxkit.drain."
 # Every job id under "outboxkit." belongs to the kit (drains, retention); applications use their own.
-KIT_JOB_PREFIX = "outboxkit."
 
 
 def drain_job_id(outbox: type[Outbox]) -> str:
