@@ -344,18 +344,22 @@ class KitSchedules:
             except MigrationRequired as exc:  # a database behind the kit's migration: the fix, in one line
                 logger.error("the schedule loop did not start: %s; this process goes on without it", exc,
                              extra=log_fields("schedule.needs_migration"))
-                with self._lock:
-                    self._start_problem = str(exc)
+                self._record_start_problem(cancel, str(exc))
                 return
             except Exception as exc:
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                with self._lock:
-                    self._start_problem = f"{type(exc).__name__}: {first_line}"[:300]
+                self._record_start_problem(cancel, f"{type(exc).__name__}: {first_line}"[:300])
                 if not warned:
                     logger.warning("the schedule loop could not start yet (%s: %s); trying again every %g s",
                                    type(exc).__name__, first_line, retry_seconds, extra=log_fields("schedule.start_retrying"))
                     warned = True
             cancel.wait(retry_seconds)
+
+    def _record_start_problem(self, cancel: threading.Event, problem: str) -> None:
+        """Why the start failed, for ``readiness()``; a start that ``stop()`` cancelled meanwhile leaves no reason."""
+        with self._lock:
+            if not cancel.is_set():
+                self._start_problem = problem
 
     # -- driving it by hand (tests) ----------------------------------------------
 
