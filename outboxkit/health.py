@@ -11,8 +11,8 @@ One small threaded HTTP server answers exactly three paths:
 * ``/healthz``: 200 ``ok`` while the process answers at all (liveness: restart
   it when this fails);
 * ``/readyz``: 200 ``ready`` when ``readiness()`` returns None, else 503 with
-  its one-line reason (``DrainWorker.readiness``: the drain loops are running
-  and the database answers);
+  its one-line reason (``outboxkit.integration.readiness``: the drain loops
+  are running, the database answers and the schedule loop runs);
 * ``/metrics``: the Prometheus text format from ``metrics()``, when given;
 
 and 404 everywhere else, so a probe or a scraper pointed at the wrong path

@@ -24,7 +24,8 @@ Blocking work runs in a thread, never on the event loop.
 
 Probes for the application's own routes: ``liveness_app()`` (``/healthz``)
 and ``readiness_app(kit)`` (``/readyz``: the drain loops run, when this
-process drains, and the database answers; 503 with the reason otherwise)::
+process drains, the database answers, and the schedule loop runs, when
+this process fires schedule rows; 503 with the reason otherwise)::
 
     app.add_route("/healthz", liveness_app())
     app.add_route("/readyz", readiness_app(kit))
@@ -101,11 +102,26 @@ def lifespan(kit: Runtime, *, close_kit: bool = True) -> Callable[[object], Abst
     return run
 
 
-def readiness(kit: Runtime) -> str | None:
-    """None when this process is ready, else why not: its drain loops run (if enabled) and the database answers."""
-    if kit.settings.drain_enabled:
-        return kit.worker.readiness()
-    return database_readiness(kit.engine)
+def readiness(kit: Runtime, *, drains: Callable[[], str | None] | None = None) -> str | None:
+    """None when this process is ready, else why not.
+
+    Ready: its drain loops run (if ``OUTBOXKIT_DRAIN_ENABLED``), the
+    database answers, and its schedule loop runs (if
+    ``OUTBOXKIT_SCHEDULES_ENABLED``: ``KitSchedules.readiness``).  A loop
+    the process is configured to run and does not is "not ready", as for
+    the drains: the reason names it (docs/operations.md).  ``drains`` is
+    the drain check of a process whose drain loops are not the kit's
+    worker (``outboxkit worker``'s ``DrainWorker.readiness``).
+    """
+    if drains is not None:
+        reason = drains()
+    elif kit.settings.drain_enabled:
+        reason = kit.worker.readiness()
+    else:
+        reason = database_readiness(kit.engine)
+    if reason is None and kit.settings.schedules_enabled:
+        reason = kit.schedules.readiness()
+    return reason
 
 
 def liveness_app() -> ProbeApp:

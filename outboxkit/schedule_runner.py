@@ -344,12 +344,27 @@ class ScheduleRunner:
         self._wake.set()
 
     @property
+    def loop_alive(self) -> bool:
+        """True while the loop's thread is alive (False before ``start``, after ``stop``, or once it died)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
     def idle(self) -> bool:
         """Whether the loop is asleep, listening, with nothing due that it knows of."""
         listener = self._listener
         return self._idle.is_set() and listener is not None and listener.generation > 0 and not self._wake.is_set()
 
     def _loop(self) -> None:
+        try:
+            self._turns()
+        except BaseException:  # past the turn's own handler: the loop is gone, and /readyz says so (loop_alive)
+            logger.exception(
+                "the schedule loop died; this process fires no schedule row until it restarts",
+                extra=log_fields("schedule.loop_died"),
+            )
+
+    def _turns(self) -> None:
         while not self._stopping.is_set():
             try:
                 if self._seconds_until_sweep() <= 0:

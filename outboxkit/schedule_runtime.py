@@ -92,6 +92,7 @@ class KitSchedules:
         self._synced = False
         self._starter: threading.Thread | None = None  # start_in_background's thread while it starts
         self._cancel = threading.Event()
+        self._start_problem: str | None = None  # why the last start in the background failed, for readiness()
 
     # -- declaring -----------------------------------------------------------
 
@@ -215,6 +216,25 @@ class KitSchedules:
         with self._lock:
             return self._running
 
+    def readiness(self) -> str | None:
+        """None while this process's trigger loop runs, else why not (``/readyz``: see docs/operations.md).
+
+        The reasons: the loop has stopped (its thread died, or its runner
+        was stopped under the kit), it is starting (the last attempt's
+        error when the database did not answer), it did not start (the
+        schedule tables are missing: the migration to run), or it is not
+        running (never started, or ``stop()``).
+        """
+        with self._lock:
+            running, runner, starter, problem = self._running, self._runner, self._starter, self._start_problem
+        if running:
+            return None if runner is not None and runner.loop_alive else "the schedule loop has stopped"
+        if starter is not None and starter.is_alive():
+            return "the schedule loop is starting" + (f" (the last attempt failed: {problem})" if problem else "")
+        if problem is not None:
+            return f"the schedule loop did not start: {problem}"
+        return "the schedule loop is not running"
+
     def check_tables(self) -> None:
         """Raise ``MigrationRequired`` when the database's kit migration predates the schedule tables."""
         with self.kit.engine.connect() as connection:
@@ -284,6 +304,7 @@ class KitSchedules:
         with self._lock:
             self._cancel.set()
             starter, self._starter = self._starter, None
+            self._start_problem = None
         if starter is not None and starter is not threading.current_thread():
             starter.join(timeout)  # a sync in progress ends, or its connection attempt fails
         with self._lock:
@@ -306,6 +327,7 @@ class KitSchedules:
             runner = self.runner
             runner.start()
             self._running = True
+            self._start_problem = None
         logger.info(
             "firing schedule rows in this process (%d declared in code, %d job(s) registered)",
             len(self._definitions), len(self._jobs),
@@ -322,14 +344,22 @@ class KitSchedules:
             except MigrationRequired as exc:  # a database behind the kit's migration: the fix, in one line
                 logger.error("the schedule loop did not start: %s; this process goes on without it", exc,
                              extra=log_fields("schedule.needs_migration"))
+                self._record_start_problem(cancel, str(exc))
                 return
             except Exception as exc:
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self._record_start_problem(cancel, f"{type(exc).__name__}: {first_line}"[:300])
                 if not warned:
                     logger.warning("the schedule loop could not start yet (%s: %s); trying again every %g s",
-                                   type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                                   retry_seconds, extra=log_fields("schedule.start_retrying"))
+                                   type(exc).__name__, first_line, retry_seconds, extra=log_fields("schedule.start_retrying"))
                     warned = True
             cancel.wait(retry_seconds)
+
+    def _record_start_problem(self, cancel: threading.Event, problem: str) -> None:
+        """Why the start failed, for ``readiness()``; a start that ``stop()`` cancelled meanwhile leaves no reason."""
+        with self._lock:
+            if not cancel.is_set():
+                self._start_problem = problem
 
     # -- driving it by hand (tests) ----------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Routes, relative to where the application mounts the router::
 
-    GET  /api/schedules?viewer_timezone=                every schedule: next five fire times (its zone and the viewer's), last run
+    GET  /api/schedules?viewer_timezone=&cursor=&limit= schedules by name, a page at a time: next five fire times
+                                                        (its zone and the viewer's), last run
     GET  /api/schedules/{name}?viewer_timezone=         one schedule
     GET  /api/schedules/{name}/history                  runs, misses, abandoned runs, newest first (outcome=, before=, limit=)
     GET  /api/schedules/{name}/audit                    who changed it, when, before and after (newest first)
@@ -19,7 +20,8 @@ and is audited with the actor.  Errors: 404 an unknown schedule, 422 a
 definition the schedule rules refuse, with the field at fault as the error's
 ``loc`` (``["body", "trigger", "timezone"]``, ``["body", "target", "url"]``,
 ``["body", "name"]`` for a taken name), shaped as FastAPI's own 422; nothing
-is written.  503 as for every admin route.
+is written; 400 a list cursor that does not decode, 422 a page size outside
+1..200 (refused, not clamped, as the rows' list).  503 as for every admin route.
 """
 
 from collections.abc import Callable, Iterator
@@ -31,10 +33,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.admin.api import MAX_PAGE_SIZE, ErrorBody, http_errors, require_json
+from outboxkit.admin.api import MAX_PAGE_SIZE, Cursor, ErrorBody, Limit, http_errors, require_json
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidScheduleError, InvalidValueError
-from outboxkit.operations.schedule_admin import ScheduleAdmin
+from outboxkit.operations.schedule_admin import DEFAULT_LIST_PAGE, ScheduleAdmin
 from outboxkit.operations.schedule_schemas import (
     SCHEDULE_NAME_PATTERN,
     ScheduleActionResult,
@@ -122,10 +124,17 @@ def schedule_api_router(
         with schedule_errors():
             return await run_in_threadpool(lambda: schedules.create(body, actor=who))
 
-    @router.get("/schedules", response_model=ScheduleListView, summary="Schedules: next five fire times, target, last run")
-    def schedule_list(viewer_timezone: ViewerTimezone = "UTC") -> ScheduleListView:
+    @router.get(
+        "/schedules",
+        response_model=ScheduleListView,
+        responses={400: {"model": ErrorBody, "description": "The cursor does not decode."}},
+        summary="Schedules by name, a page at a time: next five fire times, target, last run",
+    )
+    def schedule_list(
+        viewer_timezone: ViewerTimezone = "UTC", cursor: Cursor = None, limit: Limit = DEFAULT_LIST_PAGE
+    ) -> ScheduleListView:
         with schedule_errors():
-            return schedules.overview(viewer_timezone=viewer_timezone)
+            return schedules.overview(viewer_timezone=viewer_timezone, cursor=cursor, limit=limit)
 
     @router.get("/schedules/{name}", response_model=ScheduleModel, responses={404: _NOT_FOUND}, summary="One schedule")
     def schedule(name: ScheduleName, viewer_timezone: ViewerTimezone = "UTC") -> ScheduleModel:

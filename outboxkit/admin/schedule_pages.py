@@ -2,7 +2,9 @@
 
 ::
 
-    GET  /schedules?tz=                     every schedule: next five fire times in its timezone and the viewer's
+    GET  /schedules?tz=&cursor=&limit=      schedules by name, a page at a time (the admin's page size unless
+                                            limit= asks for 1 to 200): next five fire times in its timezone and
+                                            the viewer's; previous and next links as on an outbox's rows
     GET  /schedules/_new                    the create form (names start with a letter or digit: "_new" is no name)
     POST /schedules/_new                    create; a refusal shows the form again, the error next to its input
     GET  /schedules/{name}?tz=&outcome=&before=   one schedule: facts, fire times, history (paged), changes
@@ -37,11 +39,12 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 from starlette.datastructures import FormData
 
+from outboxkit.admin.api import MAX_PAGE_SIZE
 from outboxkit.admin.confirm_pages import render_confirm
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
 from outboxkit.admin.page_frame import PageRoutes
-from outboxkit.admin.page_inputs import form_text
+from outboxkit.admin.page_inputs import PAGE_SIZES, ascii_number, form_text
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.admin.schedule_form import FormRefused, ScheduleForm
 from outboxkit.errors import InvalidScheduleError, PageInputError
@@ -54,6 +57,7 @@ __all__ = ["schedule_pages_router"]
 ScheduleName = Annotated[str, Path(max_length=200, pattern=SCHEDULE_NAME_PATTERN)]
 Action = Callable[[str, str], ScheduleActionResult]  # (name, actor)
 HISTORY_PAGE = 50
+LIST_PAGE_FIELDS = ("tz", "limit", "cursor")  # what an action on the list keeps of the page it was pressed on
 
 
 def _viewer_zone(tz: str | None) -> str:
@@ -103,11 +107,22 @@ def add_schedule_list(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
     Actor = Annotated[str, Depends(routes.actor)]
 
     @routes.router.get("/schedules", name="outboxkit_admin_schedules")
-    def schedule_list(request: Request, who: Actor, tz: str | None = None) -> Response:
+    def schedule_list(
+        request: Request, who: Actor, tz: str | None = None, cursor: str | None = None, limit: str | None = None
+    ) -> Response:
         def build() -> Response:
             zone = _viewer_zone(tz)
-            view = schedules.overview(viewer_timezone=zone)
-            return frame.render(request, who, "schedules.html", view=view, zone_asked=bool(tz and tz.strip()))
+            size = ascii_number(limit, low=1, high=MAX_PAGE_SIZE, what="the page size") if limit else routes.page_size
+            view = schedules.overview(viewer_timezone=zone, cursor=cursor, limit=size)
+            zone_asked = bool(tz and tz.strip())
+            # What the pager's links and the timezone form keep: the zone asked for and the page size chosen.
+            page_query = {"tz": zone if zone_asked else None, "limit": limit or None}
+            return frame.render(
+                request, who, "schedules.html", view=view, zone_asked=zone_asked,
+                page_query={key: value for key, value in page_query.items() if value},
+                page_sizes=sorted({*PAGE_SIZES, routes.page_size}),
+                cursor=cursor or None,
+            )
 
         return frame.guarded(request, who, build)
 
@@ -191,8 +206,11 @@ def add_schedule_action(routes: PageRoutes, path: str, perform: Action, *, done:
     async def act(request: Request, name: ScheduleName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
             perform(name, who)
-            back = "schedules" if form_text(form, "back") == "list" else "schedule"
-            target = frame.url(request, back) if back == "schedules" else frame.url(request, back, name=name)
+            if form_text(form, "back") == "list":  # the list's page it was pressed on (its tz, limit and cursor)
+                kept = {field: form_text(form, field) for field in LIST_PAGE_FIELDS}
+                target = frame.url(request, "schedules", kept)
+            else:
+                target = frame.url(request, "schedule", name=name)
             return frame.redirect(request, who, target, Flash(kind=done))
 
         return await frame.post_action(request, who, build)

@@ -41,6 +41,7 @@ into one line is ``outboxkit.cli.application``; tables and JSON are
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Sequence
@@ -276,7 +277,7 @@ def worker(
     """
     import logging
 
-    from outboxkit.integration import start_schedules, stop_schedules
+    from outboxkit.integration import readiness, start_schedules, stop_schedules
     from outboxkit.metrics import serve_worker_metrics
     from outboxkit.worker import DrainWorker
 
@@ -288,8 +289,10 @@ def worker(
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule
         start_schedules(kit.schedules, enabled=kit.settings.schedules_enabled, where="the worker")
         try:
-            # No-op without --metrics-port; with it, the port also answers /healthz and /readyz.
-            with serve_worker_metrics(kit, port=metrics_port, host=metrics_host, readiness=drain_worker.readiness):
+            # No-op without --metrics-port; with it, the port also answers /healthz and /readyz (the drain
+            # loops, the database and, unless OUTBOXKIT_SCHEDULES_ENABLED=false, the schedule loop).
+            ready = functools.partial(readiness, kit, drains=drain_worker.readiness)
+            with serve_worker_metrics(kit, port=metrics_port, host=metrics_host, readiness=ready):
                 drain_worker.run_until_stopped()
         finally:
             stop_schedules(kit.schedules)  # its runs record their outcome before the kit closes its engine

@@ -3,6 +3,7 @@
 ::
 
     outboxkit schedules list --tz Europe/Berlin                    # next fire time (its zone and yours), last run
+    outboxkit schedules list --limit 100 --cursor <more: ...>      # the next page (50 by default, at most 200)
     outboxkit schedules show partner.heartbeat --outcome missed     # facts, next five fire times, history, changes
     outboxkit schedules create partner.heartbeat --trigger every --field minutes=5 \\
         --url https://partner.example/heartbeat --outbox scheduled-calls --header "X-Source: shop" --body '{"alive": true}'
@@ -140,12 +141,18 @@ def _show_result(output: Output, result: Any) -> None:
 
 
 @app.command("list")
-def list_schedules(context: typer.Context, tz: Zone = "UTC", json_output: JsonFlag = False) -> None:
-    """Every schedule: trigger, target, next fire time (its zone and --tz), last run."""
+def list_schedules(
+    context: typer.Context,
+    tz: Zone = "UTC",
+    limit: Annotated[int, typer.Option(min=1, max=200, help="Schedules per page.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="Continue after a previous page.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Schedules by name, a page at a time: trigger, target, next fire time (its zone and --tz), last run."""
     with operating(context, json_output) as (kit, output):
         from outboxkit.operations.schedule_admin import ScheduleAdmin
 
-        view = ScheduleAdmin(kit).overview(viewer_timezone=tz)
+        view = ScheduleAdmin(kit).overview(viewer_timezone=tz, cursor=cursor, limit=limit)
         rows = []
         for schedule in view.schedules:
             first = schedule.next_fire_times[0] if schedule.next_fire_times else None
@@ -161,6 +168,8 @@ def list_schedules(context: typer.Context, tz: Zone = "UTC", json_output: JsonFl
             })
         columns = ["name", "enabled", "trigger", "target", "next", f"next ({tz})", "last_run"]
         output.emit(view.model_dump(mode="json"), rows, columns)
+        if view.next_cursor:
+            output.say(f"more: --cursor {view.next_cursor}")
 
 
 @app.command()

@@ -1,5 +1,9 @@
 """What an operator does with schedule rows: list, read the history, create, edit, enable, disable, run now, delete.
 
+The list is paged by name (a keyset on the unique name, cursors as for the
+rows of an outbox: ``outboxkit.operations.cursor``), and only the page's
+schedules have their next fire times computed.
+
 The admin's schedule pages and API and ``outboxkit schedules`` in the CLI
 call ``ScheduleAdmin``; it calls ``outboxkit.schedule_store`` and
 ``outboxkit.schedule_views`` on the kit's operator database
@@ -33,6 +37,7 @@ from sqlalchemy import Connection, select
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.kit import OutboxKit
+from outboxkit.operations.cursor import InvalidCursor, decode_name_cursor, encode_cursor
 from outboxkit.operations.job_status import JobRun, last_runs
 from outboxkit.operations.schedule_schemas import (
     FireTimeModel,
@@ -51,9 +56,12 @@ from outboxkit.schedule_views import next_fire_times, schedule_history
 from outboxkit.scheduled_requests import ScheduledRequestOutbox
 from outboxkit.tables import schedule_audit, schedules
 
-__all__ = ["FIRE_TIMES_SHOWN", "MAX_HISTORY_PAGE", "ScheduleAdmin"]
+__all__ = ["DEFAULT_LIST_PAGE", "FIRE_TIMES_SHOWN", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE", "ScheduleAdmin"]
 
 FIRE_TIMES_SHOWN = 5
+DEFAULT_LIST_PAGE = 50  # schedules per page of the list
+MAX_LIST_PAGE = 200  # the largest page of the list (the API's page-size cap)
+LIST_SCOPE = "schedules"  # the list's cursors (outboxkit.operations.cursor)
 MAX_HISTORY_PAGE = 200  # runs per history page (the API's page-size cap)
 ACTOR_LENGTH = 300  # the audit's and the row's actor columns
 
@@ -97,17 +105,44 @@ class ScheduleAdmin:
 
     # -- reads ---------------------------------------------------------------
 
-    def overview(self, *, viewer_timezone: str = "UTC") -> ScheduleListView:
-        """Every schedule by name, each with its next five fire times (in its timezone and the viewer's) and last run."""
+    def overview(
+        self, *, viewer_timezone: str = "UTC", cursor: str | None = None, limit: int = DEFAULT_LIST_PAGE
+    ) -> ScheduleListView:
+        """One page of schedules by name, each with its next five fire times (its timezone and the viewer's) and last run.
+
+        ``cursor`` is a page's ``next_cursor`` or ``previous_cursor``
+        (``InvalidCursor`` for anything else); ``limit`` is 1 to
+        ``MAX_LIST_PAGE`` (``InvalidValueError`` naming ``limit``).  Only
+        the page's schedules have their fire times computed and their last
+        run read, so a page costs the same with ten or a hundred thousand rows.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_PAGE:
+            raise InvalidValueError(f"limit must be a whole number from 1 to {MAX_LIST_PAGE}, got {limit!r}")
+        after = before = None
+        if cursor:
+            try:
+                after = decode_name_cursor(cursor, scope=LIST_SCOPE)
+            except InvalidCursor:
+                before = decode_name_cursor(cursor, scope=LIST_SCOPE + ":before")
         self._check_zone(viewer_timezone)
-        rows = self._store().list()
+        reader = ScheduleStore(self.kit.operator_database, clock=self.kit.clock)
+        # One more than the page: whether a page lies beyond it, without counting.
+        found = reader.page(after=after, before=before, limit=limit + 1)
+        more = len(found) > limit
+        rows = (found[1:] if before is not None else found[:limit]) if more else found
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [row.name for row in rows])
             jobs = self.job_names(connection)
+        # Forwards: earlier schedules exist once a cursor was followed.  Backwards: later ones always do.
+        has_next = more if before is None else bool(rows)
+        has_previous = (after is not None) if before is None else more
         return ScheduleListView(
             generated_at=self.kit.clock.now(),
             viewer_timezone=viewer_timezone,
+            limit=limit,
             schedules=[self._model(row, runs.get(row.name), viewer_timezone) for row in rows],
+            next_cursor=encode_cursor(LIST_SCOPE, (rows[-1].name,)) if has_next and rows else None,
+            previous_cursor=encode_cursor(LIST_SCOPE + ":before", (rows[0].name,)) if has_previous and rows else None,
             jobs=jobs,
             outboxes=self.request_outboxes,
         )

@@ -200,9 +200,14 @@ class ScheduleModel(_Model):
 
 
 class ScheduleListView(_Model):
+    """One page of schedules in name order (keyset-paged both ways, as the rows of an outbox)."""
+
     generated_at: datetime
     viewer_timezone: str
-    schedules: list[ScheduleModel]
+    limit: int = Field(description="The page size asked for.")
+    schedules: list[ScheduleModel] = Field(description="This page's schedules, by name.")
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last page.")
+    previous_cursor: str | None = Field(description="Pass as cursor for the previous page; null on the first.")
     jobs: list[str] = Field(description="The job names a schedule may target here.")
     outboxes: list[str] = Field(description="The ScheduledRequestOutbox job names an HTTP target may name.")
 

@@ -30,7 +30,7 @@ from outboxkit.scheduled_jobs import JobFailed, every
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
-from tests.support.worker_app import worker_command
+from tests.support.worker_app import metrics_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
@@ -245,14 +245,7 @@ def test_the_worker_command_serves_metrics_on_its_metrics_port(database_url, eng
     command = worker_command("--metrics-port", "0")
     process = subprocess.Popen(command, env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
-        assert process.stderr is not None
-        port = None
-        for line in process.stderr:
-            found = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
-            if found:
-                port = int(found.group(1))
-                break
-        assert port is not None, "the worker did not say where it serves metrics"
+        port = metrics_port(process)
         receiver.wait_for(lambda r: len(r.requests) == 1, timeout=30)
 
         def delivered() -> float:

@@ -330,7 +330,8 @@ def test_an_answer_dripped_past_the_deadline_is_retried_and_never_sent_twice_at_
 def test_the_apps_probes_say_live_and_ready_only_while_its_drain_loops_run(engine):
     from outboxkit.integration import liveness_app, readiness_app
 
-    kit = make_kit(engine, scheduler_enabled=False, listen_enabled=False)
+    # Schedule rows off: this is the drain loops' readiness (the schedule loop's: test_schedule_readiness.py).
+    kit = make_kit(engine, scheduler_enabled=False, listen_enabled=False, schedules_enabled=False)
     app = FastAPI(lifespan=kit.lifespan)
     app.add_route("/healthz", liveness_app())
     app.add_route("/readyz", readiness_app(kit))
@@ -354,7 +355,7 @@ def test_an_app_that_does_not_drain_is_ready_when_its_database_answers(engine):
 
     unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nothing", connect_args={"connect_timeout": 5})
     for database, expected in ((engine, 200), (unreachable, 503)):
-        kit = make_kit(database, scheduler_enabled=False, drain_enabled=False)
+        kit = make_kit(database, scheduler_enabled=False, drain_enabled=False, schedules_enabled=False)
         app = FastAPI()
         app.add_route("/readyz", readiness_app(kit))
         try:

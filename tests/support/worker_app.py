@@ -8,6 +8,8 @@ that ran it, so a test sees which process fired it.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 
 from sqlalchemy import create_engine
@@ -41,3 +43,13 @@ SCHEDULES_APP = "tests.support.worker_app:kit_with_schedules_from_environment"
 def worker_command(*arguments: str, app: str = APP) -> list[str]:
     """``outboxkit --app <the kit> worker <arguments>`` as a subprocess argv, in this interpreter."""
     return [sys.executable, "-m", "outboxkit.cli", "--app", app, "worker", *arguments]
+
+
+def metrics_port(process: subprocess.Popen[str]) -> int:
+    """The port a ``worker --metrics-port 0`` subprocess serves on, read from its log (stderr, text mode)."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        found = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
+        if found:
+            return int(found.group(1))
+    raise AssertionError("the worker did not say where it serves metrics")
