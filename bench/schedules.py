@@ -14,10 +14,18 @@ happened:
   (from the first fire time to ``--seconds`` minus a margin).  Target: p99
   <= 1,000 ms;
 * ``duplicates``: job runs beyond one per occurrence (must be 0);
-* ``missed``: occurrences in the window recorded ``missed`` or
-  ``abandoned`` (must be 0 without kills); ``unfired_at_stop``: occurrences
-  in the window that had not run yet when the workers stopped (still due in
-  their rows: more than 0 means the workers fell behind);
+* ``missed``: occurrences in the window recorded ``missed`` though the claim
+  found them no more than their grace late (a real loss: must be 0);
+  ``missed_beyond_grace``: recorded ``missed`` because every process that
+  could fire them was away longer than the grace (``--grace``, 300 s by
+  default as for any schedule; expected only when the processes are down
+  that long);
+* ``coalesced``: fire times in the window that ran within a run for a later
+  fire time (they waited, within the grace, for a slot or a process);
+  ``unfired_at_stop``: fire times in the window for which no run had started
+  when the workers stopped, neither for them nor for a later fire time
+  within the grace (still due in their rows: more than 0 means the workers
+  fell behind);
 * ``claim_ms_<rows>``: the claim (``FOR UPDATE SKIP LOCKED``, 100 due rows
   among 10,000 and 100,000 schedule rows, the rest not due), median of 30;
   flat when the due index serves it;
@@ -28,14 +36,23 @@ happened:
 a CPU profile) into FILE as collapsed stacks; ``bench/profile_summary.py
 FILE`` reads it.
 
-``--kill-every N`` SIGKILLs a random worker every N seconds and starts a new
-one (use a short ``--period`` and ``--lease``); the JSON then adds
-``kills``, and ``missed`` includes the occurrences recorded ``missed``
-while a killed worker's lease had not expired yet, and its runs
-``abandoned``.
+``--kill-every N`` hits a random worker every N seconds (use a short
+``--period`` and ``--lease``): with ``--faults kill`` (the default) it
+SIGKILLs it and starts a new one; with ``--faults mixed`` it does that or,
+as often, terminates every session of it (``pg_terminate_backend``), as the
+issue's fault run does.  The JSON then adds ``kills`` and ``cut``, and what
+the faults did to the window's occurrences:
+
+* ``abandoned``: runs recorded ``abandoned``: a kill landed between the
+  claim that started the run and the statement that records its outcome,
+  and its lease expired (the bench's schedules are not
+  ``rerun_if_abandoned``, so that occurrence is not run again: at most
+  once); ``abandoned_job_ran`` of them had run the job (its row is in the
+  job's table: the kill came after the job committed);
+* ``errors``: runs whose job failed (a cut session under the job's insert).
 
     python bench/schedules.py [--schedules 10000] [--period 60] [--seconds 120] [--processes 3]
-    python bench/schedules.py --schedules 5 --period 2 --seconds 120 --kill-every 10 --lease 6
+    python bench/schedules.py --schedules 5 --period 2 --seconds 120 --kill-every 10 --lease 6 [--faults mixed]
 
 Server: ``DATABASE_URL`` (a libpq URL on a server where the user may create
 databases), else 127.0.0.1:5432/test.  The last line is one JSON object.
@@ -44,8 +61,10 @@ databases), else 127.0.0.1:5432/test.  The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
+import os
 import random
 import resource
 import signal
@@ -98,8 +117,13 @@ def worker(url: str, lease: float) -> None:
     """Fire schedules until SIGTERM; print the CPU time spent after start-up as JSON."""
     from outboxkit.schedule_runner import ScheduleRunner
 
-    engine = create_engine(url, pool_size=20, max_overflow=4)
-    runner = ScheduleRunner(engine, jobs={"record": record}, lease_seconds=lease, max_idle_seconds=5)
+    # Sessions named after the pid (the pool's, and the LISTEN one through the holder), so the driver can cut them.
+    engine = create_engine(
+        url, pool_size=20, max_overflow=4, connect_args={"application_name": f"bench-schedules:{os.getpid()}"}
+    )
+    runner = ScheduleRunner(
+        engine, jobs={"record": record}, holder=f"bench:{os.getpid()}", lease_seconds=lease, max_idle_seconds=5
+    )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     runner.start()
@@ -118,16 +142,18 @@ def cpu_seconds() -> float:
 # -- the driver ------------------------------------------------------------------------------
 
 
-def insert_schedules(engine: Engine, count: int, period: float, first: datetime, *, due: bool = True) -> None:
+def insert_schedules(
+    engine: Engine, count: int, period: float, first: datetime, *, grace: int, due: bool = True
+) -> None:
     """``count`` rows of every(period) starting at ``first + i * period / count`` (or far in the future)."""
     statement = text(
         """
         INSERT INTO outboxkit_schedules (name, trigger_kind, trigger_fields, timezone, target_kind, job,
-                                         next_run_at, created_by, changed_by)
+                                         next_run_at, misfire_grace_seconds, created_by, changed_by)
         SELECT 'bench-' || (:offset + g), 'every',
                jsonb_build_object('seconds', CAST(:period AS float8),
                                   'start', to_char(start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')),
-               'UTC', 'job', 'record', start, 'bench', 'bench'
+               'UTC', 'job', 'record', start, :grace, 'bench', 'bench'
         FROM generate_series(0, :count - 1) AS g,
              LATERAL (SELECT CAST(:first AS timestamptz) + make_interval(secs => g * CAST(:period AS float8) / :count)
                       + CASE WHEN :due THEN interval '0' ELSE interval '10 years' END AS start) AS s
@@ -135,7 +161,8 @@ def insert_schedules(engine: Engine, count: int, period: float, first: datetime,
     )
     with engine.begin() as connection:
         offset = connection.execute(text("SELECT count(*) FROM outboxkit_schedules")).scalar_one()
-        connection.execute(statement, {"offset": offset, "count": count, "period": period, "first": first, "due": due})
+        values = {"offset": offset, "count": count, "period": period, "first": first, "due": due, "grace": grace}
+        connection.execute(statement, values)
         connection.execute(text("ANALYZE outboxkit_schedules"))
 
 
@@ -168,6 +195,55 @@ def start_worker(url: str, lease: float) -> subprocess.Popen[str]:
     return process
 
 
+def cut_sessions(database_url: str, pid: int) -> int:
+    """Terminate every session of the worker ``pid`` (its pool's and its LISTEN one); returns how many."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        return len(connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name IN (%s, %s)", (f"bench-schedules:{pid}", f"outboxkit-schedules:bench:{pid}"),
+        ).fetchall())  # fmt: skip
+
+
+def coverage(engine: Engine, args: argparse.Namespace, first: datetime, end: datetime) -> tuple[int, int]:
+    """The fire times in [first, end) that ran only within a later run (coalesced), and those that never ran.
+
+    A fire time is fired when a run started for it (its run history row is anything but ``missed``), or
+    coalesced into a run for a later fire time within the grace; else it is unfired.
+    """
+    fired: dict[str, list[datetime]] = {}
+    with engine.connect() as connection:
+        for name, scheduled_for in connection.execute(
+            text("SELECT job_id, scheduled_for FROM outboxkit_job_runs WHERE outcome <> 'missed' ORDER BY scheduled_for")
+        ):
+            fired.setdefault(name, []).append(scheduled_for)
+    period, grace, tick = timedelta(seconds=args.period), timedelta(seconds=args.grace), timedelta(milliseconds=1)
+    coalesced = unfired = 0
+    for index in range(args.schedules):
+        runs = fired.get(f"bench-{index}", [])
+        moment = first + index * period / args.schedules
+        while moment < end:
+            position = bisect.bisect_left(runs, moment - tick)
+            if position == len(runs) or runs[position] > moment + grace + tick:
+                unfired += 1
+            elif runs[position] > moment + tick:
+                coalesced += 1
+            moment += period
+    return coalesced, unfired
+
+
+def fault_outcomes(engine: Engine, end: datetime) -> dict[str, int]:
+    """The runs in the window that the faults cut short: abandoned (and whether the job had run), failed."""
+    with engine.connect() as connection:
+        abandoned, abandoned_ran, errors = connection.execute(
+            text("SELECT count(*) FILTER (WHERE outcome = 'abandoned'), "
+                 "count(*) FILTER (WHERE outcome = 'abandoned' AND EXISTS (SELECT 1 FROM bench_firings AS f "
+                 "WHERE f.name = r.job_id AND f.scheduled_for = r.scheduled_for)), "
+                 "count(*) FILTER (WHERE outcome = 'error') "
+                 "FROM outboxkit_job_runs AS r WHERE scheduled_for < :end"), {"end": end}
+        ).one()  # fmt: skip
+    return {"abandoned": abandoned, "abandoned_job_ran": abandoned_ran, "errors": errors}
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     scratch = scratch_database()
     with psycopg.connect(scratch.server_url, autocommit=True) as connection:
@@ -181,15 +257,22 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         workers = [start_worker(scratch.sqlalchemy_url, args.lease) for _ in range(args.processes)]
         profiler = start_profiler(workers[0].pid, args.profile) if args.profile else None
         first = datetime.now(timezone.utc) + timedelta(seconds=WARMUP_SECONDS)
-        insert_schedules(engine, args.schedules, args.period, first)
+        insert_schedules(engine, args.schedules, args.period, first, grace=args.grace)
         with engine.begin() as connection:
             connection.execute(text("SELECT pg_notify('outboxkit_schedules', '')"))
         started = time.monotonic()
-        kills = 0
+        kills = cut = 0
+        step = args.kill_every or 1.0
+        fault_at = started + step  # on a fixed beat: a replaced worker's start-up does not push the next fault back
         while time.monotonic() - started < WARMUP_SECONDS + args.seconds:
-            time.sleep(args.kill_every or 1.0)
+            time.sleep(max(0.0, fault_at - time.monotonic()))
+            fault_at += step
             if args.kill_every and time.monotonic() - started < WARMUP_SECONDS + args.seconds - args.kill_every:
                 victim = random.randrange(len(workers))
+                if args.faults == "mixed" and random.random() < 0.5:
+                    cut_sessions(scratch.database_url, workers[victim].pid)
+                    cut += 1
+                    continue
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait()
                 workers[victim] = start_worker(scratch.sqlalchemy_url, args.lease)
@@ -211,18 +294,18 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             total, distinct = connection.execute(
                 text("SELECT count(*), count(DISTINCT (name, scheduled_for)) FROM bench_firings")
             ).one()
-            in_window = connection.execute(
-                text("SELECT count(DISTINCT (name, scheduled_for)) FROM bench_firings WHERE scheduled_for < :end"),
-                {"end": window_end},
-            ).scalar_one()
-            recorded_missed = connection.execute(
-                text("SELECT count(*) FROM outboxkit_job_runs WHERE outcome IN ('missed', 'abandoned') "
-                     "AND scheduled_for < :end"), {"end": window_end}
-            ).scalar_one()
+            # A missed record's started_at is when the claim found it: beyond the grace, or not (a real loss).
+            missed, missed_beyond_grace = connection.execute(
+                text("SELECT count(*) FILTER (WHERE started_at - scheduled_for <= make_interval(secs => :grace)), "
+                     "count(*) FILTER (WHERE started_at - scheduled_for > make_interval(secs => :grace)) "
+                     "FROM outboxkit_job_runs WHERE outcome = 'missed' AND scheduled_for < :end"),
+                {"end": window_end, "grace": args.grace},
+            ).one()  # fmt: skip
         # Fire times of schedule i: first + i * period / n + k * period, before the window's end.
         window = (window_end - first).total_seconds()
         offsets = (index * args.period / args.schedules for index in range(args.schedules))
         expected = sum(math.ceil((window - offset) / args.period) for offset in offsets if window > offset)
+        coalesced, unfired = coverage(engine, args, first, window_end)
         quantiles = statistics.quantiles(lateness, n=100) if len(lateness) >= 2 else [0.0] * 99
         result: dict[str, object] = {
             "schedules": args.schedules,
@@ -234,15 +317,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "fire_lateness_p50_ms": round(quantiles[49], 1),
             "fire_lateness_p99_ms": round(quantiles[98], 1),
             "duplicates": total - distinct,
-            "missed": recorded_missed,
-            "unfired_at_stop": expected - in_window,
+            "missed": missed,
+            "missed_beyond_grace": missed_beyond_grace,
+            "coalesced": coalesced,
+            "unfired_at_stop": unfired,
         }
         if args.kill_every:
-            result["kills"] = kills
+            result.update(kills=kills, cut=cut, **fault_outcomes(engine, window_end))
         else:
             result["cpu_ms_per_firing"] = round(cpu_ms / max(total, 1), 3)
             result[f"claim_ms_{args.schedules}"] = claim_ms(engine)
-            insert_schedules(engine, 100_000 - args.schedules, args.period, first, due=False)
+            insert_schedules(engine, 100_000 - args.schedules, args.period, first, grace=args.grace, due=False)
             result["claim_ms_100000"] = claim_ms(engine)
         return result
     finally:
@@ -262,7 +347,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--lease", type=float, default=60.0)
+    parser.add_argument("--grace", type=int, default=300, help="each schedule's misfire grace, seconds")
     parser.add_argument("--kill-every", type=float, default=0.0)
+    parser.add_argument("--faults", choices=["kill", "mixed"], default="kill",
+                        help="with --kill-every: SIGKILL only, or SIGKILL and cut sessions half each")
     parser.add_argument("--profile", metavar="FILE", help="py-spy the first worker into FILE (collapsed stacks)")
     args = parser.parse_args()
     if args.worker:

@@ -11,7 +11,10 @@ its start, waits ``--job-seconds`` (``--slow-seconds`` for a schedule named
 ``slow-*``) and stamps its end.  Its pooled sessions
 are named ``fault-schedules:<name>`` and its LISTEN session
 ``outboxkit-schedules:<name>:<pid>``, so a scenario can terminate every
-session of one process.
+session of one process.  ``--max-workers`` caps the runs it holds at once,
+so it claims no more than that at a fire time and leaves the rest due to
+the other processes (a scenario that needs every process to fire soon after
+a fault caps them; otherwise the first one awake takes every due row).
 
 The runner's clock is the system clock plus an offset: with ``--step-signals``
 SIGUSR1 steps it one hour forward and SIGUSR2 one hour back, as a host whose
@@ -31,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -64,14 +67,18 @@ def install_runs_table(engine: Engine) -> None:
 
 def schedule_worker_command(
     database_url: str, *, lease: float, job_seconds: float, slow_seconds: float = 0.0,
-    stepped: frozenset[str] = frozenset(),
+    stepped: frozenset[str] = frozenset(), max_workers: int | Mapping[str, int] = 16,
 ) -> Callable[[str], list[str]]:
-    """The ``WorkerFleet`` command factory for this module; the names in ``stepped`` take the step signals."""
+    """The ``WorkerFleet`` command factory for this module; the names in ``stepped`` take the step signals.
+
+    ``max_workers``: every process's cap, or a cap per name (16 for a name it leaves out).
+    """
 
     def command(name: str) -> list[str]:
+        cap = max_workers if isinstance(max_workers, int) else max_workers.get(name, 16)
         arguments = [sys.executable, "-m", "tests.faults.schedule_worker", "--database-url", database_url,
                      "--name", name, "--lease", str(lease), "--job-seconds", str(job_seconds),
-                     "--slow-seconds", str(slow_seconds)]  # fmt: skip
+                     "--slow-seconds", str(slow_seconds), "--max-workers", str(cap)]  # fmt: skip
         return arguments + (["--step-signals"] if name in stepped else [])
 
     return command
@@ -116,6 +123,7 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=6.0)
     parser.add_argument("--job-seconds", type=float, default=0.0)
     parser.add_argument("--slow-seconds", type=float, default=0.0)
+    parser.add_argument("--max-workers", type=int, default=16)
     parser.add_argument("--step-signals", action="store_true")
     arguments = parser.parse_args()
 
@@ -142,7 +150,7 @@ def main() -> None:
     runner = ScheduleRunner(
         engine, jobs={"record": job(arguments.job_seconds, arguments.slow_seconds)}, clock=clock,
         holder=f"{arguments.name}:{os.getpid()}",
-        lease_seconds=arguments.lease, max_idle_seconds=1.0, retry_seconds=0.5,
+        lease_seconds=arguments.lease, max_idle_seconds=1.0, retry_seconds=0.5, max_workers=arguments.max_workers,
     )
     runner.start()
     emit("ready")

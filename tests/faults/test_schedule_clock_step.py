@@ -1,9 +1,11 @@
 """Schedules: one process's clock steps an hour forward, then back; nothing doubles, nothing is lost.
 
 Three ``schedule_worker`` processes fire schedules of one second (grace 60 s):
-five quick ones (each run 0.05 s) and two slow ones (each run 6 s under a
+five quick ones (each run 0.05 s) and two slow ones (each run 5 s under a
 4 s lease, so a run lives only if its process renews the lease; the
-occurrences that fall during a run wait and coalesce).  The clock of
+occurrences that fall during a run wait and coalesce).  The processes hold
+three, two and two runs at most, seven in all: at a fire time each one
+awake claims its share of the quick schedules.  The clock of
 ``schedules-1`` alone is stepped one hour forward (SIGUSR1) and, once it
 has run a whole slow run and a few quick ones with that clock, one hour
 back (SIGUSR2); the others keep the system clock.  ``schedules-1`` starts
@@ -47,8 +49,8 @@ def test_a_clock_stepped_an_hour_forward_and_back_on_one_process_doubles_and_los
     names += install_schedules(scenario.engine, count=5, period=PERIOD, grace=GRACE, prefix="tick")
     database = DatabaseClock(scenario.database_url)
     command = schedule_worker_command(
-        sqlalchemy_url(scenario.database_url), lease=4.0, job_seconds=0.05, slow_seconds=6.0,
-        stepped=frozenset({STEPPED}),
+        sqlalchemy_url(scenario.database_url), lease=4.0, job_seconds=0.05, slow_seconds=5.0,
+        stepped=frozenset({STEPPED}), max_workers={STEPPED: 3, **dict.fromkeys(OTHERS, 2)},
     )  # fmt: skip
 
     def runs_of(worker: str, since: datetime, *, slow: bool, finished: bool = False) -> int:

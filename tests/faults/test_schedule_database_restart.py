@@ -2,8 +2,10 @@
 
 The test runs its own PostgreSQL cluster (``tests/faults/private_server.py``;
 the shared server is never touched).  Three ``schedule_worker`` processes
-fire ten schedules of one second (grace 60 s, runs of 0.05 s, a 6 s lease),
-through two restarts (six in the long variant, ``pytest -m slow``).
+fire ten schedules of one second (grace 60 s, runs of 0.05 s, a 6 s lease;
+each process holds four runs at most, so each one awake claims its share at
+a fire time), through two restarts (six in the long variant, ``pytest -m
+slow``).
 Fire times fall on whole seconds, when every runner wakes and claims; each
 restart is timed a few milliseconds past one (``pg_ctl stop -m immediate``:
 every server process quits at once without a checkpoint, the clients'
@@ -56,7 +58,7 @@ def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each
     database_url = private_server.database_url("crash")
     engine = create_engine(sqlalchemy_url(database_url), pool_size=2, max_overflow=2, pool_pre_ping=True)
     names = install_schedules(engine, count=SCHEDULES, period=PERIOD, grace=GRACE)
-    command = schedule_worker_command(sqlalchemy_url(database_url), lease=6.0, job_seconds=0.05)
+    command = schedule_worker_command(sqlalchemy_url(database_url), lease=6.0, job_seconds=0.05, max_workers=4)
 
     def fired_since(worker: str, since) -> bool:
         return any(run.holder.startswith(worker + ":") and run.started_at >= since

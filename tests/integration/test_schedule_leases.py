@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from outboxkit.schedule_runner import Firing, ScheduleRunner
 from outboxkit.schedules import ScheduleTrigger
 from tests.support.schedules import FUTURE_TIMEOUT, ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
 
@@ -116,6 +117,55 @@ def test_an_expired_lease_frees_the_slot_and_the_run_is_abandoned(schedules, clo
     # The stalled run returns at last: nothing re-ran its occurrence, so its real outcome is recorded.
     assert finish(started) == ["ok"]
     assert schedules.history("slow") == [(NOON, "ok"), (NOON + timedelta(minutes=1), "ok")]
+
+
+def kill_mid_run(schedules: ScheduleHarness, clock, *, grace: int) -> tuple[Firing, ScheduleRunner]:
+    """bench/schedules.py's kill run in one step: a schedule every 2 s under a 6 s lease, its holder dies mid-run;
+    returns the dead holder's run and the process left alive, the clock at 12:00:07, the lease expired."""
+    schedules.job_schedule("tick", ScheduleTrigger.every(seconds=2), job="blocking", misfire_grace_seconds=grace)
+    dead, alive = schedules.runner(lease_seconds=6), schedules.runner(lease_seconds=6)
+    started = dead.fire_due()  # the 12:00:00 run; its process is SIGKILLed now and never renews
+    entered(schedules)
+    clock.advance(seconds=5)  # 12:00:02 and 12:00:04 fall due while the dead holder's lease holds the slot
+    waiting = alive.fire_due()
+    assert waiting.runs == [] and waiting.missed == []
+    clock.advance(seconds=2)  # 12:00:06 falls due; the lease expired at 12:00:06
+    return started, alive
+
+
+def test_a_holder_killed_mid_run_abandons_that_run_and_its_waiting_occurrences_run_once_within_the_grace(
+    schedules, clock
+):
+    started, alive = kill_mid_run(schedules, clock, grace=300)
+
+    swept = alive.sweep_expired_leases()
+    assert swept.abandoned == [("tick", NOON)] and swept.runs == []  # at most once: not run again
+    later = alive.fire_due()
+    entered(schedules)
+
+    assert later.missed == [] and len(later.runs) == 1  # 12:00:02 to 12:00:06 coalesce into one run
+    assert schedules.history("tick") == [(NOON, "abandoned"), (NOON + timedelta(seconds=6), "running")]
+    schedules.jobs.gate.set()
+    assert finish(later) == ["ok"]
+    finish(started)  # the "killed" thread ends (a real kill would leave the run abandoned)
+
+
+def test_a_holder_killed_mid_run_for_longer_than_the_grace_leaves_a_missed_record_beyond_the_grace(schedules, clock):
+    started, alive = kill_mid_run(schedules, clock, grace=3)
+
+    alive.sweep_expired_leases()
+    later = alive.fire_due()
+    entered(schedules)
+
+    assert later.missed == [("tick", NOON + timedelta(seconds=2))]  # 5 s late when claimed, beyond the 3 s grace
+    [missed] = [row for row in schedules.run_rows("tick") if row["outcome"] == "missed"]
+    assert missed["counts"] == {"missed": 1} and "more than their misfire grace (3 s) late" in missed["error"]
+    assert schedules.history("tick") == [
+        (NOON, "abandoned"), (NOON + timedelta(seconds=2), "missed"), (NOON + timedelta(seconds=6), "running"),
+    ]  # 12:00:04 (3 s late) coalesced into the 12:00:06 run
+    schedules.jobs.gate.set()
+    assert finish(later) == ["ok"]
+    finish(started)
 
 
 def test_an_abandoned_run_of_a_job_safe_to_rerun_runs_once_more_then_stays_abandoned(schedules, clock):
