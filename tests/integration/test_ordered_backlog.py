@@ -18,6 +18,8 @@ from outboxkit import ManualClock
 from outboxkit.attempts import AttemptLog
 from outboxkit.metrics import OutboxMetrics
 from outboxkit.operator_queries import admin_queries_for
+from outboxkit.ordering import ordered_statements
+from tests.integration.test_model import plan_nodes
 from tests.support.admin import AdminHarness
 from tests.support.database import sqlalchemy_url
 from tests.support.models import OrderedEvent, SampleEvent
@@ -150,3 +152,29 @@ def test_a_skipped_head_no_longer_holds_its_key(ordered_admin):
 def _statuses(engine) -> dict[int, str]:
     with engine.connect() as connection:
         return dict(connection.execute(text("SELECT id, status FROM ordered_event_outbox")).all())
+
+
+@pytest.mark.parametrize("with_due", [False, True])
+def test_the_backlog_reads_keys_not_the_rows_waiting_behind_their_heads(ordered_admin, with_due):
+    # One key with 20,000 rows behind a stuck head, and 200 keys of 5 rows each: the count steps over the busy key
+    # once, as over any key, so it reads a few index entries per key, never the rows behind a head.
+    with ordered_admin.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO ordered_event_outbox (target_url, stream, payload, status) "
+            "SELECT :url, 'busy', '{}', CASE WHEN g = 1 THEN 'stuck' ELSE 'pending' END FROM generate_series(1, 20001) AS g"
+        ), {"url": URL})
+        connection.execute(text(
+            "INSERT INTO ordered_event_outbox (target_url, stream, payload) "
+            "SELECT :url, 'k' || (g % 200), '{}' FROM generate_series(1, 1000) AS g"
+        ), {"url": URL})
+        connection.execute(text("ANALYZE ordered_event_outbox"))
+    backlog = ordered_statements(OrderedEvent, "ordered_event_outbox").backlog_sql()
+    parameters = {"now": NOW, "outbox": "ordered-events", "key_limit": 1_000, "cap": 100_001, "with_due": with_due}
+    with ordered_admin.engine.connect() as connection:
+        plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + backlog), parameters).scalar_one()[0]["Plan"]
+        counts = admin_queries_for(OrderedEvent).status_counts(connection, now=NOW)
+
+    on_the_outbox = [node for node, _ in plan_nodes(plan) if node.get("Relation Name") == "ordered_event_outbox"]
+    assert on_the_outbox and not [node for node in on_the_outbox if node["Node Type"] == "Seq Scan"]
+    assert sum(node["Actual Rows"] * node["Actual Loops"] for node in on_the_outbox) < 2_000  # 21,001 rows in the table
+    assert (counts.held_by_order, counts.held_by_order_estimated) == (20_000 + 800, False)
