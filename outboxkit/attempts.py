@@ -19,7 +19,8 @@ Per-minute figures for the overview's charts go to
 ``outboxkit_outbox_minutes`` in the same statement as the records
 (delivered, failed and stuck attempts per minute, summed over every
 drainer), and once a minute each drainer samples its outbox's backlog
-there (pending and due rows, the oldest due row's age; the first drainer
+there (pending and due rows, the oldest due row's age; with an ordering
+key, the rows held behind their key's head are not due; the first drainer
 of the minute counts, the others skip).
 
 Retention: each drainer trims its own outbox's history to
@@ -42,9 +43,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from outboxkit.log_events import log_fields
+from outboxkit.ordering import BACKLOG_KEY_LIMIT, OrderedStatements
 
 __all__ = ["ERROR_EXCERPT_CHARS", "FLUSH_ROWS", "AttemptLog", "AttemptRecord", "sender_identity"]
 
@@ -111,6 +113,32 @@ ON CONFLICT (outbox, minute) DO UPDATE SET
     pending = EXCLUDED.pending, due = EXCLUDED.due, oldest_due_seconds = EXCLUDED.oldest_due_seconds
 """
 
+# The same sample for an outbox with an ordering key: pending counts every pending row, but due and the
+# oldest due age count only the rows a claim could take, never those held behind their key's head
+# ({backlog}: outboxkit.ordering.ORDERED_BACKLOG).  SQLAlchemy's style, compiled to psycopg's below.
+_ORDERED_SAMPLE = """
+INSERT INTO outboxkit_outbox_minutes AS minutes (outbox, minute, pending, due, oldest_due_seconds)
+SELECT CAST(:outbox AS text), CAST(:minute AS timestamptz),
+       (SELECT count(*) FROM {table} WHERE status = 'pending'),
+       backlog.due_unkeyed + backlog.due_heads,
+       EXTRACT(EPOCH FROM (CAST(:now AS timestamptz)
+                           - LEAST(backlog.oldest_due_head, backlog.beyond_oldest_due, backlog.oldest_due_unkeyed)))
+FROM ({backlog}) AS backlog
+WHERE NOT EXISTS (
+    SELECT FROM outboxkit_outbox_minutes
+    WHERE outbox = CAST(:outbox AS text) AND minute = CAST(:minute AS timestamptz) AND pending IS NOT NULL
+)
+ON CONFLICT (outbox, minute) DO UPDATE SET
+    pending = EXCLUDED.pending, due = EXCLUDED.due, oldest_due_seconds = EXCLUDED.oldest_due_seconds
+"""
+
+
+def _ordered_sample(table: str, ordered: OrderedStatements) -> str:
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    statement = text(_ORDERED_SAMPLE.format(table=table, backlog=ordered.backlog_sql()))
+    return str(statement.compile(dialect=psycopg.dialect()))  # type: ignore[no-untyped-call]
+
 
 def sender_identity() -> str:
     """``host:pid`` of this process (read each time: a forked worker has its own pid)."""
@@ -139,6 +167,7 @@ class AttemptLog:
         *,
         keep_days: float,
         table: str | None = None,
+        ordered: OrderedStatements | None = None,
         prepared_statements: bool = False,
         on_dropped: Callable[[int], None] | None = None,
     ) -> None:
@@ -149,6 +178,8 @@ class AttemptLog:
         self._on_dropped = on_dropped or (lambda records: None)  # the drainer's telemetry counts them
         self.keep = timedelta(days=keep_days)
         self._sample = _SAMPLE.format(table=table) if table else None
+        if table and ordered is not None:
+            self._sample = _ordered_sample(table, ordered)
         self._lock = threading.Lock()
         self._records: list[AttemptRecord] = []
         self._oldest = 0.0  # time.monotonic() of the oldest buffered record
@@ -245,4 +276,7 @@ class AttemptLog:
         driver.execute(_TRIM_MINUTES, {"outbox": self.outbox_name, "cutoff": cutoff}, prepare=self.prepare)
         if self._sample is not None:
             minute = now.astimezone(timezone.utc).replace(second=0, microsecond=0)
-            driver.execute(self._sample, {"outbox": self.outbox_name, "minute": minute, "now": now}, prepare=self.prepare)
+            parameters = {"outbox": self.outbox_name, "minute": minute, "now": now}
+            # The ordered sample's walk and unkeyed counts: no cap, as the plain sample counts every pending row.
+            parameters |= {"key_limit": BACKLOG_KEY_LIMIT, "cap": None, "with_due": True}
+            driver.execute(self._sample, parameters, prepare=self.prepare)

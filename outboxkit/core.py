@@ -28,6 +28,7 @@ from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.http_transport import HttpTransport
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.operator_database import OperatorDatabase
+from outboxkit.rate_limits import RateLimit
 from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.telemetry import Telemetry
@@ -101,7 +102,11 @@ class KitCore:
         override = self.settings.outboxes.get(options.settings_key)
         if override is not None:
             try:
-                options = dataclasses.replace(options, **override.values())  # type: ignore[arg-type]
+                values = override.values()
+                rate_limit = values.get("rate_limit")
+                if isinstance(rate_limit, dict):  # RATE_LIMIT, checked by the settings
+                    values["rate_limit"] = RateLimit(**rate_limit)
+                options = dataclasses.replace(options, **values)  # type: ignore[arg-type]
             except (ConfigurationError, ValueError) as exc:
                 raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None
         options.check_signing()  # an outbox that signs without a secret fails here, at start-up

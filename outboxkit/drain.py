@@ -149,6 +149,7 @@ class Drainer:
             self.job_name,
             keep_days=attempt_history_days,
             table=self.queries.table_name,
+            ordered=self.queries.ordered,
             prepared_statements=prepared_statements,
             on_dropped=lambda records: self.telemetry.attempts_dropped(self.job_name, records),
         )

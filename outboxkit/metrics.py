@@ -24,11 +24,13 @@ Two kinds of figure, with different costs:
   duration, drain run duration, database errors, leadership changes, job
   runs and each job's last success, the NOTIFY listener's connection and
   reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
-* The row gauges (pending, in flight, stuck, oldest due age) describe the
+* The row gauges (pending, in flight, stuck, oldest due age, held by order) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
   default) with the admin's status-count query, which stays on the partial
-  indexes; a scrape never queries the database.  Until the first read
+  indexes (with an ordering key, the oldest due age is that of a row a
+  claim could take, never one held behind its key's head:
+  ``outboxkit.ordering.ORDERED_BACKLOG``); a scrape never queries the database.  Until the first read
   succeeds they are NaN, never a reassuring 0.  ``outboxkit_outbox_paused``
   and the destination gauges (``outboxkit.destination_gauges``: state, rows
   waiting and time open per destination, at most
@@ -145,6 +147,12 @@ class OutboxMetrics(Observer):
             "outboxkit_oldest_due_age_seconds", "How long the oldest due row has been due (0 when none is due)", outbox,
             registry=registry,
         )
+        self.held_by_order_rows = gauge(
+            "outboxkit_held_by_order_rows",
+            "Pending rows waiting behind an earlier row of their ordering key, not due until it is done (table-wide; "
+            "0 without an ordering key)",
+            outbox, registry=registry,
+        )
         self.gauges_refreshed = gauge(
             "outboxkit_row_gauges_refreshed_timestamp_seconds", "When the row gauges were last read (Unix time)",
             registry=registry,
@@ -218,7 +226,8 @@ class OutboxMetrics(Observer):
         if children is None:
             children = (self.delivery_latency.labels(outbox=job_name), self.send_duration.labels(outbox=job_name))
             self._per_outbox[job_name] = children
-            for gauge in (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age, self.outbox_paused):
+            row_gauges = (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age, self.held_by_order_rows)
+            for gauge in (*row_gauges, self.outbox_paused):
                 # NaN until the first successful read: a 0 would say "healthy" about a table nobody has read
                 # (the database down at start), and comparisons with NaN never fire an alert either way.
                 gauge.labels(outbox=job_name).set(math.nan)
@@ -294,6 +303,7 @@ class OutboxMetrics(Observer):
                 self.stuck_rows.labels(outbox=job_name).set(counts.stuck)
                 age = (now - counts.oldest_due_at).total_seconds() if counts.oldest_due_at is not None else 0.0
                 self.oldest_due_age.labels(outbox=job_name).set(max(0.0, age))
+                self.held_by_order_rows.labels(outbox=job_name).set(counts.held_by_order or 0)
         self.gauges_refreshed.set(time.time())
         self._refresh_pauses()
         self._refresh_destinations(now)

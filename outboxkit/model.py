@@ -120,7 +120,9 @@ class OutboxOptions:
     ``rate_limit`` (default None: none) limits the requests per second each
     destination gets, across every process (``RateLimit(per_second=...)``,
     or limits for named destinations; ``outboxkit.rate_limits`` says how
-    precise it is).  A destination without a limit pays nothing for it.
+    precise it is).  A destination without a limit pays nothing for it.  It
+    may be replaced per environment like ``backoff``
+    (``OUTBOXKIT_OUTBOXES__<KEY>__RATE_LIMIT``: a number, JSON or ``off``).
 
     ``ordering_key`` (default None: rows are unordered) names a column of the
     outbox (its attribute name) whose value orders delivery: rows sharing a

@@ -16,6 +16,7 @@ bind parameters, and the fragments below are fixed.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,16 @@ from sqlalchemy import Connection, text
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, STATUSES, Outbox
-from outboxkit.operator_results import DeletedBatch, PayloadField, RowDetail, RowState, RowSummary, StatusCounts
+from outboxkit.operator_results import (
+    DeletedBatch,
+    OrderedBacklog,
+    PayloadField,
+    RowDetail,
+    RowState,
+    RowSummary,
+    StatusCounts,
+)
+from outboxkit.ordering import BACKLOG_KEY_LIMIT, ordered_statements
 from outboxkit.queries import quote_table
 from outboxkit.row_filter import RowFilter
 
@@ -115,6 +125,9 @@ class AdminQueries:
         schema = f"{preparer.quote_schema(table.schema)}." if table.schema else ""
         self.due_index = schema + preparer.quote(f"ix_{table.name}_due_id")
         self.stuck_index = schema + preparer.quote(f"ix_{table.name}_stuck")
+        self.outbox_name = outbox.__outbox__.job_name
+        ordered = ordered_statements(outbox, self.table_name)
+        self._backlog = text(ordered.backlog_sql()) if ordered is not None else None
         self.payload_columns = [
             (column.name, preparer.quote(column.name), column.type.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
             for column in table.columns
@@ -150,8 +163,24 @@ class AdminQueries:
         )
         return int(connection.execute(statement, {**params, "status": status, "cap": cap + 1}).scalar_one())
 
+    def ordered_backlog(self, connection: Connection, *, now: datetime, cap: int, with_due: bool) -> OrderedBacklog | None:
+        """Due heads and unkeyed rows of an outbox with an ordering key (None without one); unkeyed counted up to ``cap``,
+        the due ones only ``with_due``."""
+        if self._backlog is None:
+            return None
+        parameters = {"now": now, "outbox": self.outbox_name, "key_limit": BACKLOG_KEY_LIMIT, "cap": cap, "with_due": with_due}
+        row = connection.execute(self._backlog, parameters).one()
+        return OrderedBacklog(**row._mapping)
+
     def count_due(self, connection: Connection, *, now: datetime, cap: int) -> int:
-        """Pending rows due at ``now`` (what "drain now" reports it found), counted up to ``cap + 1``."""
+        """Rows due at ``now`` (what "drain now" reports it found), counted up to ``cap + 1``.
+
+        With an ordering key, the rows held behind their key's head are not due; past the backlog walk's
+        key limit the count is a lower bound.
+        """
+        backlog = self.ordered_backlog(connection, now=now, cap=cap + 1, with_due=True)
+        if backlog is not None:
+            return min(backlog.due or 0, cap + 1)  # read with_due: never None here
         statement = text(
             self._sql(
                 "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now "
@@ -174,7 +203,10 @@ class AdminQueries:
 
         Pending and stuck are exact up to ``COUNT_EXACT_LIMIT`` and estimated
         past it; ``done`` is exact while the table holds at most
-        ``DONE_EXACT_LIMIT`` rows.
+        ``DONE_EXACT_LIMIT`` rows.  With an ordering key, ``oldest_due_at`` is
+        the oldest row a claim could take (a due head or unkeyed row) and
+        ``held_by_order`` counts the pending rows behind their key's head
+        (``ordered_backlog``).
         """
         row = connection.execute(
             text(STATUS_COUNTS.format(table=self.table_name, estimate=_SCALED_ESTIMATE)),
@@ -197,7 +229,7 @@ class AdminQueries:
                 {"cap": DONE_EXACT_LIMIT + 1},
             ).scalar_one()
             estimated = done > DONE_EXACT_LIMIT
-        return StatusCounts(
+        counts = StatusCounts(
             pending=pending,
             in_flight=row.in_flight,
             stuck=stuck,
@@ -206,6 +238,16 @@ class AdminQueries:
             oldest_due_at=row.oldest_due_at,
             pending_estimated=pending_estimated,
             stuck_estimated=stuck_estimated,
+        )
+        backlog = self.ordered_backlog(connection, now=now, cap=COUNT_EXACT_LIMIT + 1, with_due=False)
+        if backlog is None:
+            return counts
+        # Ordered: what is due is the due heads and unkeyed rows; the rows behind the heads are held by order.
+        return replace(
+            counts,
+            oldest_due_at=backlog.oldest_due_at,
+            held_by_order=backlog.held_by_order(pending),
+            held_by_order_estimated=pending_estimated or backlog.more_keys,
         )
 
     def page(

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["DeletedBatch", "PayloadField", "RowDetail", "RowState", "RowSummary", "StatusCounts"]
+__all__ = ["DeletedBatch", "OrderedBacklog", "PayloadField", "RowDetail", "RowState", "RowSummary", "StatusCounts"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,6 +25,44 @@ class StatusCounts:
     oldest_due_at: datetime | None
     pending_estimated: bool = False
     stuck_estimated: bool = False
+    # An outbox with an ordering key: its pending rows waiting behind their key's head (None without a key).
+    # Estimated when pending is, or when the walk stopped at its key limit (then an upper bound).
+    held_by_order: int | None = None
+    held_by_order_estimated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OrderedBacklog:
+    """What is due in an outbox with an ordering key (``outboxkit.ordering.ORDERED_BACKLOG``).
+
+    Due rows are the due unkeyed rows and the due pending heads; the rows behind a head are held by order.
+    ``more_keys``: the walk stopped at its key limit, the keys past it counted no head.
+    """
+
+    keys_visited: int
+    more_keys: bool
+    pending_heads: int
+    due_heads: int
+    oldest_due_head: datetime | None
+    beyond_oldest_due: datetime | None
+    pending_unkeyed: int
+    due_unkeyed: int | None  # counted only when asked for (``with_due``)
+    oldest_due_unkeyed: datetime | None
+
+    @property
+    def due(self) -> int | None:
+        """Rows a claim could take now (a lower bound when ``more_keys``); None when read without ``with_due``."""
+        return None if self.due_unkeyed is None else self.due_unkeyed + self.due_heads
+
+    @property
+    def oldest_due_at(self) -> datetime | None:
+        """The oldest sendable due row's due time (past the key limit, the keys not visited count their oldest due row)."""
+        dues = [due for due in (self.oldest_due_head, self.beyond_oldest_due, self.oldest_due_unkeyed) if due is not None]
+        return min(dues, default=None)
+
+    def held_by_order(self, pending: int) -> int:
+        """The pending rows behind their key's head, given every pending row counted (an upper bound when ``more_keys``)."""
+        return max(0, pending - self.pending_unkeyed - self.pending_heads)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

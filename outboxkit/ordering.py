@@ -40,7 +40,7 @@ from typing import Any
 
 from outboxkit.tables import ordering_skips
 
-__all__ = ["KeyCursor", "OrderedStatements", "ordered_statements"]
+__all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
 
 SKIPS = ordering_skips.name
 
@@ -114,6 +114,55 @@ SELECT min(due) FROM (
 ) AS dues
 """
 
+
+# -- the backlog as the overview, the metrics and the minute sample count it ----------------------
+
+# At most this many keys are walked to count the backlog; past them, the rest is bounded, not counted.
+BACKLOG_KEY_LIMIT = 1_000
+
+# What is really due in an ordered outbox: the due unkeyed rows and the due pending heads.  The rows
+# behind a head are held by order, whatever their next_attempt_at says, and are not counted as due.
+# The walk visits the first :key_limit keys with undelivered rows (one step and one head read per key,
+# as EARLIEST_ORDERED_DUE does), never the rows behind the heads.  Past :key_limit keys (more_keys),
+# the keys not visited count no head, and their oldest due row, held or not, stands in for their oldest
+# due head (beyond_oldest_due, looked for among the :cap oldest due rows): the lag is not understated
+# for want of a walk, and the held count is an upper bound.
+# Unkeyed rows are counted on ix_<table>_due_unkeyed, up to :cap; the due ones only :with_due (the
+# overview's counts need the pending ones, "drain now" and the minute sample the due ones).
+ORDERED_BACKLOG = """
+WITH RECURSIVE keys(key, step) AS (
+    (SELECT {key}, 1 FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
+  UNION ALL
+    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1), keys.step + 1
+    FROM keys WHERE keys.key IS NOT NULL AND keys.step <= :key_limit
+), heads AS (
+    SELECT head.status, head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
+    WHERE keys.key IS NOT NULL AND keys.step <= :key_limit
+), last_visited AS (
+    SELECT key FROM keys WHERE step = :key_limit
+       AND EXISTS (SELECT FROM keys AS more WHERE more.step = :key_limit + 1 AND more.key IS NOT NULL)
+)
+SELECT
+    (SELECT count(*) FROM heads) AS keys_visited,
+    EXISTS (SELECT FROM last_visited) AS more_keys,
+    (SELECT count(*) FROM heads WHERE status = 'pending') AS pending_heads,
+    (SELECT count(*) FROM heads WHERE status = 'pending' AND next_attempt_at <= :now) AS due_heads,
+    (SELECT min(next_attempt_at) FROM heads WHERE status = 'pending' AND next_attempt_at <= :now) AS oldest_due_head,
+    (SELECT beyond.next_attempt_at FROM last_visited CROSS JOIN LATERAL (
+         SELECT oldest.next_attempt_at FROM (
+             SELECT next_attempt_at, id, {key} AS key FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now
+             ORDER BY next_attempt_at, id LIMIT :cap) AS oldest
+         WHERE oldest.key > last_visited.key ORDER BY oldest.next_attempt_at, oldest.id LIMIT 1) AS beyond
+    ) AS beyond_oldest_due,
+    (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND {key} IS NULL
+                           ORDER BY next_attempt_at, id LIMIT :cap) AS capped) AS pending_unkeyed,
+    CASE WHEN :with_due THEN
+        (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND {key} IS NULL AND next_attempt_at <= :now
+                               ORDER BY next_attempt_at, id LIMIT :cap) AS capped)
+    END AS due_unkeyed,
+    (SELECT min(next_attempt_at) FROM {table}
+     WHERE status = 'pending' AND {key} IS NULL AND next_attempt_at <= :now) AS oldest_due_unkeyed
+"""
 
 # -- the operator's statements (outboxkit.operations.ordered_keys) ------------------------------
 
@@ -204,6 +253,10 @@ class OrderedStatements:
 
     def earliest_due_sql(self) -> str:
         return EARLIEST_ORDERED_DUE.format(table=self.table, key=self.key, head_of_keys=self._head("keys.key"))
+
+    def backlog_sql(self) -> str:
+        """The due and held-by-order figures (``ORDERED_BACKLOG``; parameters now, outbox, key_limit, cap, with_due)."""
+        return ORDERED_BACKLOG.format(table=self.table, key=self.key, head_of_keys=self._head("keys.key"))
 
     def row_ordering_sql(self) -> str:
         return self._operator(ROW_ORDERING)

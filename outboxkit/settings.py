@@ -7,6 +7,7 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__BACKOFF=1,5,30
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RETAIN_DONE_FOR=604800   # or "off"
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__WEBHOOK_SECRETS=whsec_new...,whsec_old...   # sign_webhooks outboxes
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RATE_LIMIT=20       # requests/s per destination; JSON for more, or "off"
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
@@ -63,13 +64,20 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, InvalidValueError
 
-__all__ = ["DEFAULT_ADVISORY_LOCK_KEY", "NON_SETTING_PREFIXES", "NON_SETTING_VARIABLES", "OutboxKitSettings", "OutboxOverride"]
+__all__ = [
+    "DEFAULT_ADVISORY_LOCK_KEY",
+    "NON_SETTING_PREFIXES",
+    "NON_SETTING_VARIABLES",
+    "OutboxKitSettings",
+    "OutboxOverride",
+    "RateLimitOverride",
+]
 
 # The session advisory lock key the leader holds.  It is the first 8 bytes of
 # sha256(b"outboxkit:leader-election"), shifted right by one bit so it is a
@@ -88,6 +96,61 @@ NON_SETTING_PREFIXES = ("OUTBOXKIT_TEST_", "OUTBOXKIT_BENCH_", "OUTBOXKIT_FAULT_
 # Settings whose values an error message never repeats.
 SECRET_SETTINGS = frozenset({"webhook_secrets"})
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests per second
+
+
+class RateLimitOverride(BaseModel):
+    """A rate limit from the environment (``OUTBOXKIT_OUTBOXES__<KEY>__RATE_LIMIT``), as ``RateLimit``'s arguments.
+
+    Checked here, so a bad value names its variable; the kit builds the
+    ``outboxkit.rate_limits.RateLimit`` from it when it registers the outbox.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_second: Rate | None = None
+    destinations: dict[Annotated[str, Field(min_length=1)], Rate] = Field(default_factory=dict)
+    burst_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> RateLimitOverride:
+        if self.per_second is None and not self.destinations:
+            raise InvalidValueError("it limits nothing: give per_second (every destination), destinations (named ones), or both")
+        return self
+
+
+_RATE_LIMIT_FORMS = (
+    'requests per second (e.g. 20), "off", or a JSON object such as '
+    '{"per_second": 20, "destinations": {"https://partner.example:443": 2}, "burst_seconds": 1}'
+)
+
+
+def _rate_limit(value: object) -> object:
+    """``5`` or ``"5"`` (every destination, default burst), ``"off"``, or a JSON object of ``RateLimit``'s arguments."""
+    if isinstance(value, str):
+        if value.strip().lower() == "off":
+            return "off"
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidValueError(f"expected {_RATE_LIMIT_FORMS}") from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {"per_second": value}
+    if isinstance(value, RateLimitOverride):
+        return value
+    if not isinstance(value, dict):
+        raise InvalidValueError(f"expected {_RATE_LIMIT_FORMS}")
+    try:
+        return RateLimitOverride.model_validate(value)
+    except ValidationError as exc:  # one message naming the field inside the value
+        raise InvalidValueError("; ".join(_rate_limit_problem(error) for error in exc.errors())) from None
+
+
+def _rate_limit_problem(error: ErrorDetails) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:
+        return message
+    return f"{'.'.join(str(part) for part in error['loc'])}: {message} (got {error['input']!r})"
 
 
 class OutboxOverride(BaseModel):
@@ -103,6 +166,9 @@ class OutboxOverride(BaseModel):
     # Seconds, or "off" to keep delivered rows forever whatever the class says
     # (the range is checked by OutboxOptions, which names the variable).
     retain_done_for: Annotated[float, Field(allow_inf_nan=False)] | Literal["off"] | None = None
+    # Requests per second per destination (outboxkit.rate_limits), replacing the class's rate_limit: a number
+    # for every destination, a JSON object of RateLimit's arguments, or "off" to lift the class's limit.
+    rate_limit: RateLimitOverride | Literal["off"] | None = None
     # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.webhook_signing).
     webhook_secrets: tuple[SecretStr, ...] | None = Field(default=None, min_length=1)
 
@@ -112,6 +178,11 @@ class OutboxOverride(BaseModel):
         if isinstance(value, str):  # "whsec_a,whsec_b" from a shell
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _parse_rate_limit(cls, value: object) -> object:
+        return _rate_limit(value)
 
     @field_validator("backoff", mode="before")
     @classmethod
@@ -125,8 +196,9 @@ class OutboxOverride(BaseModel):
     def values(self) -> dict[str, object]:
         """The fields that are set, as ``OutboxOptions`` keyword arguments."""
         values = {name: value for name, value in self.model_dump().items() if value is not None}
-        if values.get("retain_done_for") == "off":
-            values["retain_done_for"] = None
+        for name in ("retain_done_for", "rate_limit"):
+            if values.get(name) == "off":
+                values[name] = None
         return values
 
 

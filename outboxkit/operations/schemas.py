@@ -150,6 +150,16 @@ class OutboxCounts(_Model):
     done_estimated: bool = Field(
         description="True when done comes from the planner's row estimate (pg_class.reltuples) instead of a count."
     )
+    held_by_order: int | None = Field(
+        default=None,
+        description="With an ordering key: pending rows waiting behind an earlier row of their key (not due until it "
+        "is delivered or skipped; counted in pending). Null for an outbox without an ordering key.",
+    )
+    held_by_order_estimated: bool = Field(
+        default=False,
+        description="True when pending is an estimate, or more than 1,000 keys have undelivered rows (the count walks "
+        "the first 1,000 keys; held_by_order is then an upper bound).",
+    )
 
 
 class MinuteModel(_Model):
@@ -160,7 +170,9 @@ class MinuteModel(_Model):
     failed: int = Field(description="Attempts that failed (retried or stuck).")
     stuck: int = Field(description="Attempts that left the row stuck.")
     pending: int | None = Field(description="Pending rows when the minute was sampled; null if nobody sampled it.")
-    due: int | None = Field(description="Due rows (the backlog) when sampled.")
+    due: int | None = Field(
+        description="Due rows (the backlog) when sampled; with an ordering key, not the rows held behind their key's head."
+    )
     oldest_due_seconds: float | None = Field(description="Age of the oldest due row when sampled.")
 
 
@@ -182,7 +194,10 @@ class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
     counts: OutboxCounts
-    oldest_due_at: datetime | None = Field(description="next_attempt_at of the oldest due pending row.")
+    oldest_due_at: datetime | None = Field(
+        description="next_attempt_at of the oldest due pending row a drain could claim (with an ordering key, rows held "
+        "behind their key's head are not due)."
+    )
     oldest_due_age_seconds: float | None
     drain_job_id: str
     last_drain: RunModel | None = Field(description="The last recorded run of this outbox's drain job (the heartbeat).")

@@ -58,3 +58,18 @@ def test_the_blocked_keys_page_shows_what_a_stuck_head_blocks_and_skip_lets_the_
     assert [(entry["action"], entry["row_ids"]) for entry in audit_entries(harness.engine)] == [("skip", [head])]
     page.goto(f"{base_url}/admin/outboxes/ordered-events/blocked-keys")
     assert page.locator("#no-blocked-keys").is_visible()
+
+
+def test_the_overview_shows_the_rows_held_by_order_apart_from_the_due_ones(served, page_factory, receiver):
+    base_url, harness = served
+    url = receiver.url + "/ordered"
+    add_ordered(harness.engine, [("account-9", 0)], target_url=url, status="stuck")
+    add_ordered(harness.engine, [("account-9", 1), ("account-9", 2), ("account-9", 3)], target_url=url)
+    page = page_factory()
+
+    page.goto(f"{base_url}/admin/")
+    header = page.locator("table.grid thead th", has_text="Held by order")
+    assert header.is_visible()
+    assert "not due until it is delivered or skipped" in (header.get_attribute("title") or "")
+    row = page.locator("table.grid tbody tr", has=page.get_by_role("link", name="ordered-events", exact=True))
+    assert row.locator("td.held-by-order").inner_text() == "3"

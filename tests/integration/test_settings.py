@@ -1,10 +1,12 @@
-"""Per-outbox overrides from the environment govern a real drain, and the tools' variables are accepted.
+"""Per-outbox overrides from the environment (a retry table, a rate limit) govern a real drain, and the tools'
+variables are accepted.
 
 The refusals and the merge rules, on an engine that never connects, are in tests/unit/test_settings.py.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -14,8 +16,9 @@ from outboxkit import (
     CallableTransport,
     OutboxKit,
 )
+from outboxkit.destinations import destination_of
 from tests.support.models import SampleEvent
-from tests.support.receiver import Reply
+from tests.support.receiver import Receiver, Reply
 
 
 def test_the_overridden_table_governs_a_real_drain(engine, receiver, clock, monkeypatch):
@@ -48,3 +51,19 @@ def test_the_tools_variables_and_any_case_of_a_real_setting_are_accepted(engine,
         assert kit.settings.leader_tick_seconds == 3
         assert kit.options(SampleEvent).max_attempts == 4
         assert kit.drain_once(SampleEvent).delivered == 1
+
+
+def test_the_rate_limit_setting_governs_a_real_drain(engine, clock, monkeypatch):
+    with Receiver() as limited, Receiver() as free:
+        limit = json.dumps({"destinations": {destination_of(limited.url): 1}})
+        monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", limit)
+        with Session(engine) as session, session.begin():
+            for n in range(3):
+                session.add(SampleEvent(target_url=f"{limited.url}/events", payload={"n": n}, next_attempt_at=clock.now()))
+                session.add(SampleEvent(target_url=f"{free.url}/events", payload={"n": n}, next_attempt_at=clock.now()))
+        with OutboxKit(engine, [SampleEvent], clock=clock) as kit:
+            assert kit.drain_once(SampleEvent).delivered == 4  # one token for the limited destination, none needed for the other
+        assert (len(limited.requests), len(free.requests)) == (1, 3)
+        with Session(engine) as session:
+            waiting = session.scalars(select(SampleEvent).where(SampleEvent.status == "pending")).all()
+        assert [(row.target_url, row.attempts) for row in waiting] == [(f"{limited.url}/events", 0)] * 2

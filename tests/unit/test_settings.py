@@ -26,6 +26,7 @@ from outboxkit import (
     OutboxOptions,
 )
 from outboxkit.policy import RetryPolicy
+from outboxkit.rate_limits import RateLimit
 from outboxkit.settings import NON_SETTING_PREFIXES, NON_SETTING_VARIABLES
 from tests.support.models import SampleEvent
 
@@ -45,6 +46,16 @@ class LeasedEvent(Outbox, LeasedBase):
 
     def build_delivery(self) -> Delivery:
         return Delivery(url="http://127.0.0.1:1/leased")
+
+
+class LimitedEvent(Outbox, LeasedBase):
+    """An outbox with a rate limit in code, which the RATE_LIMIT setting replaces."""
+
+    __tablename__ = "limited_event_outbox"
+    __outbox__ = OutboxOptions(job_name="limited-events", rate_limit=RateLimit(per_second=5))
+
+    def build_delivery(self) -> Delivery:
+        return Delivery(url="http://127.0.0.1:1/limited")
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +114,38 @@ def test_an_override_leaves_the_other_options_alone(offline_engine, monkeypatch)
     assert options.backoff == (1, 2, 4)
     assert (options.job_name, options.batch_size, options.concurrency, options.timeout) == ("sample-events", 50, 32, 10.0)
     assert SampleEvent.__outbox__.max_attempts == 5  # the class itself is untouched
+
+
+def kit_rate_limit(engine: Engine) -> RateLimit | None:
+    with OutboxKit(engine, [LimitedEvent], transport=CallableTransport(lambda delivery, key: 200)) as kit:
+        return kit.options(LimitedEvent).rate_limit
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("20", RateLimit(per_second=20)),
+        (" 0.5 ", RateLimit(per_second=0.5)),
+        ('{"destinations": {"https://slow.example:443": 2}, "burst_seconds": 0.25}',
+         RateLimit(destinations={"https://slow.example:443": 2}, burst_seconds=0.25)),
+        ('{"per_second": 50, "destinations": {"https://slow.example:443": 2}}',
+         RateLimit(per_second=50, destinations={"https://slow.example:443": 2})),
+        ("off", None),
+        ("OFF", None),
+    ],
+)
+def test_the_rate_limit_variable_replaces_the_class_limit(offline_engine, monkeypatch, value, expected):
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__LIMITED_EVENTS__RATE_LIMIT", value)
+    assert kit_rate_limit(offline_engine) == expected
+    assert LimitedEvent.__outbox__.rate_limit == RateLimit(per_second=5)  # the class itself is untouched
+
+
+def test_the_rate_limit_in_the_json_form_and_the_class_limit_without_a_setting(offline_engine, monkeypatch):
+    assert kit_rate_limit(offline_engine) == RateLimit(per_second=5)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"limited-events": {"rate_limit": {"per_second": 7}}}')
+    assert kit_rate_limit(offline_engine) == RateLimit(per_second=7)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"limited-events": {"rate_limit": "off"}}')
+    assert kit_rate_limit(offline_engine) is None
 
 
 # -- refused at start-up ---------------------------------------------------------
@@ -170,6 +213,23 @@ def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monk
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BACKOFF", "", "valid number"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__TIMEOUT", "0", "greater than 0"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BATCH_SIZE", "100000", "less than or equal to 10000"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "0", "per_second: Input should be greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "-3", "per_second: Input should be greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "fast", 'expected requests per second (e.g. 20), "off", or a JSON'),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "nan", "expected requests per second"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "Infinity", "per_second: Input should be a finite number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "[5]", "expected requests per second"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "true", "expected requests per second"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"per_second": 5', "expected requests per second"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", "{}", "it limits nothing: give per_second (every destination)"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {}}', "it limits nothing"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"per_second": 5, "burst": 2}', "burst: Extra inputs are not"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"per_second": 5, "burst_seconds": 0}', "burst_seconds: Input should"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {"https://a:443": "x"}}',
+         "destinations.https://a:443: Input should be a valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {"https://a:443": 0}}',
+         "destinations.https://a:443: Input should be greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {"": 2}}', "String should have at least 1 character"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETRIES", "3", "per-outbox settings are backoff, max_attempts"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", "3", "valid dictionary"),
         ("OUTBOXKIT_ENVIRONMENT", "prod", "'production'"),
@@ -193,6 +253,8 @@ def test_an_invalid_variable_is_refused_by_name(offline_engine, monkeypatch, var
         ('{"sample-events": 3}', "OUTBOXKIT_OUTBOXES (at sample_events)"),
         ('{"sample-events": {"max_attempts": 3}', "OUTBOXKIT_OUTBOXES could not be parsed"),
         ("max_attempts=3", "OUTBOXKIT_OUTBOXES could not be parsed"),
+        ('{"sample-events": {"rate_limit": {"per_second": -1}}}',
+         "OUTBOXKIT_OUTBOXES (at sample_events.rate_limit): Value error, per_second: Input should be greater than 0"),
     ],
 )
 def test_an_invalid_json_form_is_refused_by_name(offline_engine, monkeypatch, value, complaint):
