@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, Engine, TextClause, column, select, text
+from sqlalchemy import Boolean, Connection, Engine, Executable, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidValueError
@@ -214,11 +214,15 @@ class OutboxQueries:
         quoted = quote_table(table)
         self.table_name = quoted
         self.ordered = ordered_statements(outbox, quoted)
+        # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.
+        orphaned = column("outboxkit_orphaned", Boolean)
         if self.ordered is None:
             self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
+            self._claim_statement: Executable = select(outbox, orphaned).from_statement(self._claim)
             self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
         else:  # an ordering key: the claim takes each key's head (outboxkit.ordering)
             self._claim = text(ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit))
+            self._claim_statement = select(outbox, orphaned, column("outboxkit_walked_to")).from_statement(self._claim)
             self._earliest_due = text(self.ordered.earliest_due_sql())
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
@@ -244,20 +248,16 @@ class OutboxQueries:
         ``cursor`` (which it then moves past the keys it visited).
         """
         if self.ordered is None:
-            statement = select(self.outbox, column("outboxkit_orphaned", Boolean)).from_statement(self._claim)
             params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
-            claimed = session.execute(statement, params).all()
+            claimed = session.execute(self._claim_statement, params).all()
             rows = sorted((row for row, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
             return rows, any(orphaned for _, orphaned in claimed)
         cursor = cursor if cursor is not None else KeyCursor()
-        statement = select(
-            self.outbox, column("outboxkit_orphaned", Boolean), column("outboxkit_walked_to")
-        ).from_statement(self._claim)
         params = {
             "now": now, "lease_until": lease_until, "limit": limit, "token": token,
             "after": cursor.after, "outbox": self.outbox.__outbox__.job_name,
         }
-        ordered = session.execute(statement, params).all()
+        ordered = session.execute(self._claim_statement, params).all()
         if ordered:
             cursor.after = ordered[0][2]
         rows = sorted((row for row, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
