@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import Boolean, Connection, Engine, Executable, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
+from outboxkit.array_literals import integer_array, text_array
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.ordering import KeyCursor, OrderedStatements, ordered_statements
@@ -117,8 +118,9 @@ SET status = %(status)s,
 # for the group (see outboxkit.drain_record).  Each row is still guarded by
 # its own claim token: a row that was reset or claimed again is left out of
 # the update and out of the ids returned, a lost claim for that row alone.
-# delivered_at is set for a delivered row only.  Parameters are arrays in
-# psycopg's style, one element per outcome.
+# delivered_at is set for a delivered row only.  Parameters are array
+# literals (outboxkit.array_literals), one element per outcome, in psycopg's
+# %(name)s style.
 RECORD_OUTCOMES = """
 UPDATE {table} AS outbox
 SET status = outcome.status,
@@ -313,13 +315,13 @@ class OutboxQueries:
         for ``record_outcome``.
         """
         driver = _autocommit_driver(connection, "record_outcomes")
-        params: dict[str, Any] = {
-            "ids": [outcome.row_id for outcome in outcomes],
-            "tokens": [outcome.token for outcome in outcomes],
-            "statuses": [outcome.status for outcome in outcomes],
-            "next_attempts": [outcome.next_attempt_at for outcome in outcomes],
-            "status_codes": [outcome.status_code for outcome in outcomes],
-            "errors": [outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None for outcome in outcomes],
+        params: dict[str, Any] = {  # array literals written at once (outboxkit.array_literals)
+            "ids": integer_array(outcome.row_id for outcome in outcomes),
+            "tokens": text_array(outcome.token for outcome in outcomes),
+            "statuses": text_array(outcome.status for outcome in outcomes),
+            "next_attempts": text_array(outcome.next_attempt_at for outcome in outcomes),
+            "status_codes": integer_array(outcome.status_code for outcome in outcomes),
+            "errors": text_array(outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None for outcome in outcomes),
             "now": now,
         }
         cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
