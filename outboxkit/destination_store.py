@@ -63,7 +63,7 @@ class DestinationStore:
         self.job_name = outbox.__outbox__.job_name
         self._rows: Table = outbox.__table__  # type: ignore[attr-defined]
         # Read on every claim that finds rows (with the breaker on): built once, since building
-        # the statement each time took more of the drainer's CPU than running it.
+        # the statement each time was most of that read's CPU (docs/performance.md).
         self._states = select(destination_table).where(
             destination_table.c.outbox == self.job_name,
             destination_table.c.destination.in_(bindparam("names", expanding=True)),
