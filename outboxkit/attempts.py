@@ -45,6 +45,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from outboxkit.array_literals import integer_array, text_array
 from outboxkit.log_events import log_fields
 from outboxkit.ordering import BACKLOG_KEY_LIMIT, OrderedStatements
 
@@ -256,13 +257,14 @@ class AttemptLog:
         return {
             "outbox": self.outbox_name,
             "sender": sender_identity(),
-            "row_ids": [record.row_id for record in records],
-            "attempts": [record.attempt for record in records],
-            "started": [record.started_at for record in records],
-            "finished": [record.finished_at for record in records],
-            "outcomes": [record.outcome for record in records],
-            "codes": [record.status_code for record in records],
-            "errors": [record.error[:ERROR_EXCERPT_CHARS] if record.error else None for record in records],
+            # Array literals written at once (outboxkit.array_literals), not lists psycopg dumps one element at a time.
+            "row_ids": integer_array(record.row_id for record in records),
+            "attempts": integer_array(record.attempt for record in records),
+            "started": text_array(record.started_at for record in records),
+            "finished": text_array(record.finished_at for record in records),
+            "outcomes": text_array(record.outcome for record in records),
+            "codes": integer_array(record.status_code for record in records),
+            "errors": text_array(record.error[:ERROR_EXCERPT_CHARS] if record.error else None for record in records),
         }
 
     def _maintain(self, driver: Any, *, now: datetime) -> None:

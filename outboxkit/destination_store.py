@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, column, select, update, values
+from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, bindparam, column, select, update, values
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.destinations import (
@@ -62,6 +62,12 @@ class DestinationStore:
         self.outbox = outbox
         self.job_name = outbox.__outbox__.job_name
         self._rows: Table = outbox.__table__  # type: ignore[attr-defined]
+        # Read on every claim that finds rows (with the breaker on): built once, since building
+        # the statement each time was most of that read's CPU (docs/performance.md).
+        self._states = select(destination_table).where(
+            destination_table.c.outbox == self.job_name,
+            destination_table.c.destination.in_(bindparam("names", expanding=True)),
+        )
 
     # -- reading -------------------------------------------------------------
 
@@ -70,10 +76,7 @@ class DestinationStore:
         wanted = sorted(set(names))
         if not wanted:
             return {}
-        statement = select(destination_table).where(
-            destination_table.c.outbox == self.job_name, destination_table.c.destination.in_(wanted)
-        )
-        return {row.destination: _state(row) for row in connection.execute(statement)}
+        return {row.destination: _state(row) for row in connection.execute(self._states, {"names": wanted})}
 
     def all_states(self, connection: Connection) -> list[DestinationState]:
         """Every destination of this outbox with a stored state, by name."""

@@ -248,3 +248,28 @@ def test_a_connection_lost_during_a_group_write_loses_no_row(engine, insert_even
         again.close()
     assert statuses(engine) == dict.fromkeys(ids, "done")
     assert all(count == 2 for count in receiver.count_by_key().values())  # sent again with the same key
+
+
+def test_error_texts_and_retry_times_are_written_exactly_in_the_rows_and_the_attempt_history(
+    engine, insert_events, read_events, receiver, clock, transport
+):
+    # The grouped write and the attempt history pass their arrays as literals (outboxkit.array_literals):
+    # quotes, backslashes, braces, commas and NULL-like words in an error come back as they were.
+    bodies = ['say "no"', "back\\slash \\\"", "{braces},commas", "NULL", "null", "ü €", ""]
+    ids = insert_events([{"n": n} for n in range(len(bodies))])
+    receiver.respond = lambda request: Reply(status=500, body=bodies[request.body["n"]].encode())
+    options = dataclasses.replace(SampleEvent.__outbox__, breaker=None)  # every failure is written in a group
+    drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock, options=options, outcome_grouping=PATIENT)
+    try:
+        result = drainer.drain()
+    finally:
+        drainer.close()
+
+    assert result.retried == len(bodies) and not result.errors
+    rows = read_events()
+    expected = {row_id: f"HTTP 500: {body}" if body else "HTTP 500" for row_id, body in zip(ids, bodies, strict=True)}
+    assert {row_id: rows[row_id].last_error for row_id in ids} == expected
+    assert all(rows[row_id].status == "pending" and rows[row_id].next_attempt_at > clock.now() for row_id in ids)
+    with engine.connect() as connection:
+        history = dict(connection.execute(text("SELECT row_id, error FROM outboxkit_attempts")).all())
+    assert history == expected
