@@ -14,7 +14,11 @@ never answers (a blackholed partner) until told to answer.
    with a fresh drainer; ``--repeat`` interleaved pairs, medians reported
    (``healthy_ratio`` is the median with over the median without,
    ``healthy_ratio_median_of_pairs`` the median of each pair's ratio), and
-   the load average beside each pair.  Once with the drain loop
+   the load average beside each pair.  **Issue 17's target** is
+   ``healthy_ratio`` of the drain loop with the breaker on (default
+   options), >= 0.9: the line ``ISSUE 17 TARGET`` before the JSON names it,
+   and the JSON starts with it (``target_healthy_ratio``,
+   ``target_healthy_ratio_goal``, ``target_healthy_ratio_met``).  Once with the drain loop
    (``Drainer.start``, as the kit runs it), once with ``Drainer.drain``
    called in a loop (the ``_drain_calls`` keys; ``--no-drain-calls`` skips it).
 2. **Probes across processes**: 100 rows to the dead receiver, two drainer
@@ -310,6 +314,35 @@ def isolation_figures(
     }
 
 
+ISOLATION_TARGET = 0.9
+
+
+def isolation_target(isolation: dict[str, object]) -> dict[str, object]:
+    """The figure issue 17's isolation target is about, from the drain loop's runs with the breaker on (the
+    default options); empty if those runs were left out (``--breaker off``)."""
+    if "healthy_ratio" not in isolation:
+        return {}
+    value = isolation["healthy_ratio"]
+    assert isinstance(value, float)
+    return {
+        "figure": "healthy_ratio",
+        "value": value,
+        "target": ISOLATION_TARGET,
+        "met": value >= ISOLATION_TARGET,
+        "definition": "healthy_rows_per_s_with_dead_10pct / healthy_rows_per_s_without (medians of the interleaved "
+        "runs), the drain loop, default options (breaker on)",
+        "per_pair": isolation["healthy_ratio_per_pair"],
+    }
+
+
+def target_keys(target: dict[str, object]) -> dict[str, object]:
+    """The target's figure first in the JSON line, under names that say so."""
+    if not target:
+        return {}
+    return {"target_healthy_ratio": target["value"], "target_healthy_ratio_goal": target["target"],
+            "target_healthy_ratio_met": target["met"]}
+
+
 def load_average() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
@@ -357,7 +390,12 @@ def main() -> None:
         engine.dispose()
         with psycopg.connect(scratch.server_url, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
+    target = isolation_target(isolation)
+    if target:
+        print(f"ISSUE 17 TARGET: {target['figure']} = {target['value']} (target >= {target['target']}): "
+              f"{target['definition']}; per pair {target['per_pair']}", flush=True)
     result = {
+        **target_keys(target),
         **isolation,
         **{name: round(value, 2) for name, value in figures.items()},
         "probe_cool_down_s": PROBE_COOL_DOWN,

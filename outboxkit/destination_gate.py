@@ -277,7 +277,7 @@ class DestinationGate:
     # -- the steps of admit --------------------------------------------------
 
     def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
-        with self.engine.connect() as connection:
+        with self._single_statement() as connection:
             states = self.store.states(connection, destinations)
         with self._lock:
             for destination in destinations:
@@ -342,6 +342,12 @@ class DestinationGate:
             admission.capped += len(over)
         return allowed
 
+    def _single_statement(self) -> Connection:
+        """A pooled connection in AUTOCOMMIT for one statement: one round trip, no BEGIN before it, no ROLLBACK or
+        COMMIT after it.  Under load each round trip waits for the GIL behind the send threads, so the state read
+        that every claimed batch makes, and the give-back of every batch's rows over a cap, cost a third as much."""
+        return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
     # -- rows over a cap go back off the pump's thread ---------------------------
 
     def _release_in_background(self, ids: list[int], *, token: uuid.UUID, until: datetime, now: datetime) -> None:
@@ -354,7 +360,7 @@ class DestinationGate:
 
     def _release(self, ids: list[int], token: uuid.UUID, until: datetime, now: datetime) -> None:
         try:
-            with self.engine.begin() as connection:
+            with self._single_statement() as connection:
                 self.store.release(connection, ids=ids, token=token, until=until, now=now)
         except Exception as exc:  # the rows come back when their lease ends, one attempt spent
             logger.warning(

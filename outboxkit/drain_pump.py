@@ -249,7 +249,13 @@ class SendPump(Generic[ResultT]):
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
-        if background is not None and (short or not state.more_due):
+        if background is not None and admission.capped and taken == granted:
+            # A full claim: more rows are likely due now.  The loop claims again at the next outcome, or
+            # when none comes soon (the retry wait), without reading the earliest due time first: a
+            # destination that hangs caps nearly every batch, and that read on this thread was most of
+            # what its rows still cost the others.
+            state.next_due = self.clock.now()
+        elif background is not None and (short or not state.more_due):
             # The loop's next wake-up.  A short claim took every row it could lock: when none is due
             # now, this read stands in for the empty claim that would have said so (one round trip
             # instead of a claim's transaction); when some are (locked elsewhere, or just come due),

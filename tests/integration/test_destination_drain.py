@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, delete
+from sqlalchemy import Engine, delete, event
 
 from outboxkit import Drainer, HttpTransport
 from outboxkit.destination_store import DestinationStore
@@ -313,3 +313,62 @@ def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
     rows = read_events()
     assert [(rows[row_id].status, rows[row_id].attempts) for row_id in ids[2:]] == [("pending", 0)] * 3
     attempts_match_requests(read_events, failing_receiver)
+
+
+def test_a_hanging_destination_costs_each_batch_single_statements_and_no_due_time_read(engine, receiver, monkeypatch):
+    """What a capped destination costs the drain's thread: the state read and the give-back of the rows over its
+    cap are single AUTOCOMMIT statements (no BEGIN, no COMMIT or ROLLBACK), and a full claim whose batch was capped
+    is followed by the next claim without a read of the earliest due time."""
+    options = dataclasses.replace(
+        SampleEvent.__outbox__, concurrency=8, batch_size=10, timeout=30, destination_concurrency=2, breaker=BREAKER
+    )
+    statements: list[tuple[str, str | None]] = []
+
+    def note(connection, cursor, statement, parameters, context, executemany) -> None:
+        statements.append((statement, connection.get_execution_options().get("isolation_level")))
+
+    steps: list[tuple[str, bool]] = []  # ("claim", full), ("admit", capped), ("earliest_due", _)
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
+        claim, admit, earliest_due = drainer.claimer.claim, drainer.gate.admit, drainer.pump._earliest_due
+
+        def claiming(wanted, *args, **kwargs):
+            rows, token, taken, orphaned = claim(wanted, *args, **kwargs)
+            steps.append(("claim", taken == wanted))
+            return rows, token, taken, orphaned
+
+        def admitting(*args, **kwargs):
+            admission = admit(*args, **kwargs)
+            steps.append(("admit", admission.capped > 0))
+            return admission
+
+        def reading(*args, **kwargs):
+            steps.append(("earliest_due", False))
+            return earliest_due(*args, **kwargs)
+
+        monkeypatch.setattr(drainer.claimer, "claim", claiming)
+        monkeypatch.setattr(drainer.gate, "admit", admitting)
+        monkeypatch.setattr(drainer.pump, "_earliest_due", reading)
+        event.listen(engine, "before_cursor_execute", note)
+        try:
+            with Blackhole() as blackhole:
+                for n in range(60):  # every third row to the blackhole: nearly every batch has rows over its cap
+                    insert_at(engine, blackhole.url if n % 3 == 0 else receiver.url, [{"n": n}])
+                drainer.start(poll_seconds=1)
+                receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
+                drainer.stop(wait=False)
+        finally:
+            event.remove(engine, "before_cursor_execute", note)
+            drainer.close()
+    state_reads = [level for statement, level in statements if statement.lstrip().startswith("SELECT") and
+                   "outboxkit_destinations" in statement and "FOR" not in statement]
+    give_backs = [level for statement, level in statements if "attempts=(sample_event_outbox.attempts - " in statement]
+    assert state_reads and give_backs
+    assert set(state_reads) == set(give_backs) == {"AUTOCOMMIT"}
+    capped_full = [
+        index for index in range(1, len(steps)) if steps[index] == ("admit", True) and steps[index - 1] == ("claim", True)
+    ]
+    assert capped_full, steps
+    for index in capped_full:
+        following = next((step for step, _ in steps[index + 1 :] if step != "admit"), None)
+        assert following != "earliest_due", steps
