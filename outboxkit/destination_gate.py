@@ -277,7 +277,9 @@ class DestinationGate:
     # -- the steps of admit --------------------------------------------------
 
     def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
-        with self.engine.connect() as connection:
+        # On every claim that finds rows, between the claim and the sends: one statement in AUTOCOMMIT,
+        # one round trip (no BEGIN before it, no ROLLBACK after it), as the claim itself.
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             states = self.store.states(connection, destinations)
         with self._lock:
             for destination in destinations:
