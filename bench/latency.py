@@ -229,6 +229,30 @@ def measure_latency(
     return [(receiver.arrivals[key] - committed) * 1000 for key, committed in commits.items()]
 
 
+def idle_latency(server: str, *, rows: int, spacing: float, synchronous_commit: bool) -> list[float]:
+    """Commit-to-receiver milliseconds of ``rows`` rows enqueued ``spacing`` s apart to an idle drain loop.
+
+    Its own database and receiver, one kit with its drain loop and listener
+    (as ``kit.lifespan`` starts them) and the given commit mode; for
+    ``bench/drain_throughput.py``'s ``idle_latency_*`` figures.
+    """
+    url = create_database(server)
+    engine = create_engine(make_url(url).set(drivername="postgresql+psycopg"), pool_size=5)
+    receiver = LatencyReceiver()
+    kit = OutboxKit(engine, [WebhookOutbox], settings=OutboxKitSettings(synchronous_commit=synchronous_commit))
+    try:
+        kit.worker.start()
+        listener = kit.worker.listener
+        if listener is None or not listener.wait_for_generation(1, timeout=30):
+            raise SystemExit("the drain loop's listener never connected")
+        return measure_latency(engine, receiver, rows=rows, spacing=spacing, commits={})
+    finally:
+        kit.close()
+        receiver.close()
+        engine.dispose()
+        drop_database(server, url)
+
+
 def measure_failover(engine, url: str, leader: OutboxKit, standby: OutboxKit) -> tuple[float, float]:
     old = leader.scheduler.election
     new = standby.scheduler.elect()
