@@ -11,9 +11,10 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
   connections (``outboxkit.http_transport``), so a drainer that sends one row
   at a time sends each on the same warm keep-alive connection: with a shared
   queue the rows went round the threads in turn, each thread's connection
-  sat idle ``size`` times longer, and 32 of 200 rows in ``bench/latency.py``
-  opened a new connection (a connect, and a TLS handshake for ``https://``,
-  on the idle-latency path; docs/performance.md).
+  sat idle ``size`` times longer (past the keep-alive expiry at low rates),
+  and 32 to 45 of 200 rows in ``bench/latency.py`` opened a new connection
+  (a connect, and a TLS handshake for ``https://``, on the idle-latency
+  path; docs/performance.md).
 * ``InFlightLimit``: how many rows one drainer holds between their claim and
   their recorded outcome, summed over every drain of that drainer running at
   once in the process (the background loop, the leader's safety-net drain, a
