@@ -115,7 +115,13 @@ class SendPool:
         while job is not None:
             function, arguments = job
             function(*arguments)
-            with self._lock:
+            if self._queued:  # busy: the next queued job, without the lock (only send threads take jobs out)
+                try:
+                    job = self._queued.popleft()
+                    continue
+                except IndexError:  # another thread took the last one meanwhile
+                    pass
+            with self._lock:  # going idle: looked at again under the lock, which submit() queues under
                 if self._queued:
                     job = self._queued.popleft()
                     continue
