@@ -33,7 +33,11 @@ and drops, with the example ``WebhookOutbox``:
    server's WAL syncs per row (``pg_stat_wal``), which show what pays for
    the flushes; ``drain_rows_per_s_sync_commit``,
    ``drain_rows_per_s_async_commit`` and ``sync_commit_ratio`` (median of a
-   round's synchronous over its asynchronous rate; target >= 0.9);
+   round's synchronous over its asynchronous rate; target >= 0.9); then, in
+   the same rounds, the idle latency in each mode (``bench/latency.py``'s
+   set-up: 100 rows 50 ms apart to an idle drain loop, commit to receiver),
+   ``idle_latency_p50_ms_*`` and ``idle_latency_p95_ms_*`` (target p95 <= 3
+   on a quiet host);
 7. do it again with ``--slow-rows`` rows against a receiver that answers each
    request after 50 ms.
 
@@ -79,10 +83,12 @@ from bench.ceilings import (  # noqa: E402
     vacuum_analyze,
 )
 from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
+from bench.latency import idle_latency, percentile  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__
+IDLE_LATENCY_ROWS = 100  # per commit mode and round (step 6)
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin'}"}
 
 
@@ -387,6 +393,19 @@ def commit_durability(
         summary[f"wal_syncs_per_row_{suffix}"] = round(
             statistics.median(run.counters.wal_syncs / run.rows for run in runs), 2)
     summary["sync_commit_ratio"] = round(statistics.median(commit_ratios), 3)
+    latencies: dict[str, list[float]] = {"sync_commit": [], "async_commit": []}
+    for _ in range(rounds):  # interleaved, as the drains
+        for suffix in latencies:
+            latencies[suffix] += idle_latency(server, rows=IDLE_LATENCY_ROWS, spacing=0.05,
+                                              synchronous_commit=suffix == "sync_commit")
+    for suffix, values in latencies.items():
+        summary[f"idle_latency_p50_ms_{suffix}"] = round(percentile(values, 0.5), 3)
+        summary[f"idle_latency_p95_ms_{suffix}"] = round(percentile(values, 0.95), 3)
+    print(f"idle latency (commit -> receiver, {IDLE_LATENCY_ROWS} rows 50 ms apart per round, bench/latency.py's "
+          f"set-up): p50/p95 {summary['idle_latency_p50_ms_sync_commit']:.2f}/"
+          f"{summary['idle_latency_p95_ms_sync_commit']:.2f} ms synchronous, "
+          f"{summary['idle_latency_p50_ms_async_commit']:.2f}/{summary['idle_latency_p95_ms_async_commit']:.2f} "
+          f"asynchronous (target p95 <= 3 on a quiet host); load average {os.getloadavg()[0]:.2f}")
     print(f"commit durability: median {summary['drain_rows_per_s_sync_commit']:.0f} rows/s synchronous, "
           f"{summary['drain_rows_per_s_async_commit']:.0f} asynchronous; per round synchronous / "
           "asynchronous: " + ", ".join(f"{ratio:.3f}" for ratio in commit_ratios) + " (target >= 0.9); "

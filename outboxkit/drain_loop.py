@@ -15,12 +15,13 @@ import queue
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from outboxkit.drain_claim import DrainCounts
 from outboxkit.send_pool import InFlightLimit
 
 __all__ = [
+    "DUE_READ_DELAY_SECONDS",
     "RETRY_CLAIM_MAX_SECONDS",
     "RETRY_CLAIM_SECONDS",
     "STOP",
@@ -38,6 +39,9 @@ __all__ = [
 # left no in-flight slot for, is retried this soon, doubling while it goes on:
 RETRY_CLAIM_SECONDS = 0.05
 RETRY_CLAIM_MAX_SECONDS = 5.0
+# A claim's earliest-due read (``PumpState.due_read``) waits this long at most for an outcome of the
+# sends it started, so it never runs beside their start, and a slow send delays it no further:
+DUE_READ_DELAY_SECONDS = 0.02
 
 ResultT = TypeVar("ResultT", bound=DrainCounts)
 
@@ -56,6 +60,11 @@ class PumpState:
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
     retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
     awaiting_outcome: bool = False  # the last claim gave rows back for a destination's cap: claim after an outcome
+    # The earliest due time is still to be read for the last claim ("short": it took fewer rows than it
+    # could; "empty": it took none): read once an outcome comes back, nothing is in flight, or
+    # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's
+    # sends (``drain_pump.SendPump``).
+    due_read: Literal["short", "empty"] | None = None
 
 
 WAKE = object()
@@ -123,6 +132,12 @@ class Background(Generic[ResultT]):
 
     def wait_seconds(self, state: PumpState, *, blocked: bool, now: datetime) -> float | None:
         """How long to wait for the next event; None waits for an outcome."""
+        wait = self._wait_seconds(state, blocked=blocked, now=now)
+        if state.due_read is None:
+            return wait
+        return DUE_READ_DELAY_SECONDS if wait is None else min(wait, DUE_READ_DELAY_SECONDS)
+
+    def _wait_seconds(self, state: PumpState, *, blocked: bool, now: datetime) -> float | None:
         if blocked:
             return RETRY_CLAIM_SECONDS
         if state.more_due or self.stopping.is_set():

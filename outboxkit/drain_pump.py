@@ -141,6 +141,8 @@ class SendPump(Generic[ResultT]):
         with contextlib.ExitStack() as cleanup:
             outcomes = OutcomeConnection(self.queries, self.engine, cleanup)
             while True:
+                if state.due_read is not None and not state.in_flight:
+                    self._read_due(state, outcomes)
                 may_refill = state.in_flight <= self._refill_at and not (state.isolated and state.in_flight)
                 blocked = False
                 if state.more_due and may_refill and may_claim():
@@ -165,7 +167,10 @@ class SendPump(Generic[ResultT]):
                 try:
                     event = events.get(timeout=timeout)
                 except queue.Empty:
-                    state.more_due = True  # a row came due (or the safety-net poll)
+                    if state.due_read is not None:  # the claim's sends have started: its read is due
+                        self._read_due(state, outcomes)
+                    else:
+                        state.more_due = True  # a row came due (or the safety-net poll)
                     continue
                 if not isinstance(event, FinishedSend):
                     self._control(event, state, background, result)
@@ -177,6 +182,8 @@ class SendPump(Generic[ResultT]):
                 if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
                     state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
+                if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
+                    self._read_due(state, outcomes)
                 if self.gate.take_released():  # its destination closed: the rows it held are due now
                     state.more_due = True
 
@@ -259,10 +266,23 @@ class SendPump(Generic[ResultT]):
             # The loop's next wake-up.  A short claim took every row it could lock: when none is due
             # now, this read stands in for the empty claim that would have said so (one round trip
             # instead of a claim's transaction); when some are (locked elsewhere, or just come due),
-            # the loop claims again as after any claim that found rows.
-            state.next_due = self._earliest_due(outcomes)
-            if short:
-                state.more_due = state.next_due is not None and state.next_due <= self.clock.now()
+            # the loop claims again as after any claim that found rows.  With sends out, the read waits
+            # for the first outcome, at most DUE_READ_DELAY_SECONDS: run beside them it delayed their
+            # start (the send thread waited for a CPU and the GIL) on the idle-latency path
+            # (docs/performance.md).
+            state.more_due = False
+            state.due_read = "short" if short else "empty"
+            if not state.in_flight:
+                self._read_due(state, outcomes)
+
+    def _read_due(self, state: PumpState, outcomes: OutcomeConnection) -> None:
+        """The read a claim left to do (``PumpState.due_read``): the next due time, and for a short claim whether
+        rows are due now (it only adds: a wake-up meanwhile already said so)."""
+        short = state.due_read == "short"
+        state.due_read = None
+        state.next_due = self._earliest_due(outcomes)
+        if short and state.next_due is not None and state.next_due <= self.clock.now():
+            state.more_due = True
 
     def _earliest_due(self, outcomes: OutcomeConnection) -> datetime | None:
         """One statement in AUTOCOMMIT (no BEGIN, no ROLLBACK), on the outcome connection when the loop holds it."""

@@ -2,10 +2,19 @@
 
 Two small pieces the drain (``outboxkit.drain``) builds on:
 
-* ``SendPool``: ``size`` threads that run sends.  ``ThreadPoolExecutor``
+* ``SendPool``: at most ``size`` threads that run sends.  ``ThreadPoolExecutor``
   builds a Future (with its Condition) per job; the drain never reads it,
   since each send hands its result to the recording thread itself, and that
-  bookkeeping was a visible share of the drainer's CPU.
+  bookkeeping was a visible share of the drainer's CPU.  A job goes to the
+  thread that went idle last (a stack, not a queue), and a thread is started
+  only when every started one is busy.  Each send thread keeps its own HTTP
+  connections (``outboxkit.http_transport``), so a drainer that sends one row
+  at a time sends each on the same warm keep-alive connection: with a shared
+  queue the rows went round the threads in turn, each thread's connection
+  sat idle ``size`` times longer (past the keep-alive expiry at low rates),
+  and 32 to 45 of 200 rows in ``bench/latency.py`` opened a new connection
+  (a connect, and a TLS handshake for ``https://``, on the idle-latency
+  path; docs/performance.md).
 * ``InFlightLimit``: how many rows one drainer holds between their claim and
   their recorded outcome, summed over every drain of that drainer running at
   once in the process (the background loop, the leader's safety-net drain, a
@@ -17,55 +26,111 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
 
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 
 from outboxkit.errors import KitClosedError
 
 __all__ = ["InFlightLimit", "SendPool"]
 
+_Job = tuple[Callable[..., None], tuple[object, ...]]
+
+
+class _Idle:
+    """A send thread waiting for its next job: ``submit`` sets ``job`` and releases ``ready``."""
+
+    __slots__ = ("job", "ready")
+
+    def __init__(self) -> None:
+        self.job: _Job | None = None
+        self.ready = threading.Lock()
+        self.ready.acquire()  # held until a job (or the shutdown) is handed over
+
 
 class SendPool:
-    """``size`` threads that run sends: bounded concurrency without futures.
+    """At most ``size`` threads that run sends: bounded concurrency without futures.
 
-    Jobs must not raise.  Threads start on the first job and end at
-    ``shutdown()``, after finishing every queued job.
+    A job goes to the most recently idle thread; with none idle, a new
+    thread starts while fewer than ``size`` run, else the job waits in a
+    queue (first in, first out) for the next thread that finishes.  Jobs must
+    not raise.  ``shutdown()`` lets every queued job finish, then ends the
+    threads.
     """
 
     def __init__(self, size: int, *, name: str) -> None:
         self._size = size
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._idle: list[_Idle] = []  # the thread that went idle last is at the end
+        self._queued: deque[_Job] = deque()  # jobs that found every thread busy
+        self._threads: list[threading.Thread] = []
         self._shut_down = False
 
+    @property
+    def threads(self) -> int:
+        """How many send threads have been started."""
+        with self._lock:
+            return len(self._threads)
+
+    @property
+    def idle(self) -> int:
+        """How many of them wait for a job now."""
+        with self._lock:
+            return len(self._idle)
+
     def submit(self, function: Callable[..., None], *arguments: object) -> None:
-        if not self._threads or self._shut_down:
-            with self._lock:
-                if self._shut_down:
-                    raise KitClosedError("this drainer is closed")
-                while len(self._threads) < self._size:
-                    thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
-                    thread.start()
-                    self._threads.append(thread)
-        self._jobs.put((function, arguments))
+        job: _Job = (function, arguments)
+        with self._lock:
+            if self._shut_down:
+                raise KitClosedError("this drainer is closed")
+            if self._idle:
+                idle = self._idle.pop()
+            elif len(self._threads) >= self._size:
+                self._queued.append(job)
+                return
+            else:
+                thread = threading.Thread(
+                    target=self._work, args=(job,), name=f"{self._name}-{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+                return
+        idle.job = job
+        idle.ready.release()
 
     def shutdown(self) -> None:
         """Let queued jobs finish, then stop the threads."""
         with self._lock:
             self._shut_down = True
+            idle, self._idle = self._idle, []
             threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(None)
+        for waiting in idle:
+            waiting.ready.release()  # with no job: the thread ends
         for thread in threads:
             thread.join()
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    def _work(self, job: _Job | None) -> None:
+        idle = _Idle()
+        while job is not None:
             function, arguments = job
             function(*arguments)
+            if self._queued:  # busy: the next queued job, without the lock (only send threads take jobs out)
+                try:
+                    job = self._queued.popleft()
+                    continue
+                except IndexError:  # another thread took the last one meanwhile
+                    pass
+            with self._lock:  # going idle: looked at again under the lock, which submit() queues under
+                if self._queued:
+                    job = self._queued.popleft()
+                    continue
+                if self._shut_down:
+                    return
+                idle.job = None
+                self._idle.append(idle)
+            idle.ready.acquire()
+            job = idle.job
 
 
 class InFlightLimit:

@@ -7,7 +7,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy.orm import Session
 
-from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit import OutboxKit, OutboxKitSettings, http_transport
 from outboxkit.notify import channel_for, notify_statement
 from tests.support.leadership import terminate_backend, wait_until
 from tests.support.models import SampleEvent
@@ -124,3 +124,21 @@ def test_an_inserts_wake_up_does_not_read_the_pause_again_while_the_listener_is_
         receiver.wait_for(lambda r, sent=n + 1: len(r.requests) == sent, timeout=10)
     # Five wake-ups, five claims: at most one read, the one a wake-up of the listener's connection may still owe.
     assert len(reads) - before <= 1 and not any(reads)
+
+
+def test_rows_enqueued_one_at_a_time_go_out_on_one_send_thread_and_one_kept_alive_connection(
+    engine, receiver, kit, monkeypatch
+):
+    # Each send thread keeps its own connections: the thread that went idle last takes the next row, so
+    # an idle drainer does not open a connection per thread (docs/performance.md, idle latency).
+    monkeypatch.setattr(http_transport, "KEEPALIVE_EXPIRY_SECONDS", 3600.0)  # a slow host's pauses expire nothing
+    senders = kit.drainer(SampleEvent).pump.senders
+    kit.worker.start()
+    assert kit.worker.listener.wait_for_generation(1, timeout=10)
+    for n in range(8):
+        enqueue(engine, receiver, n)
+        receiver.wait_for(lambda r, sent=n + 1: len(r.requests) == sent, timeout=10)
+        wait_until(lambda: senders.idle == senders.threads, message="the send thread went back idle")
+    assert [request.body for request in receiver.requests] == [{"n": n} for n in range(8)]
+    assert senders.threads == 1
+    assert receiver.connections == 1

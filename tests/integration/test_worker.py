@@ -406,3 +406,39 @@ def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_
     finally:
         kit.close()
     assert [request.body["n"] for request in receiver.requests] == [0, 2, 1]
+
+
+def test_a_send_that_hangs_does_not_hold_back_a_row_its_short_claim_skipped(engine, receiver):
+    # A short claim's earliest-due read waits for the first outcome of its sends, but only briefly
+    # (DUE_READ_DELAY_SECONDS): a row locked during the claim goes out while the claim's own send still hangs.
+    kit = make_kit(engine, listen_enabled=False)  # the test's wake() is the loop's only wake-up
+    drainer = kit.drainer(SampleEvent)
+    claims: list[int] = []
+    claim = drainer.claimer.claim
+
+    def counted(*args, **kwargs):
+        answer = claim(*args, **kwargs)
+        claims.append(answer[2])
+        return answer
+
+    drainer.claimer.claim = counted
+    receiver.respond = lambda request: Reply(hang=True) if request.body == {"n": 0} else Reply()
+    url = receiver.url + "/events"
+    try:
+        kit.worker.start()
+        wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+        enqueue(engine, url, [{"n": 1}])
+        with engine.connect() as blocker:
+            blocker.execute(select(SampleEvent.id).where(SampleEvent.payload["n"].as_integer() == 1).with_for_update())
+            enqueue(engine, url, [{"n": 0}])
+            drainer.wake()  # the claim takes row 0 (its send hangs) and skips the locked row 1
+            receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+            blocker.rollback()
+        receiver.wait_for(lambda r: len(r.requests) == 2, timeout=30)  # with no wake-up
+        with Session(engine) as session:  # row 0's send is still out: no outcome recorded, its claim held
+            first = session.execute(select(SampleEvent).where(SampleEvent.payload["n"].as_integer() == 0)).scalar_one()
+            assert (first.status, first.last_error, first.claim_token is not None) == ("pending", None, True)
+        assert [request.body["n"] for request in receiver.requests] == [0, 1]
+    finally:
+        receiver.release()
+        kit.close()

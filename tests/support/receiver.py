@@ -89,6 +89,7 @@ class Receiver:
         self._arrived = threading.Condition()
         self._in_flight = 0
         self.max_in_flight = 0
+        self.connections = 0  # TCP connections accepted (a kept-alive one carries many requests)
         # Per Idempotency-Key: requests being handled at once, and the most ever seen (a row sent twice at once)
         self._in_flight_by_key: collections.Counter[str | None] = collections.Counter()
         self.max_in_flight_by_key: collections.Counter[str | None] = collections.Counter()
@@ -99,6 +100,11 @@ class Receiver:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
+
+            def setup(self) -> None:
+                super().setup()
+                with receiver._arrived:
+                    receiver.connections += 1  # one handler per accepted connection
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)

@@ -27,3 +27,21 @@ def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next
     state.next_due = now + timedelta(hours=2)
     assert background.wait_seconds(state, blocked=False, now=now) == 60.0
     assert background.wait_seconds(PumpState(more_due=True, in_flight=3), blocked=False, now=now) is None
+
+
+def test_a_claims_earliest_due_read_waits_for_an_outcome_at_most_its_short_delay():
+    from datetime import datetime, timedelta, timezone
+
+    from outboxkit.drain import DrainResult
+    from outboxkit.drain_loop import DUE_READ_DELAY_SECONDS, Background, PumpState
+
+    background = Background(DrainResult(job_name="sample-events"), poll_seconds=60.0)
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    # A short claim's sends are out: the loop waits for their outcome, or the delay, whichever comes first.
+    state = PumpState(more_due=False, in_flight=1, due_read="short")
+    assert background.wait_seconds(state, blocked=False, now=now) == DUE_READ_DELAY_SECONDS
+    # A sooner timer still wins; once read, the loop waits as before.
+    state.next_due = now + timedelta(seconds=DUE_READ_DELAY_SECONDS / 2)
+    assert background.wait_seconds(state, blocked=False, now=now) == DUE_READ_DELAY_SECONDS / 2
+    state.due_read, state.next_due = None, None
+    assert background.wait_seconds(state, blocked=False, now=now) == 60.0
