@@ -11,7 +11,10 @@ renewals write leases that have already expired.
 So each of those transactions first reads the server's ``clock_timestamp()``
 (``check``) between two readings of the process's clock.  While the server's
 time falls within ``tolerance`` of that interval (so a slow round trip never
-counts as skew), the process's clock is used as it is.  Beyond it, the runner
+counts as skew), the process's clock is used as it is.  A reading whose two
+process readings lie further apart than ``tolerance`` (the process's clock
+stepped during it, or the thread stalled) decides by the server's time alone
+and leaves the measured offset as it was.  Beyond it, the runner
 uses the server's time instead (its clock plus the measured offset, exact to
 half a round trip), logs ``schedule.clock_skew`` once, and logs
 ``schedule.clock_agrees`` when the two agree again.  The database server's
@@ -81,6 +84,11 @@ class CheckedClock:
         """Record one reading of the server's clock taken between ``before`` and ``after``; return the time to use."""
         if self.tolerance is None:
             return after
+        if abs(after - before) > self.tolerance:
+            # The process's clock stepped while the server's was read (or the thread stalled that long): this
+            # reading tells nothing about the offset, and the interval it spans may hold the server's time
+            # whatever the step.  Decide by the server's time this once; the next reading measures the offset.
+            return database_now
         if before - self.tolerance <= database_now <= after + self.tolerance:
             correction = _NO_CORRECTION
         else:

@@ -86,3 +86,28 @@ def test_a_manual_clock_is_a_tests_time_and_never_corrected(engine):
     with engine.connect() as connection:
         assert checked.check(connection) == manual.now()
     assert not checked.checked
+
+
+class SteppingClock:
+    """The system clock, stepped an hour forward after its first reading."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def now(self) -> datetime:
+        self.readings += 1
+        return datetime.now(timezone.utc) + (HOUR if self.readings > 1 else timedelta(0))
+
+
+def test_a_clock_that_steps_while_the_servers_is_read_decides_by_the_servers_time(engine, caplog):
+    checked = CheckedClock(SteppingClock())
+    with engine.connect() as connection, caplog.at_level(logging.WARNING, logger="outboxkit.schedule_runner"):
+        decided = checked.check(connection)  # before the step, the server's time, after the step: inconclusive
+        assert abs((decided - database_now(engine)).total_seconds()) < 2  # not the stepped clock's time
+        assert checked.correction == timedelta(0)  # the reading measured no offset
+        assert not [record for record in caplog.records if getattr(record, "event_name", "") == "schedule.clock_skew"]
+        decided = checked.check(connection)  # a whole reading after the step: the offset is measured
+        assert abs((decided - database_now(engine)).total_seconds()) < 2
+        assert 3590 < -checked.correction.total_seconds() < 3610
+    skews = [record for record in caplog.records if getattr(record, "event_name", "") == "schedule.clock_skew"]
+    assert len(skews) == 1
