@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy import Boolean, Connection, DateTime, Engine, Executable, Text, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.array_literals import integer_array, text_array
@@ -245,11 +245,13 @@ class OutboxQueries:
         columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
         if self.ordered is None:
             sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
-            self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
+            earliest_due = text(EARLIEST_DUE.format(table=quoted))
         else:  # an ordering key: the claim takes each key's head (outboxkit.ordering)
             sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
             returned.append(column("outboxkit_walked_to", Text))
-            self._earliest_due = text(self.ordered.earliest_due_sql())
+            earliest_due = text(self.ordered.earliest_due_sql())
+        # One column, declared, so its result's metadata is cached too (read after most idle claims).
+        self._earliest_due = earliest_due.columns(column("earliest_due", DateTime(timezone=True)))
         self._claim: TextClause = text(sql)
         self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
             self._claim.columns(*returned)
