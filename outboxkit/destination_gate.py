@@ -1,7 +1,13 @@
 """Where the drain meets destinations: which claimed rows go out, and what their outcomes do to the breaker.
 
 Between the build and the send (``outboxkit.drain_pump``), ``admit`` sorts a
-claimed batch by destination and decides, for each destination:
+claimed batch by destination and decides, for each destination, from its
+stored state.  The claim's own statement says whether every stored state of
+the outbox is quiet (healthy, no failure run, neither held nor slowed:
+``outboxkit.queries``); then none is read, since a quiet state admits rows as
+an absent one does, and otherwise the batch's destinations' states are read
+in one statement.  Either way a state another process wrote is seen at this
+drainer's next claim.
 
 * **Open, half-open or disabled** (``outboxkit.destinations``): its rows are
   not sent.  They are held (``DestinationStore.hold``): the attempt the claim
@@ -153,13 +159,21 @@ class DestinationGate:
         self._releaser: ThreadPoolExecutor | None = None  # gives rows over a cap back (started on first use)
         self._releases: list[Future[None]] = []
 
-    def admit(self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime) -> Admission:
-        """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring)."""
+    def admit(
+        self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime, quiet: bool = False
+    ) -> Admission:
+        """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring).
+
+        ``quiet``: the claim found every stored state of this outbox's destinations quiet (healthy, no failure
+        run, neither held nor slowed), so none is read: a quiet state admits rows as an absent one does.
+        """
         admission = Admission()
         groups: dict[str, list[tuple[Outbox, Delivery]]] = defaultdict(list)
         for row, delivery, destination in rows:
             groups[destination].append((row, delivery))
-        states = self._read_states(list(groups)) if self.breaker is not None else {}
+        states: dict[str, DestinationState] = {}
+        if self.breaker is not None:
+            states = self._forget(list(groups)) if quiet else self._read_states(list(groups))
         for destination, group in groups.items():
             state = states.get(destination)
             probe = False
@@ -279,13 +293,21 @@ class DestinationGate:
     def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
         with self._single_statement() as connection:
             states = self.store.states(connection, destinations)
+        self._remember(destinations, states)
+        return states
+
+    def _forget(self, destinations: list[str]) -> dict[str, DestinationState]:
+        """The claim said every stored state is quiet: known as absent (a quiet state acts as none), nothing read."""
+        self._remember(destinations, {})
+        return {}
+
+    def _remember(self, destinations: list[str], states: dict[str, DestinationState]) -> None:
         with self._lock:
             for destination in destinations:
                 if destination in states:
                     self._known[destination] = states[destination]
                 else:
                     self._known.pop(destination, None)
-        return states
 
     def _hold_back(
         self,

@@ -102,18 +102,19 @@ class Claimer:
 
     def claim(
         self, wanted: int, result: DrainCounts, may_claim: Callable[[], bool] | None = None
-    ) -> tuple[list[Outbox], uuid.UUID, int, bool]:
+    ) -> tuple[list[Outbox], uuid.UUID, int, bool, bool]:
         """One committed statement (see the module): take up to ``wanted`` due rows.
 
         ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
         stop that was handled before that reading always prevents the claim: a claim's own time never
         follows a stop it went ahead despite.
 
-        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
+        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone, whether every
+        stored destination state of the outbox was quiet at the claim: the destination gate then reads none).
         """
         token = uuid.uuid4()
         if self.pause_check.paused():
-            return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
+            return [], token, 0, False, True  # an operator paused this outbox: claim nothing, in every process
         if not result.claimed:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
         with (
@@ -122,16 +123,16 @@ class Claimer:
         ):
             now = self.clock.now()
             if may_claim is not None and not may_claim():
-                return [], token, 0, False
+                return [], token, 0, False, True
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
-            rows, orphaned = self.queries.claim_due_rows(
+            rows, orphaned, quiet = self.queries.claim_due_rows(
                 session, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.key_cursor
             )
             taken = len(rows)
             rows = self._park_exhausted(session, rows, token=token, now=now, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
-        return rows, token, taken, orphaned
+        return rows, token, taken, orphaned, quiet
 
     def _park_exhausted(
         self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts

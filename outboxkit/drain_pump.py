@@ -226,7 +226,7 @@ class SendPump(Generic[ResultT]):
     ) -> None:
         self.gate.settle()  # rows given back over a cap are due again: let this claim see them
         try:
-            rows, token, taken, orphaned = self.claimer.claim(granted, result, may_claim)
+            rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim)
         except BaseException:
             self.in_flight.give(granted)
             raise
@@ -240,7 +240,7 @@ class SendPump(Generic[ResultT]):
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
         deliveries, build_failures = self._build(rows)
-        admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
+        admission = self.gate.admit(deliveries, token=token, now=self.clock.now(), quiet=quiet)
         result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
         if admission.capped:
             state.more_due, state.awaiting_outcome = False, True

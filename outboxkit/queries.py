@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, Engine, Executable, TextClause, column, select, text
+from sqlalchemy import Boolean, Connection, DateTime, Engine, Executable, Text, TextClause, column, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.array_literals import integer_array, text_array
@@ -55,7 +55,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # trip: the claim's commit does not wait for the WAL flush (see COMMIT
 # DURABILITY below).
 # The claim's second half, shared with the ordered claim (outboxkit.ordering), which finds its
-# candidates otherwise and returns one more column ({returning}).
+# candidates otherwise and returns one more column ({returning}).  {columns} is ``outbox.*``, or
+# (the drain's claim) every column named in the model's order, so the result's columns match
+# by position and SQLAlchemy builds the result's metadata once, not on every claim.
 _CLAIM_CANDIDATES = """, due AS (
     SELECT id, false AS orphaned FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
     UNION ALL
@@ -69,8 +71,21 @@ SET attempts = outbox.attempts + 1,
     updated_at = :now
 FROM due{asynchronous_commit}
 WHERE outbox.id = due.id
-RETURNING outbox.*, due.orphaned AS outboxkit_orphaned{returning}
+RETURNING {columns}, due.orphaned AS outboxkit_orphaned{returning}
 """
+# The drain's claim returns one more column: whether every stored destination
+# state of this outbox is quiet (healthy, no failure run, neither held nor
+# slowed), read in the claim's own round trip.  When it is, the destination
+# gate has nothing to read, since a quiet state admits rows exactly as an
+# absent one does (outboxkit.destination_gate).  An uncorrelated subquery,
+# evaluated once per claim; ``:outbox`` is the outbox's job name.
+_QUIET_COLUMN = """,
+    NOT EXISTS (
+        SELECT FROM outboxkit_destinations AS state
+        WHERE state.outbox = :outbox
+          AND (state.status <> 'healthy' OR state.consecutive_failures <> 0
+               OR state.held_until IS NOT NULL OR state.slowed_until IS NOT NULL)
+    ) AS outboxkit_quiet"""
 CLAIM_DUE_ROWS = """
 WITH candidates AS (
     SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
@@ -175,19 +190,25 @@ class Outcome:
     error: str | None
 
 
-def claim_sql(table: str, *, synchronous_commit: bool = True) -> str:
-    """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters)."""
+def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False) -> str:
+    """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters).
+
+    ``columns`` is what it returns of each row; ``quiet`` adds the destinations' quiet column (``:outbox``)."""
     return CLAIM_DUE_ROWS.format(
-        table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, returning=""
+        table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
+        returning=_QUIET_COLUMN if quiet else "",
     )
 
 
-def ordered_claim_sql(statements: OrderedStatements, *, synchronous_commit: bool = True) -> str:
+def ordered_claim_sql(
+    statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False
+) -> str:
     """The claim of an outbox with an ordering key: its keys' heads (``outboxkit.ordering``), then the claim's second half."""
     return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
         table=statements.table,
         asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
-        returning=",\n    " + statements.walked_to_column(),
+        columns=columns,
+        returning=(_QUIET_COLUMN if quiet else "") + ",\n    " + statements.walked_to_column(),
     )
 
 
@@ -210,22 +231,31 @@ class OutboxQueries:
 
     def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = True, prepared_statements: bool = False) -> None:
         self.outbox = outbox
+        self.job_name = outbox.__outbox__.job_name
         self.synchronous_commit = synchronous_commit
         self.prepared_statements = prepared_statements
         table = outbox.__table__  # type: ignore[attr-defined]
         quoted = quote_table(table)
         self.table_name = quoted
         self.ordered = ordered_statements(outbox, quoted)
-        # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.
-        orphaned = column("outboxkit_orphaned", Boolean)
+        # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.  Its
+        # columns are named in the model's order and declared positionally, so the result's metadata is built
+        # once and cached with the compiled statement, instead of matched by name on every claim.
+        returned = [*table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_quiet", Boolean)]
+        columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
         if self.ordered is None:
-            self._claim: TextClause = text(claim_sql(quoted, synchronous_commit=synchronous_commit))
-            self._claim_statement: Executable = select(outbox, orphaned).from_statement(self._claim)
-            self._earliest_due: TextClause = text(EARLIEST_DUE.format(table=quoted))
+            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
+            earliest_due = text(EARLIEST_DUE.format(table=quoted))
         else:  # an ordering key: the claim takes each key's head (outboxkit.ordering)
-            self._claim = text(ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit))
-            self._claim_statement = select(outbox, orphaned, column("outboxkit_walked_to")).from_statement(self._claim)
-            self._earliest_due = text(self.ordered.earliest_due_sql())
+            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
+            returned.append(column("outboxkit_walked_to", Text))
+            earliest_due = text(self.ordered.earliest_due_sql())
+        # One column, declared, so its result's metadata is cached too (read after most idle claims).
+        self._earliest_due = earliest_due.columns(column("earliest_due", DateTime(timezone=True)))
+        self._claim: TextClause = text(sql)
+        self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
+            self._claim.columns(*returned)
+        )
         self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
         self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
@@ -239,31 +269,33 @@ class OutboxQueries:
         limit: int,
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
-    ) -> tuple[list[Outbox], bool]:
+    ) -> tuple[list[Outbox], bool, bool]:
         """Claim up to ``limit`` due rows in the session's transaction.
 
-        Returns the rows as ORM objects, oldest due first, and whether the
-        claim took a row alone because its last worker died holding it.
+        Returns the rows as ORM objects, oldest due first, whether the
+        claim took a row alone because its last worker died holding it, and
+        whether every stored destination state of the outbox was quiet at
+        the claim (``outboxkit_quiet`` above; True when no row was claimed).
         Unless ``synchronous_commit``, the claim's commit does not wait for
         the WAL flush (see "Commit durability" above).  An outbox with an
         ordering key claims only its keys' heads, walking its keys from
         ``cursor`` (which it then moves past the keys it visited).
         """
         if self.ordered is None:
-            params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token}
+            params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name}
             claimed = session.execute(self._claim_statement, params).all()
-            rows = sorted((row for row, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
-            return rows, any(orphaned for _, orphaned in claimed)
+            rows = sorted((row for row, _, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
+            return rows, any(orphaned for _, orphaned, _ in claimed), all(quiet for _, _, quiet in claimed)
         cursor = cursor if cursor is not None else KeyCursor()
         params = {
             "now": now, "lease_until": lease_until, "limit": limit, "token": token,
-            "after": cursor.after, "outbox": self.outbox.__outbox__.job_name,
+            "after": cursor.after, "outbox": self.job_name,
         }
         ordered = session.execute(self._claim_statement, params).all()
         if ordered:
-            cursor.after = ordered[0][2]
-        rows = sorted((row for row, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
-        return rows, any(orphaned for _, orphaned, _ in ordered)
+            cursor.after = ordered[0][3]
+        rows = sorted((row for row, _, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
+        return rows, any(orphaned for _, orphaned, _, _ in ordered), all(quiet for _, _, quiet, _ in ordered)
 
     def park_exhausted(self, session: Session, *, ids: list[int], token: uuid.UUID, now: datetime, error: str) -> int:
         result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
@@ -274,7 +306,7 @@ class OutboxQueries:
 
         With an ordering key, a row waiting behind its key's head is not one of them.
         """
-        params = {} if self.ordered is None else {"outbox": self.outbox.__outbox__.job_name}
+        params = {} if self.ordered is None else {"outbox": self.job_name}
         return connection.execute(self._earliest_due, params).scalar_one_or_none()
 
     @staticmethod
@@ -337,6 +369,12 @@ def _autocommit_driver(connection: Connection, method: str) -> Any:
     if driver is None or not driver.autocommit:
         raise InvalidValueError(f"{method} needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
     return driver
+
+
+def _quote_name(name: str) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    return str(postgresql.dialect().identifier_preparer.quote(name))  # type: ignore[no-untyped-call]
 
 
 def quote_table(table: Any) -> str:

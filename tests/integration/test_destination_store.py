@@ -63,10 +63,21 @@ def claim(engine: Engine, *, at: datetime) -> tuple[list[int], uuid.UUID]:
     """Claim every due row with the drain's own claim statement."""
     token = uuid.uuid4()
     with Session(engine, expire_on_commit=False) as session, session.begin():
-        rows, _ = queries_for(SampleEvent).claim_due_rows(
+        rows, _, _ = queries_for(SampleEvent).claim_due_rows(
             session, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=token
         )
     return [row.id for row in rows], token
+
+
+def claim_quiet(engine: Engine, *, at: datetime) -> bool:
+    """The claim's own answer to whether every stored destination state of the outbox is quiet."""
+    insert_rows(engine, 1)
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        rows, _, quiet = queries_for(SampleEvent).claim_due_rows(
+            session, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=uuid.uuid4()
+        )
+    assert rows
+    return quiet
 
 
 def rows_by_id(engine: Engine) -> dict[int, SampleEvent]:
@@ -80,6 +91,23 @@ def hold(engine: Engine, store: DestinationStore, ids: list[int], token: uuid.UU
 
 
 # -- transitions ---------------------------------------------------------------------
+
+
+def test_the_claim_says_whether_every_destination_state_is_quiet(engine, store):
+    """The claim reports, in its own statement, whether the gate has a state to read: none stored, or all healthy
+    without a failure run, hold or slow-down, is quiet; a failure run, an open breaker or a Retry-After is not."""
+    assert claim_quiet(engine, at=NOW) is True  # no state stored
+    record(engine, store, FAILED, row_id=1)
+    assert claim_quiet(engine, at=NOW) is False  # a run of one failure
+    record(engine, store, SUCCEEDED, row_id=2)
+    assert state_of(engine, store).consecutive_failures == 0
+    assert claim_quiet(engine, at=NOW) is True  # healthy again
+    record(engine, store, Reading(Signal.FAILURE, slow_down=30), row_id=3)
+    assert claim_quiet(engine, at=NOW) is False  # slowed by a Retry-After
+    with engine.begin() as connection:
+        connection.execute(delete(destination_table))
+    open_breaker(engine, store)
+    assert claim_quiet(engine, at=NOW + timedelta(seconds=1)) is False  # open
 
 
 def test_the_first_outcome_creates_the_state_and_a_run_of_failures_opens_it(engine, store):
