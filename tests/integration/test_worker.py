@@ -367,11 +367,8 @@ def test_an_app_that_does_not_drain_is_ready_when_its_database_answers(engine):
     unreachable.dispose()
 
 
-def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_claimed_when_freed(engine, receiver):
-    # No listener: the test's wake() calls are the loop's only wake-ups, so every claim is accounted for.
-    clock = ManualClock(datetime.now(timezone.utc) + timedelta(minutes=1))  # rows inserted now are due
-    kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**QUIET, listen_enabled=False), clock=clock)
-    drainer = kit.drainer(SampleEvent)
+def count_claims(drainer) -> list[int]:
+    """The rows each of the drainer's claims takes, in order, as the claims happen."""
     claims: list[int] = []
     claim = drainer.claimer.claim
 
@@ -381,6 +378,15 @@ def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_
         return answer
 
     drainer.claimer.claim = counted
+    return claims
+
+
+def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_claimed_when_freed(engine, receiver):
+    # No listener: the test's wake() calls are the loop's only wake-ups, so every claim is accounted for.
+    clock = ManualClock(datetime.now(timezone.utc) + timedelta(minutes=1))  # rows inserted now are due
+    kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**QUIET, listen_enabled=False), clock=clock)
+    drainer = kit.drainer(SampleEvent)
+    claims = count_claims(drainer)
     url = receiver.url + "/events"
     try:
         kit.worker.start()
@@ -413,15 +419,7 @@ def test_a_send_that_hangs_does_not_hold_back_a_row_its_short_claim_skipped(engi
     # (DUE_READ_DELAY_SECONDS): a row locked during the claim goes out while the claim's own send still hangs.
     kit = make_kit(engine, listen_enabled=False)  # the test's wake() is the loop's only wake-up
     drainer = kit.drainer(SampleEvent)
-    claims: list[int] = []
-    claim = drainer.claimer.claim
-
-    def counted(*args, **kwargs):
-        answer = claim(*args, **kwargs)
-        claims.append(answer[2])
-        return answer
-
-    drainer.claimer.claim = counted
+    claims = count_claims(drainer)
     receiver.respond = lambda request: Reply(hang=True) if request.body == {"n": 0} else Reply()
     url = receiver.url + "/events"
     try:
