@@ -30,6 +30,10 @@ that took a row alone because its last worker died mid-delivery, nothing more
 is claimed until that row is recorded, so a row that kills its worker takes
 no freshly claimed neighbour down with it.  The background loop's pump waits
 for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Background``).
+
+It is long because the pump's loop, its claim-and-send step and the read a claim
+leaves for later share one state (``PumpState``) and one outcome connection; the
+steps below it (claim, record, gate) already live in their own modules.
 """
 
 from __future__ import annotations

@@ -71,6 +71,10 @@ up retransmitting it (many minutes with Linux defaults).
 Nothing here raises into the application: callbacks that fail are logged,
 and a scheduler that cannot start gives the lock back so another process can
 lead.
+
+Its length is the election protocol's: campaign, tick,
+demotion and hand-over share one state machine; the lock's statements live in
+``leader_lock``.
 """
 
 from __future__ import annotations

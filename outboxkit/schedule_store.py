@@ -24,6 +24,9 @@ defined in code that the code no longer defines is deleted.  So their state
 lives in the database, and a process that
 starts after a deploy finds an occurrence that fell during the deploy still
 due, and runs it within its misfire grace.
+
+Its length is one statement per operator action on one table; the trigger
+arithmetic, the claims, the leases and the runs are modules of their own.
 """
 
 from __future__ import annotations
