@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         kit_metadata.create_all(engine)
         Base.metadata.create_all(engine)
-        insert_schedules(engine, args.schedules, 60.0, datetime.now(timezone.utc) + timedelta(hours=1))
+        insert_schedules(engine, args.schedules, 60.0, datetime.now(timezone.utc) + timedelta(hours=1), grace=300)
         with engine.begin() as connection:
             connection.execute(text(CRON_HALF))
             connection.execute(text(ONE_RUN_EACH))

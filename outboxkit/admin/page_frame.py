@@ -34,6 +34,33 @@ from outboxkit.operations.service import OperationsService
 
 __all__ = ["PageFrame", "PageRoutes", "back_target"]
 
+# A stand-in for a path parameter while a route's path is looked up: plain letters, which every path
+# parameter of the admin's routes (str or path) accepts, and which no route's own path contains.
+_PARAMETER_MARK = "OutboxkitAdminParameter{}X"
+
+
+def _route_path(request: Request, route: str, names: list[str]) -> str:
+    """The path of the admin route ``route`` as a format string over its path parameters ``names``.
+
+    Starlette's ``url_for`` walks every route of the application for each call (about 0.7 ms with the
+    admin's routes), and a list page asks for hundreds of links.  So each route's path is looked up
+    once per request, with marks for its parameters, and each link fills the marks in.  Per request,
+    not per router: the path depends on where this request's application mounted the admin.
+    """
+    paths: dict[tuple[str, tuple[str, ...]], str] | None = getattr(request.state, "outboxkit_admin_paths", None)
+    if paths is None:
+        paths = {}
+        request.state.outboxkit_admin_paths = paths
+    key = (route, tuple(names))
+    found = paths.get(key)
+    if found is None:
+        marks = {name: _PARAMETER_MARK.format(index) for index, name in enumerate(names)}
+        found = request.url_for(f"outboxkit_admin_{route}", **marks).path.replace("{", "{{").replace("}", "}}")
+        for name, mark in marks.items():
+            found = found.replace(mark, "{" + name + "}")
+        paths[key] = found
+    return found
+
 
 class PageFrame:
     """Renders pages and answers actions for the admin's HTML routes over ``service``."""
@@ -47,7 +74,7 @@ class PageFrame:
     def url(self, request: Request, route: str, query: dict[str, Any] | None = None, **path_params: Any) -> str:
         # Percent-encoded, so a job id like "reports/daily" or "sync?x=1" stays one path parameter.
         quoted = {name: quote(str(value), safe="") for name, value in path_params.items()}
-        path = request.url_for(f"outboxkit_admin_{route}", **quoted).path
+        path = _route_path(request, route, sorted(quoted)).format_map(quoted)
         pairs = {key: value for key, value in (query or {}).items() if value not in (None, "")}
         return f"{path}?{urlencode(pairs)}" if pairs else path
 

@@ -51,6 +51,25 @@ def test_job_ids_with_a_slash_or_a_question_mark_are_listed_linked_and_opened(ad
         assert runs["job_id"] == job_id and len(runs["runs"]) == 1
 
 
+def test_links_follow_the_mount_of_the_admin_and_keep_braces_in_a_job_id(admin):
+    # The page frame looks each route's path up once per request and fills in the parameters: the path
+    # must be the one of the mount this request came through, and a parameter's "{" or "}" stays data.
+    record_run(admin.engine, "sync{x}", "sync{x}", START, counts={"rows": 1})
+    included = FastAPI()
+    included.include_router(create_admin_router(admin.kit, insecure_no_auth=True), prefix="/ops")
+    inner = FastAPI()
+    inner.include_router(create_admin_router(admin.kit, insecure_no_auth=True))
+    mounted = FastAPI()
+    mounted.mount("/team/console", inner)
+    for app, base in ((included, "/ops"), (mounted, "/team/console")):
+        with TestClient(app) as client:
+            jobs = client.get(f"{base}/jobs")
+            assert jobs.status_code == 200
+            assert f'href="{base}/jobs/sync%7Bx%7D"' in jobs.text
+            assert f'href="{base}/outboxes/webhooks"' in jobs.text
+            assert client.get(f"{base}/jobs/sync%7Bx%7D").status_code == 200
+
+
 @pytest.mark.parametrize("moment", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59"])
 def test_a_filter_time_at_the_ends_of_the_calendar_is_answered_on_the_page_and_the_api(admin, moment):
     add_webhooks(admin.engine, 2, status="stuck")
