@@ -43,6 +43,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from outboxkit import OutboxKit  # noqa: E402
 from outboxkit.operations.charts import last_hour  # noqa: E402
 from outboxkit.tables import kit_metadata  # noqa: E402
 
@@ -104,7 +105,7 @@ def time_requests(client: TestClient, path: str, count: int) -> list[float]:
     return samples
 
 
-def time_charts_query(kit, count: int) -> list[float]:
+def time_charts_query(kit: OutboxKit, count: int) -> list[float]:
     """The charts' own share: the one read of outboxkit_outbox_minutes the overview adds."""
     names = [outbox.__outbox__.job_name for outbox in kit.outboxes]
     samples = []

@@ -78,7 +78,9 @@ def finish(processes: list[subprocess.Popen[str]]) -> None:
 
 
 def done_count(connection: psycopg.Connection) -> int:
-    return connection.execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'done'").fetchone()[0]  # type: ignore[index]
+    row = connection.execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'done'").fetchone()
+    assert row is not None  # count(*) returns one row
+    return int(row[0])
 
 
 def first_delivery_after_start(database_url: str, sqlalchemy_url: str, receiver: ReceiverProcess) -> float:

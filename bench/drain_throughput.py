@@ -64,6 +64,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
@@ -171,10 +172,10 @@ class DrainRun:
     backends: int
     peak_rss_mb: float
     counters: CommitCounters
-    report: dict
+    report: dict[str, Any]  # the drainer's JSON report (bench/drain_worker.py)
 
 
-def start_profiler(pid: int, output: str) -> subprocess.Popen:
+def start_profiler(pid: int, output: str) -> subprocess.Popen[bytes]:
     """Sample ``pid`` with py-spy into collapsed stacks: non-blocking (the drainer is not paused), GIL holder only."""
     profiler = Path(sys.executable).with_name("py-spy")
     command = [str(profiler), "record", "--pid", str(pid), "--format", "raw", "--output", output, "--nonblocking"]
@@ -182,7 +183,7 @@ def start_profiler(pid: int, output: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop_profiler(profiler: subprocess.Popen) -> None:
+def stop_profiler(profiler: subprocess.Popen[bytes]) -> None:
     profiler.send_signal(signal.SIGINT)
     try:
         profiler.wait(timeout=30)
@@ -280,7 +281,7 @@ def verify(database_url: str, receiver: ReceiverProcess, expected: int) -> list[
     """Every row ``done`` and every key seen by the receiver; return the problems found."""
     problems: list[str] = []
     with psycopg.connect(database_url) as connection:
-        statuses = dict(connection.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status").fetchall())
+        statuses: dict[str, int] = dict(connection.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status").fetchall())
         keys = {str(row[0]) for row in connection.execute(f"SELECT idempotency_key FROM {TABLE}")}
     if statuses != {"done": expected}:
         problems.append(f"statuses {statuses}, expected {{'done': {expected}}}")
@@ -543,14 +544,14 @@ def main(argv: list[str] | None = None) -> int:
               f"(median ratio {telemetry_ratio:.2f}, target >= 0.9; best run against best run {best_ratio:.2f}), "
               f"{sampled_rate:.0f} with 10% sampled (median ratio {sampled_ratio:.2f}); median drainer CPU "
               f"{plain_cpu_ms:.3f}, {telemetry_cpu_ms:.3f}, {sampled_cpu_ms:.3f} ms/row")
-        breakdown = {}
+        breakdown: dict[str, dict[str, float]] = {}
         for mode in modes[len(TELEMETRY_MODES):]:
             added = median_cpu_ms(by_mode[mode]) - plain_cpu_ms
             part_ratio = statistics.median(paired_ratios(plain_runs, by_mode[mode]))
             print(f"telemetry breakdown: {mode.label}: median ratio {part_ratio:.3f}, drainer CPU {added:+.3f} ms/row")
             breakdown[mode.label] = {"ratio": round(part_ratio, 3), "cpu_ms_per_row_added": round(added, 3)}
 
-        commit_summary: dict[str, float] = {}
+        commit_summary = {}
         if arguments.commit_rounds:
             commit_summary, commit_problems = commit_durability(
                 sqlalchemy_url, server_url, database, database_url, receiver, rows=arguments.rows,
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average at the end: {os.getloadavg()[0]:.2f} (a busy host depresses every rate above)")
         for problem in problems:
             print(f"PROBLEM: {problem}")
-        summary = {
+        summary: dict[str, object] = {
             "enqueue_rows_per_s": round(enqueue, 1),
             "drain_rows_per_s": round(fast.rows_per_s, 1),
             "drain_cpu_ms_per_row": round(drain_cpu_ms, 3),

@@ -23,14 +23,28 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from exampleapp.models import WebhookOutbox
 from sqlalchemy import create_engine, text
 
 from outboxkit import DrainResult, OutboxKit, OutboxKitSettings
 
+if TYPE_CHECKING:  # imported in telemetry_on only, so a run without --telemetry does not load OpenTelemetry
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
-def telemetry_on(kit: OutboxKit, *, trace_ratio: float, parts: frozenset[str] = frozenset({"metrics", "tracing"})):
+
+class CountedSpans(Protocol):
+    """What telemetry_on returns: the spans exported so far, and the provider to flush before reading them."""
+
+    exported: int
+    provider: TracerProvider
+
+
+def telemetry_on(
+    kit: OutboxKit, *, trace_ratio: float, parts: frozenset[str] = frozenset({"metrics", "tracing"})
+) -> CountedSpans:
     """Attach metrics and tracing (``parts``) as an application would; returns the exporter that counts the spans."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -42,17 +56,17 @@ def telemetry_on(kit: OutboxKit, *, trace_ratio: float, parts: frozenset[str] = 
     class CountingExporter(SpanExporter):
         """Counts the spans and drops them: the process's own cost, without a collector's network."""
 
-        def __init__(self) -> None:
+        def __init__(self, provider: TracerProvider) -> None:
             self.exported = 0
+            self.provider = provider
 
-        def export(self, spans) -> SpanExportResult:
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             self.exported += len(spans)
             return SpanExportResult.SUCCESS
 
-    exporter = CountingExporter()
     provider = TracerProvider(sampler=ALWAYS_ON if trace_ratio >= 1 else ParentBased(TraceIdRatioBased(trace_ratio)))
+    exporter = CountingExporter(provider)
     provider.add_span_processor(BatchSpanProcessor(exporter))
-    exporter.provider = provider
     if "metrics" in parts:
         OutboxMetrics(kit)  # its default refresh interval: the row gauges are read every 15 s
     if "tracing" in parts:

@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +51,8 @@ from outboxkit import enqueue, enqueue_many  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402
 
 TARGET = "http://127.0.0.1:9/events"
+# The outbox's Table, as the metadata holds it (the class's __table__ is typed FromClause, which insert() refuses).
+WEBHOOK_TABLE = Base.metadata.tables[WebhookOutbox.__tablename__]
 
 
 def values(number: int) -> dict[str, object]:
@@ -70,7 +72,7 @@ def one_orm(engine: Engine, count: int) -> None:
 
 
 def one_raw_core(engine: Engine, count: int) -> None:
-    statement = insert(WebhookOutbox.__table__)
+    statement = insert(WEBHOOK_TABLE)
     for number in range(count):
         with engine.begin() as connection:
             connection.execute(statement, values(number))
@@ -88,7 +90,7 @@ def batch_orm(engine: Engine, count: int) -> None:
 
 def batch_raw_core(engine: Engine, count: int) -> None:
     with engine.begin() as connection:
-        connection.execute(insert(WebhookOutbox.__table__), [values(number) for number in range(count)])
+        connection.execute(insert(WEBHOOK_TABLE), [values(number) for number in range(count)])
 
 
 ONE_ROW = {"fast_path": one_fast_path, "orm": one_orm, "raw_core": one_raw_core}
@@ -109,7 +111,7 @@ def timed(engine: Engine, way: Callable[[Engine, int], None], count: int) -> tup
 
 
 def rounds(
-    engine: Engine, ways: dict[str, Callable[[Engine, int], None]], count: int, repeat: int
+    engine: Engine, ways: Mapping[str, Callable[[Engine, int], None]], count: int, repeat: int
 ) -> dict[str, tuple[float, float]]:
     """Median rows/s and CPU ms/row per way over ``repeat`` rounds, each round in a rotated order."""
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}

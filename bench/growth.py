@@ -145,7 +145,7 @@ class Scratch:
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.url, autocommit=True)
 
-    def refill(self, *statements: tuple[str, dict]) -> None:
+    def refill(self, *statements: tuple[str, dict[str, object]]) -> None:
         """Empty the outbox, run the fill statements, then ``VACUUM ANALYZE`` (what autovacuum would do by then)."""
         with self.connect() as connection:
             connection.execute(f"TRUNCATE {TABLE}")
@@ -154,7 +154,7 @@ class Scratch:
             connection.execute(f"VACUUM ANALYZE {TABLE}")
 
 
-def due_rows(count: int, *, url: str = "http://127.0.0.1:9/hook", same_time: bool) -> tuple[str, dict]:
+def due_rows(count: int, *, url: str = "http://127.0.0.1:9/hook", same_time: bool) -> tuple[str, dict[str, object]]:
     """An INSERT of ``count`` due rows, each with its own due time or all with one."""
     due = "now() - interval '1 hour'" if same_time else "now() - interval '2 hours' + g * interval '1 millisecond'"
     return (
@@ -181,7 +181,9 @@ def time_claims(scratch: Scratch, repeat: int) -> tuple[list[float], list[float]
             connection.rollback()  # every claim sees the same table
             if len(rows) != 50:
                 raise RuntimeError(f"the claim returned {len(rows)} rows, expected 50")
-            plan = connection.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + CLAIM, parameters).fetchone()[0]
+            explained = connection.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + CLAIM, parameters).fetchone()
+            assert explained is not None  # EXPLAIN returns one row
+            plan = explained[0]
             connection.rollback()
             if number >= 5:
                 client.append(elapsed)
@@ -259,7 +261,7 @@ def measure_drains(scratch: Scratch, rows: int) -> dict[str, float]:
 def fill_big_table(scratch: Scratch, *, done: int, pending: int) -> None:
     """``done`` delivered rows over ten days, ``pending`` (half due, half in backoff, 1,000 in flight), 10,000 stuck."""
     constraint = f"uq_{TABLE}_idempotency_key"
-    statements = [
+    statements: list[tuple[str, dict[str, object]]] = [
         # Random UUIDs into a 10M-entry unique index one by one cost minutes; one sorted build after the load does not.
         (f"ALTER TABLE {TABLE} DROP CONSTRAINT {constraint}", {}),
         (
@@ -299,9 +301,9 @@ def fill_big_table(scratch: Scratch, *, done: int, pending: int) -> None:
 
 def measure_overview(scratch: Scratch, repeat: int, *, legacy: bool) -> dict[str, float]:
     if legacy:
-        with psycopg.connect(scratch.url, autocommit=True) as connection:
+        with psycopg.connect(scratch.url, autocommit=True) as legacy_connection:
             samples = timed(
-                lambda: connection.execute(LEGACY_STATUS_COUNTS, {"now": datetime.now(timezone.utc)}).fetchall(), repeat
+                lambda: legacy_connection.execute(LEGACY_STATUS_COUNTS, {"now": datetime.now(timezone.utc)}).fetchall(), repeat
             )
         print(f"overview counts, the former statement (exact counts, no in-flight index): {summary(samples)}")
         return {"overview": percentile(samples, 0.95)}
@@ -388,6 +390,7 @@ def outcome_writes_per_second(scratch: Scratch, rows: int) -> float:
         while True:
             now, token = datetime.now(timezone.utc), uuid.uuid4()
             cursor = connection.execute(CLAIM, {"now": now, "lease_until": now + timedelta(hours=1), "limit": 50, "token": token})
+            assert cursor.description is not None  # a statement with RETURNING describes its columns
             id_column = [column.name for column in cursor.description].index("id")  # RETURNING outbox.*
             ids = [row[id_column] for row in cursor]
             connection.commit()
@@ -431,9 +434,11 @@ def measure_hot_updates(scratch: Scratch, rows: int) -> dict[str, float]:
         with scratch.connect() as connection:
             connection.execute("SELECT pg_stat_force_next_flush()")
         with scratch.connect() as connection:  # a new backend: reads the flushed counters
-            updated, hot = connection.execute(
+            counters = connection.execute(
                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", (TABLE,)
             ).fetchone()
+            assert counters is not None  # the outbox's own row of pg_stat_user_tables
+            updated, hot = counters
         shares[fillfactor] = hot / updated if updated else 0.0
         print(
             f"fillfactor {fillfactor}: {updated:,} updates (claim + outcome of {rows:,} rows), "

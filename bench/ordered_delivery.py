@@ -130,7 +130,7 @@ class FlakyReceiver:
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"
 
     def log(self) -> list[tuple[str, int, int]]:
-        return [tuple(entry) for entry in httpx.get(f"{self.url}/_log", timeout=60.0).json()]  # type: ignore[misc]
+        return [tuple(entry) for entry in httpx.get(f"{self.url}/_log", timeout=60.0).json()]
 
     def reset(self) -> None:
         httpx.post(f"{self.url}/_reset", timeout=10.0).raise_for_status()
@@ -178,7 +178,7 @@ def one_run(engine: Engine, outbox: type[Outbox], receiver: FlakyReceiver, rows:
             connection.execute(insert(outbox), values[start : start + 5_000])
         connection.execute(text(f"ANALYZE {table}"))
     receiver.reset()
-    pending = select(func.count()).select_from(outbox).where(outbox.status != "done")  # type: ignore[attr-defined]
+    pending = select(func.count()).select_from(outbox).where(outbox.status != "done")
     with HttpTransport() as transport:
         drainer = Drainer(engine, outbox, transport=transport)
         started = time.monotonic()

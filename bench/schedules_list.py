@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         kit_metadata.create_all(engine)
         Base.metadata.create_all(engine)
+        # grace=300: the misfire grace a schedule gets when it names none (the column's default).
         insert_schedules(engine, args.schedules, 60.0, datetime.now(timezone.utc) + timedelta(hours=1), grace=300)
         with engine.begin() as connection:
             connection.execute(text(CRON_HALF))

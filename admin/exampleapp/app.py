@@ -28,11 +28,12 @@ from sqlalchemy.orm import Session
 from exampleapp.admin_app import mount_admin
 from exampleapp.database import create_example_engine
 from exampleapp.models import CreditGrantOutbox, Grant, WebhookOutbox
-from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit import Outbox, OutboxKit, OutboxKitSettings
 
 __all__ = ["create_app", "kit_from_environment", "service_settings"]
 
-OUTBOXES = [CreditGrantOutbox, WebhookOutbox]
+# Annotated: mypy would infer list[type[Base]] (the classes' common base), which OutboxKit(outboxes=...) refuses.
+OUTBOXES: list[type[Outbox]] = [CreditGrantOutbox, WebhookOutbox]
 
 
 class GrantRequest(BaseModel):

@@ -27,7 +27,7 @@ from tests.faults.arrivals import Arrival, ArrivalLog
 from tests.faults.figures import ScenarioFigures
 from tests.faults.fleet import WorkerFleet, drain_worker_command, scheduler_worker_command, worker_environment
 from tests.faults.ledger import Ledger
-from tests.faults.models import FaultEvent
+from tests.faults.models import FaultBase, FaultEvent
 from tests.faults.postgres import DatabaseClock, SessionTerminator
 from tests.faults.scheduler_worker import install_heartbeat_table
 from tests.support.database import sqlalchemy_url
@@ -140,7 +140,7 @@ class FaultScenario:
         if not behaviours:
             return []
         target = url or f"{self.receiver.url}/events"
-        table = FaultEvent.__table__
+        table = FaultBase.metadata.tables[FaultEvent.__tablename__]  # a Table: FaultEvent.__table__ is typed FromClause
         statement = insert(table).returning(table.c.idempotency_key, sort_by_parameter_order=True)
         with self.engine.begin() as connection:
             keys = connection.scalars(statement, [{"target_url": target, "behaviour": b} for b in behaviours]).all()
