@@ -45,7 +45,7 @@ def database_url(database_factory: DatabaseFactory) -> Iterator[str]:
     """libpq URL of a fresh database holding the example and sample tables."""
     url = database_factory.create()
     yield url
-    database_factory.drop(url)
+    database_factory.discard(url)
 
 
 @pytest.fixture

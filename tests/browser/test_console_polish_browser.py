@@ -114,6 +114,7 @@ def test_live_refresh_is_off_by_default_and_reloads_a_list_when_ticked(served, b
     add_webhooks(harness.engine, 1, status="stuck", error=mark)
     context = browser.new_context(http_credentials=CREDENTIALS, java_script_enabled=True)
     try:
+        context.clock.install()  # the page's timers run on Playwright's clock: the test moves it 10 s on
         page = context.new_page()
         violations = []
         page.on("console", lambda message: violations.append(message.text) if "Content Security Policy" in message.text else None)
@@ -124,6 +125,9 @@ def test_live_refresh_is_off_by_default_and_reloads_a_list_when_ticked(served, b
 
         toggle.check()
         (new_id,) = add_webhooks(harness.engine, 1, status="stuck", error=mark)
+        page.clock.fast_forward(9_000)
+        assert page.locator(f'a[href$="/rows/{new_id}"]').count() == 0  # not yet: the refresh is due at 10 s
+        page.clock.fast_forward(1_000)
         page.locator(f'a[href$="/rows/{new_id}"]').wait_for(timeout=30_000)  # the page reloaded by itself
         assert page.locator("table.rows tbody tr").count() == 2
         assert page.get_by_label("Live refresh every 10 s").is_checked()  # kept across the reload

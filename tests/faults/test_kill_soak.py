@@ -33,7 +33,7 @@ class SoakSize:
 
 
 SIZES = [
-    pytest.param(SoakSize("ci", rows=5_000, kills=20), id="ci"),
+    pytest.param(SoakSize("ci", rows=2_000, kills=8), id="ci"),
     pytest.param(SoakSize("long", rows=20_000, kills=100, horizon=300.0), id="long", marks=LONG_VARIANT),
 ]
 

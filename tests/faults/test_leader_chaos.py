@@ -64,7 +64,7 @@ class ChaosSize:
 
 
 SIZES = [
-    pytest.param(ChaosSize("ci", workers=3, cycles=5), id="ci"),
+    pytest.param(ChaosSize("ci", workers=3, cycles=2), id="ci"),
     pytest.param(ChaosSize("long", workers=5, cycles=20), id="long", marks=LONG_VARIANT),
 ]
 

@@ -1,9 +1,10 @@
 """Schedules: one process's clock steps an hour forward, then back; nothing doubles, nothing is lost.
 
 Three ``schedule_worker`` processes fire schedules of one second (grace 60 s):
-five quick ones (each run 0.05 s) and two slow ones (each run 5 s under a
-4 s lease, so a run lives only if its process renews the lease; the
-occurrences that fall during a run wait and coalesce).  The processes hold
+five quick ones (each run 0.05 s) and two slow ones (each run 3.5 s under a
+3 s lease, so a run lives only if its process renews the lease; the
+occurrences that fall during a run wait and coalesce).  The slow variant
+(``pytest -m slow``) runs the slow ones 5 s under a 4 s lease.  The processes hold
 three, two and two runs at most, seven in all: at a fire time each one
 awake claims its share of the quick schedules.  The clock of
 ``schedules-1`` alone is stepped one hour forward (SIGUSR1) and, once it
@@ -26,11 +27,14 @@ went on firing its share while stepped.
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import pytest
 
 from tests.faults.fleet import WorkerFleet
 from tests.faults.postgres import DatabaseClock
-from tests.faults.scenario import FaultScenario
+from tests.faults.scenario import LONG_VARIANT, FaultScenario
 from tests.faults.schedule_ledger import ScheduleLedger, install_schedules
 from tests.faults.schedule_worker import schedule_worker_command
 from tests.support.database import sqlalchemy_url
@@ -41,15 +45,30 @@ OTHERS = ["schedules-2", "schedules-3"]
 QUICK_RUNS_PER_PHASE = 3
 
 
+@dataclass(frozen=True)
+class SlowRuns:
+    """How long a slow run takes and the lease it must renew to outlive."""
+
+    lease: float
+    seconds: float
+
+
+SLOW_RUNS = [
+    pytest.param(SlowRuns(lease=3.0, seconds=3.5), id="3.5s"),
+    pytest.param(SlowRuns(lease=4.0, seconds=5.0), id="5s", marks=LONG_VARIANT),
+]
+
+
+@pytest.mark.parametrize("slow_runs", SLOW_RUNS)
 def test_a_clock_stepped_an_hour_forward_and_back_on_one_process_doubles_and_loses_nothing(
-    fault_scenario: FaultScenario,
+    fault_scenario: FaultScenario, slow_runs: SlowRuns
 ) -> None:
     scenario = fault_scenario
     names = install_schedules(scenario.engine, count=2, period=PERIOD, grace=GRACE, prefix="slow")
     names += install_schedules(scenario.engine, count=5, period=PERIOD, grace=GRACE, prefix="tick")
     database = DatabaseClock(scenario.database_url)
     command = schedule_worker_command(
-        sqlalchemy_url(scenario.database_url), lease=4.0, job_seconds=0.05, slow_seconds=5.0,
+        sqlalchemy_url(scenario.database_url), lease=slow_runs.lease, job_seconds=0.05, slow_seconds=slow_runs.seconds,
         stepped=frozenset({STEPPED}), max_workers={STEPPED: 3, **dict.fromkeys(OTHERS, 2)},
     )  # fmt: skip
 

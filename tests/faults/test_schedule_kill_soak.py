@@ -17,7 +17,7 @@ waiting occurrences run once); no run started before its fire time; no
 schedule's runs overlapped.  A run whose process was killed mid-run is
 ``abandoned`` (at most once: not run again); their count is printed.
 
-The CI variant runs 10 s with a fault every 1-3 s (at least four faults,
+The CI variant runs 6 s with a fault every 0.5-1.5 s (at least four faults,
 so two kills and two cut connections at least); the long one is the issue's
 120 s with a fault every 10 s (``pytest -m slow``).
 """
@@ -49,7 +49,7 @@ class SoakSize:
 
 
 SIZES = [
-    pytest.param(SoakSize("ci", seconds=10.0, fault_gap=(1.0, 3.0)), id="ci"),
+    pytest.param(SoakSize("ci", seconds=6.0, fault_gap=(0.5, 1.5)), id="ci"),
     pytest.param(SoakSize("long", seconds=120.0, fault_gap=(10.0, 10.0)), id="long", marks=LONG_VARIANT),
 ]
 

@@ -11,7 +11,6 @@ open spent nothing.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,58 +22,11 @@ from outboxkit import Drainer, HttpTransport
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import BreakerOptions
 from outboxkit.tables import destinations as destination_table
+from tests.support.blackhole import Blackhole
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
 BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
-
-
-class Blackhole:
-    """A TCP listener that accepts every connection and never answers; counts connections open at once."""
-
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._connections: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.open_now = 0
-        self.most_open = 0
-        self.accepted = 0
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._connections.append(connection)
-                self.accepted += 1
-                self.open_now = sum(1 for item in self._connections if _alive(item))
-                self.most_open = max(self.most_open, self.open_now)
-
-    def __enter__(self) -> Blackhole:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._closed.set()
-        self._listener.close()
-        with self._lock:
-            for connection in self._connections:
-                connection.close()
-
-
-def _alive(connection: socket.socket) -> bool:
-    try:
-        connection.setblocking(False)
-        return connection.recv(1, socket.MSG_PEEK) != b""
-    except BlockingIOError:
-        return True  # nothing to read yet and not closed: the sender still waits
-    except OSError:
-        return False
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ from sqlalchemy import delete
 
 from outboxkit.destinations import BreakerOptions
 from outboxkit.tables import destinations as destination_table
-from tests.integration.test_destination_drain import Blackhole, attempts_match_requests, insert_at, state
+from tests.integration.test_destination_drain import attempts_match_requests, insert_at, state
+from tests.support.blackhole import Blackhole
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 

@@ -112,7 +112,7 @@ def migrated(database_factory: DatabaseFactory) -> Iterator[Engine]:
 def empty_database_url(database_factory: DatabaseFactory) -> Iterator[str]:
     url = database_factory.create_empty()
     yield url
-    database_factory.drop(url)
+    database_factory.discard(url)
 
 
 # -- the migration environment ---------------------------------------------------

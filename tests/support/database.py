@@ -15,7 +15,9 @@ and the clones are the shipped pytest plugin's ``TemplateDatabase``
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -26,6 +28,8 @@ from outboxkit.embedded import EmbeddedPostgres, default_data_dir
 from outboxkit.pytest_plugin import TemplateDatabase
 
 LOCAL_URL = "postgresql://root@127.0.0.1:5432/test"
+# Clones kept ready for the next tests (DatabaseFactory).
+SPARES = 2
 
 
 def _answers(url: str) -> bool:
@@ -71,6 +75,15 @@ class DatabaseFactory:
 
     ``create_all`` fires the ``after_create`` listeners tests/conftest.py
     attaches, so the template's outboxes carry their NOTIFY triggers.
+
+    Cloning and dropping run beside the tests, on two helper threads:
+    ``create`` hands out a clone made while earlier tests ran and asks for
+    another (``SPARES`` are kept ready, for a run of quick tests), and
+    ``discard`` (the ``database_url`` fixture's teardown) drops a database
+    on the other thread.  Each costs the server an fsync, and each ``DROP
+    DATABASE`` a checkpoint (PostgreSQL 15): 0.3 s to 2 s a test on a loaded
+    host, which the tests no longer wait for.  ``drop`` still drops at once,
+    for the tests that take a database away mid-test.
     """
 
     def __init__(self, server: str, metadatas: Iterable[MetaData]) -> None:
@@ -82,17 +95,38 @@ class DatabaseFactory:
 
         self.server = server
         self._template = TemplateDatabase(server, create_schema)
+        self._cloner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-database-clones")
+        self._dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-database-drops")
+        self._spares: deque[Future[str]] = deque(self._cloner.submit(self._template.create) for _ in range(SPARES))
+        self._discarded: list[Future[None]] = []
 
     def create(self) -> str:
         """A fresh database with the schema; returns its libpq URL."""
-        return libpq_url(self._template.create())
+        url = self._spares.popleft().result()
+        self._spares.append(self._cloner.submit(self._template.create))
+        return libpq_url(url)
 
     def create_empty(self) -> str:
         """A fresh database without the schema (the migration tests run their own); returns its libpq URL."""
         return libpq_url(self._template.create_empty())
 
     def drop(self, url: str) -> None:
+        """Drop the database now (its sessions are terminated)."""
         self._template.drop(url)
 
+    def discard(self, url: str) -> None:
+        """Drop the database on a helper thread; a failure is raised by ``close``."""
+        self._discarded = [future for future in self._discarded if not future.done() or future.exception()]
+        self._discarded.append(self._dropper.submit(self._template.drop, url))
+
     def close(self) -> None:
-        self._template.close()
+        try:
+            self._cloner.shutdown(wait=True)
+            for spare in self._spares:
+                if spare.exception() is None:
+                    self._discarded.append(self._dropper.submit(self._template.drop, spare.result()))
+            self._dropper.shutdown(wait=True)
+            for future in self._discarded:
+                future.result()  # a database that could not be made or dropped
+        finally:
+            self._template.close()
