@@ -30,12 +30,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Boolean, Connection, DateTime, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
 from outboxkit.array_literals import integer_array, text_array
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.ordering import KeyCursor, OrderedStatements, ordered_statements
+from outboxkit.row_instances import RowInstances
 
 __all__ = ["OutboxQueries", "queries_for"]
 
@@ -253,6 +255,11 @@ class OutboxQueries:
         # One column, declared, so its result's metadata is cached too (read after most idle claims).
         self._earliest_due = earliest_due.columns(column("earliest_due", DateTime(timezone=True)))
         self._claim: TextClause = text(sql)
+        # The claim as the driver runs it (psycopg's %(name)s parameters), and how its rows become instances.
+        self._claim_driver_sql = str(self._claim.compile(dialect=postgresql_psycopg.dialect()))  # type: ignore[no-untyped-call]
+        self._prepare_claim = True if prepared_statements else None  # None: the engine's prepare_threshold decides
+        self._instances = RowInstances(outbox)
+        self._width = len(table.c)
         self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
             self._claim.columns(*returned)
         )
@@ -262,7 +269,7 @@ class OutboxQueries:
 
     def claim_due_rows(
         self,
-        session: Session,
+        connection: Connection,
         *,
         now: datetime,
         lease_until: datetime,
@@ -270,36 +277,61 @@ class OutboxQueries:
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
     ) -> tuple[list[Outbox], bool, bool]:
-        """Claim up to ``limit`` due rows in the session's transaction.
+        """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
-        Returns the rows as ORM objects, oldest due first, whether the
-        claim took a row alone because its last worker died holding it, and
-        whether every stored destination state of the outbox was quiet at
-        the claim (``outboxkit_quiet`` above; True when no row was claimed).
-        Unless ``synchronous_commit``, the claim's commit does not wait for
-        the WAL flush (see "Commit durability" above).  An outbox with an
-        ordering key claims only its keys' heads, walking its keys from
-        ``cursor`` (which it then moves past the keys it visited).
+        Returns the rows as instances of the model, oldest due first,
+        whether the claim took a row alone because its last worker died
+        holding it, and whether every stored destination state of the outbox
+        was quiet at the claim (``outboxkit_quiet`` above; True when no row
+        was claimed).  Unless ``synchronous_commit``, the claim's commit does
+        not wait for the WAL flush (see "Commit durability" above).  An
+        outbox with an ordering key claims only its keys' heads, walking its
+        keys from ``cursor`` (which it then moves past the keys it visited).
+
+        The statement runs on the psycopg connection under ``connection``
+        and its rows become detached instances without a Session
+        (``outboxkit.row_instances``), unless the model's mapping needs the
+        ORM's loading.  It is prepared as the engine's ``prepare_threshold``
+        says, or always with ``prepared_statements``.  A connection that
+        broke is invalidated before the error is raised.
         """
-        if self.ordered is None:
-            params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name}
-            claimed = session.execute(self._claim_statement, params).all()
-            rows = sorted((row for row, _, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
-            return rows, any(orphaned for _, orphaned, _ in claimed), all(quiet for _, _, quiet in claimed)
-        cursor = cursor if cursor is not None else KeyCursor()
-        params = {
-            "now": now, "lease_until": lease_until, "limit": limit, "token": token,
-            "after": cursor.after, "outbox": self.job_name,
+        params: dict[str, Any] = {
+            "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
         }
-        ordered = session.execute(self._claim_statement, params).all()
-        if ordered:
-            cursor.after = ordered[0][3]
-        rows = sorted((row for row, _, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
-        return rows, any(orphaned for _, orphaned, _, _ in ordered), all(quiet for _, _, quiet, _ in ordered)
+        if self.ordered is not None:
+            cursor = cursor if cursor is not None else KeyCursor()
+            params["after"] = cursor.after
+        if self._instances.plain:
+            driver = connection.connection.driver_connection
+            try:
+                result = driver.execute(self._claim_driver_sql, params, prepare=self._prepare_claim)  # type: ignore[union-attr]
+                claimed = result.fetchall()
+            except Exception:
+                if driver is None or driver.broken or driver.closed:
+                    connection.invalidate()
+                raise
+            described = result.pgresult
+            codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
+            rows = self._instances.load(connection.dialect, codes, claimed)
+            extras = [tuple(values[self._width:]) for values in claimed]
+        else:  # a mapping the ORM must load (outboxkit.row_instances)
+            with Session(connection, expire_on_commit=False, autoflush=False) as session:
+                loaded = session.execute(self._claim_statement, params).all()
+            rows = [values[0] for values in loaded]
+            extras = [tuple(values[1:]) for values in loaded]
+        if self.ordered is not None and extras:
+            assert cursor is not None
+            cursor.after = extras[0][2]
+        order = sorted(range(len(rows)), key=lambda index: (rows[index].next_attempt_at, rows[index].id))
+        return [rows[index] for index in order], any(each[0] for each in extras), all(each[1] for each in extras)
 
-    def park_exhausted(self, session: Session, *, ids: list[int], token: uuid.UUID, now: datetime, error: str) -> int:
-        result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
-        return result.rowcount  # type: ignore[attr-defined,no-any-return]
+    def park_exhausted(
+        self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime, error: str
+    ) -> int:
+        result = connection.execute(
+            self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]}
+        )
+        return result.rowcount
 
     def earliest_due(self, connection: Connection) -> datetime | None:
         """The earliest ``next_attempt_at`` of any pending row a claim could take, or None when there is none.
