@@ -18,6 +18,16 @@ prepared statement only when the operator opts in
 (``OutboxKitSettings.prepared_statements``): a transaction-mode pooler before
 PgBouncer 1.21 hands the next execution to a server connection that never
 saw the PREPARE (docs/operations.md, "PgBouncer and other poolers").
+
+The claim and the earliest-due read, on the idle wake-up's path (NOTIFY,
+claim, send), skip it too: they run on the psycopg connection of the
+connection they are given, prepared as the engine's ``prepare_threshold``
+says (as they were through SQLAlchemy), or always when the operator opts in,
+and the claim's rows become the model's instances without an ORM Session
+(``outboxkit.row_instances``).
+
+Its length is the statements' prose: each one says which invariant its SQL
+keeps, and the drain's rules are meant to be read in one place.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, DateTime, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
@@ -252,12 +262,13 @@ class OutboxQueries:
             sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
             returned.append(column("outboxkit_walked_to", Text))
             earliest_due = text(self.ordered.earliest_due_sql())
-        # One column, declared, so its result's metadata is cached too (read after most idle claims).
-        self._earliest_due = earliest_due.columns(column("earliest_due", DateTime(timezone=True)))
         self._claim: TextClause = text(sql)
-        # The claim as the driver runs it (psycopg's %(name)s parameters), and how its rows become instances.
-        self._claim_driver_sql = str(self._claim.compile(dialect=postgresql_psycopg.dialect()))  # type: ignore[no-untyped-call]
-        self._prepare_claim = True if prepared_statements else None  # None: the engine's prepare_threshold decides
+        # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
+        # SQLAlchemy's statement layer, and how the claim's rows become instances.
+        dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
+        self._claim_driver_sql = str(self._claim.compile(dialect=dialect))
+        self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
+        self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
         self._instances = RowInstances(outbox)
         self._width = len(table.c)
         self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
@@ -302,14 +313,8 @@ class OutboxQueries:
             cursor = cursor if cursor is not None else KeyCursor()
             params["after"] = cursor.after
         if self._instances.plain:
-            driver = connection.connection.driver_connection
-            try:
-                result = driver.execute(self._claim_driver_sql, params, prepare=self._prepare_claim)  # type: ignore[union-attr]
-                claimed = result.fetchall()
-            except Exception:
-                if driver is None or driver.broken or driver.closed:
-                    connection.invalidate()
-                raise
+            result = self._driver_execute(connection, self._claim_driver_sql, params)
+            claimed = result.fetchall()
             described = result.pgresult
             codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
             rows = self._instances.load(connection.dialect, codes, claimed)
@@ -338,8 +343,23 @@ class OutboxQueries:
 
         With an ordering key, a row waiting behind its key's head is not one of them.
         """
-        params = {} if self.ordered is None else {"outbox": self.job_name}
-        return connection.execute(self._earliest_due, params).scalar_one_or_none()
+        params = None if self.ordered is None else {"outbox": self.job_name}
+        found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
+        return None if found is None else found[0]
+
+    def _driver_execute(self, connection: Connection, sql: str, params: dict[str, Any] | None) -> Any:
+        """``sql`` on the psycopg connection under ``connection`` (a broken one is invalidated); the cursor.
+
+        Prepared as the engine's ``prepare_threshold`` says, as through
+        SQLAlchemy, or always with ``prepared_statements``.
+        """
+        driver = connection.connection.driver_connection
+        try:
+            return driver.execute(sql, params, prepare=self._prepare)  # type: ignore[union-attr]
+        except Exception:
+            if driver is None or driver.broken or driver.closed:
+                connection.invalidate()
+            raise
 
     @staticmethod
     @contextmanager
