@@ -364,7 +364,7 @@ class OutboxQueries:
     @staticmethod
     @contextmanager
     def outcome_connection(engine: Engine) -> Iterator[Connection]:
-        """A pooled connection in AUTOCOMMIT mode, for ``record_outcome``; returned to the pool on exit."""
+        """A pooled connection in AUTOCOMMIT mode, for the claim, the outcomes and the earliest-due read; returned on exit."""
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             yield connection
 
