@@ -2,10 +2,13 @@
 
 Up to ``batch_size`` due rows are taken oldest first with ``FOR UPDATE SKIP
 LOCKED``; each gets a lease (``claimed_until``), the batch's fresh
-``claim_token``, and its attempt is counted.  The statement runs on a pooled
+``claim_token``, and its attempt is counted.  The statement runs on a
 connection in AUTOCOMMIT mode, so it commits by itself: one round trip (no
 BEGIN before it, no COMMIT after it), and, with synchronous commit, one WAL
-flush, all before any send.
+flush, all before any send.  The pump claims on the connection it holds for
+its outcomes (the drain loop holds it while idle, so a wake-up claims
+without a pool checkout), and the claimed rows become instances of the
+application's model without an ORM Session (``outboxkit.row_instances``).
 
 *Disjoint claims*: two drains, in one process or two, never get the same row
 while its lease runs.  *Claim before send*: the attempt is committed before
@@ -31,6 +34,7 @@ paused outbox claims nothing, in every process.  The statements are in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -38,8 +42,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Engine
 
 from outboxkit.clock import Clock
 from outboxkit.model import Outbox, OutboxOptions
@@ -101,9 +104,18 @@ class Claimer:
         return self.options.job_name
 
     def claim(
-        self, wanted: int, result: DrainCounts, may_claim: Callable[[], bool] | None = None
+        self,
+        wanted: int,
+        result: DrainCounts,
+        may_claim: Callable[[], bool] | None = None,
+        connection: Connection | None = None,
     ) -> tuple[list[Outbox], uuid.UUID, int, bool, bool]:
         """One committed statement (see the module): take up to ``wanted`` due rows.
+
+        ``connection`` is an AUTOCOMMIT connection the caller holds (the
+        pump's outcome connection, ``OutboxQueries.outcome_connection``), so
+        a wake-up claims without a pool checkout; without one the claim
+        checks out its own.
 
         ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
         stop that was handled before that reading always prevents the claim: a claim's own time never
@@ -117,25 +129,24 @@ class Claimer:
             return [], token, 0, False, True  # an operator paused this outbox: claim nothing, in every process
         if not result.claimed:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
-        with (
-            self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection,
-            Session(connection, expire_on_commit=False, autoflush=False) as session,
-        ):
+        with contextlib.ExitStack() as cleanup:
+            if connection is None:
+                connection = cleanup.enter_context(self.queries.outcome_connection(self.engine))
             now = self.clock.now()
             if may_claim is not None and not may_claim():
                 return [], token, 0, False, True
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
             rows, orphaned, quiet = self.queries.claim_due_rows(
-                session, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.key_cursor
+                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.key_cursor
             )
             taken = len(rows)
-            rows = self._park_exhausted(session, rows, token=token, now=now, result=result)
+            rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
         return rows, token, taken, orphaned, quiet
 
     def _park_exhausted(
-        self, session: Session, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts
+        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts
     ) -> list[Outbox]:
         exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
         if not exhausted:
@@ -144,7 +155,7 @@ class Claimer:
             f"max attempts ({self.policy.max_attempts}) reached; the last attempt recorded no outcome "
             "(the worker stopped or lost its lease during the delivery)"
         )
-        self.queries.park_exhausted(session, ids=[row.id for row in exhausted], token=token, now=now, error=message)
+        self.queries.park_exhausted(connection, ids=[row.id for row in exhausted], token=token, now=now, error=message)
         result.stuck += len(exhausted)
         self.telemetry.parked(self.job_name, exhausted)
         logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message,

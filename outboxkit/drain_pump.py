@@ -230,7 +230,14 @@ class SendPump(Generic[ResultT]):
     ) -> None:
         self.gate.settle()  # rows given back over a cap are due again: let this claim see them
         try:
-            rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim)
+            try:
+                rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim, outcomes.get())
+            except Exception:
+                if not outcomes.discard_broken():
+                    raise
+                # The held connection died while the loop was idle (a server restart, an idle timeout): nothing
+                # was sent, so claim once more on a fresh one (rows the lost claim took come due at its lease end).
+                rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim, outcomes.get())
         except BaseException:
             self.in_flight.give(granted)
             raise

@@ -153,6 +153,20 @@ class OutcomeConnection:
         """The connection if it was checked out already, else None (a reader then takes a short-lived one)."""
         return self._connection
 
+    def discard_broken(self) -> bool:
+        """If the held connection broke, close it (invalidated) so ``get`` checks out a fresh one; whether it had."""
+        connection = self._connection
+        if connection is None:
+            return False
+        driver = connection.connection.driver_connection if not connection.invalidated else None
+        if driver is not None and not driver.broken and not driver.closed:
+            return False
+        if not connection.invalidated:
+            connection.invalidate()
+        connection.close()
+        self._connection = None
+        return True
+
 
 class Recorder:
     """Decides and writes the outcomes of one outbox's sent rows; keeps its attempt history and summary line."""

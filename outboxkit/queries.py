@@ -18,6 +18,16 @@ prepared statement only when the operator opts in
 (``OutboxKitSettings.prepared_statements``): a transaction-mode pooler before
 PgBouncer 1.21 hands the next execution to a server connection that never
 saw the PREPARE (docs/operations.md, "PgBouncer and other poolers").
+
+The claim and the earliest-due read, on the idle wake-up's path (NOTIFY,
+claim, send), skip it too: they run on the psycopg connection of the
+connection they are given, prepared as the engine's ``prepare_threshold``
+says (as they were through SQLAlchemy), or always when the operator opts in,
+and the claim's rows become the model's instances without an ORM Session
+(``outboxkit.row_instances``).
+
+Its length is the statements' prose: each one says which invariant its SQL
+keeps, and the drain's rules are meant to be read in one place.
 """
 
 from __future__ import annotations
@@ -29,13 +39,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, DateTime, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
 from outboxkit.array_literals import integer_array, text_array
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.ordering import KeyCursor, OrderedStatements, ordered_statements
+from outboxkit.row_instances import RowInstances
 
 __all__ = ["OutboxQueries", "queries_for"]
 
@@ -250,9 +262,15 @@ class OutboxQueries:
             sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
             returned.append(column("outboxkit_walked_to", Text))
             earliest_due = text(self.ordered.earliest_due_sql())
-        # One column, declared, so its result's metadata is cached too (read after most idle claims).
-        self._earliest_due = earliest_due.columns(column("earliest_due", DateTime(timezone=True)))
         self._claim: TextClause = text(sql)
+        # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
+        # SQLAlchemy's statement layer, and how the claim's rows become instances.
+        dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
+        self._claim_driver_sql = str(self._claim.compile(dialect=dialect))
+        self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
+        self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
+        self._instances = RowInstances(outbox)
+        self._width = len(table.c)
         self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
             self._claim.columns(*returned)
         )
@@ -262,7 +280,7 @@ class OutboxQueries:
 
     def claim_due_rows(
         self,
-        session: Session,
+        connection: Connection,
         *,
         now: datetime,
         lease_until: datetime,
@@ -270,49 +288,83 @@ class OutboxQueries:
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
     ) -> tuple[list[Outbox], bool, bool]:
-        """Claim up to ``limit`` due rows in the session's transaction.
+        """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
-        Returns the rows as ORM objects, oldest due first, whether the
-        claim took a row alone because its last worker died holding it, and
-        whether every stored destination state of the outbox was quiet at
-        the claim (``outboxkit_quiet`` above; True when no row was claimed).
-        Unless ``synchronous_commit``, the claim's commit does not wait for
-        the WAL flush (see "Commit durability" above).  An outbox with an
-        ordering key claims only its keys' heads, walking its keys from
-        ``cursor`` (which it then moves past the keys it visited).
+        Returns the rows as instances of the model, oldest due first,
+        whether the claim took a row alone because its last worker died
+        holding it, and whether every stored destination state of the outbox
+        was quiet at the claim (``outboxkit_quiet`` above; True when no row
+        was claimed).  Unless ``synchronous_commit``, the claim's commit does
+        not wait for the WAL flush (see "Commit durability" above).  An
+        outbox with an ordering key claims only its keys' heads, walking its
+        keys from ``cursor`` (which it then moves past the keys it visited).
+
+        The statement runs on the psycopg connection under ``connection``
+        and its rows become detached instances without a Session
+        (``outboxkit.row_instances``), unless the model's mapping needs the
+        ORM's loading.  It is prepared as the engine's ``prepare_threshold``
+        says, or always with ``prepared_statements``.  A connection that
+        broke is invalidated before the error is raised.
         """
-        if self.ordered is None:
-            params = {"now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name}
-            claimed = session.execute(self._claim_statement, params).all()
-            rows = sorted((row for row, _, _ in claimed), key=lambda row: (row.next_attempt_at, row.id))
-            return rows, any(orphaned for _, orphaned, _ in claimed), all(quiet for _, _, quiet in claimed)
-        cursor = cursor if cursor is not None else KeyCursor()
-        params = {
-            "now": now, "lease_until": lease_until, "limit": limit, "token": token,
-            "after": cursor.after, "outbox": self.job_name,
+        params: dict[str, Any] = {
+            "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
         }
-        ordered = session.execute(self._claim_statement, params).all()
-        if ordered:
-            cursor.after = ordered[0][3]
-        rows = sorted((row for row, _, _, _ in ordered), key=lambda row: (row.next_attempt_at, row.id))
-        return rows, any(orphaned for _, orphaned, _, _ in ordered), all(quiet for _, _, quiet, _ in ordered)
+        if self.ordered is not None:
+            cursor = cursor if cursor is not None else KeyCursor()
+            params["after"] = cursor.after
+        if self._instances.plain:
+            result = self._driver_execute(connection, self._claim_driver_sql, params)
+            claimed = result.fetchall()
+            described = result.pgresult
+            codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
+            rows = self._instances.load(connection.dialect, codes, claimed)
+            extras = [tuple(values[self._width:]) for values in claimed]
+        else:  # a mapping the ORM must load (outboxkit.row_instances)
+            with Session(connection, expire_on_commit=False, autoflush=False) as session:
+                loaded = session.execute(self._claim_statement, params).all()
+            rows = [values[0] for values in loaded]
+            extras = [tuple(values[1:]) for values in loaded]
+        if self.ordered is not None and extras:
+            assert cursor is not None
+            cursor.after = extras[0][2]
+        order = sorted(range(len(rows)), key=lambda index: (rows[index].next_attempt_at, rows[index].id))
+        return [rows[index] for index in order], any(each[0] for each in extras), all(each[1] for each in extras)
 
-    def park_exhausted(self, session: Session, *, ids: list[int], token: uuid.UUID, now: datetime, error: str) -> int:
-        result = session.execute(self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]})
-        return result.rowcount  # type: ignore[attr-defined,no-any-return]
+    def park_exhausted(
+        self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime, error: str
+    ) -> int:
+        result = connection.execute(
+            self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]}
+        )
+        return result.rowcount
 
     def earliest_due(self, connection: Connection) -> datetime | None:
         """The earliest ``next_attempt_at`` of any pending row a claim could take, or None when there is none.
 
         With an ordering key, a row waiting behind its key's head is not one of them.
         """
-        params = {} if self.ordered is None else {"outbox": self.job_name}
-        return connection.execute(self._earliest_due, params).scalar_one_or_none()
+        params = None if self.ordered is None else {"outbox": self.job_name}
+        found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
+        return None if found is None else found[0]
+
+    def _driver_execute(self, connection: Connection, sql: str, params: dict[str, Any] | None) -> Any:
+        """``sql`` on the psycopg connection under ``connection`` (a broken one is invalidated); the cursor.
+
+        Prepared as the engine's ``prepare_threshold`` says, as through
+        SQLAlchemy, or always with ``prepared_statements``.
+        """
+        driver = connection.connection.driver_connection
+        try:
+            return driver.execute(sql, params, prepare=self._prepare)  # type: ignore[union-attr]
+        except Exception:
+            if driver is None or driver.broken or driver.closed:
+                connection.invalidate()
+            raise
 
     @staticmethod
     @contextmanager
     def outcome_connection(engine: Engine) -> Iterator[Connection]:
-        """A pooled connection in AUTOCOMMIT mode, for ``record_outcome``; returned to the pool on exit."""
+        """A pooled connection in AUTOCOMMIT mode, for the claim, the outcomes and the earliest-due read; returned on exit."""
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             yield connection
 

@@ -62,9 +62,9 @@ def insert_rows(engine: Engine, count: int) -> list[int]:
 def claim(engine: Engine, *, at: datetime) -> tuple[list[int], uuid.UUID]:
     """Claim every due row with the drain's own claim statement."""
     token = uuid.uuid4()
-    with Session(engine, expire_on_commit=False) as session, session.begin():
+    with engine.begin() as connection:
         rows, _, _ = queries_for(SampleEvent).claim_due_rows(
-            session, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=token
+            connection, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=token
         )
     return [row.id for row in rows], token
 
@@ -72,9 +72,9 @@ def claim(engine: Engine, *, at: datetime) -> tuple[list[int], uuid.UUID]:
 def claim_quiet(engine: Engine, *, at: datetime) -> bool:
     """The claim's own answer to whether every stored destination state of the outbox is quiet."""
     insert_rows(engine, 1)
-    with Session(engine, expire_on_commit=False) as session, session.begin():
+    with engine.begin() as connection:
         rows, _, quiet = queries_for(SampleEvent).claim_due_rows(
-            session, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=uuid.uuid4()
+            connection, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=uuid.uuid4()
         )
     assert rows
     return quiet

@@ -289,10 +289,11 @@ def test_the_lock_and_listen_connections_come_from_the_engine_and_its_hooks(data
         assert any(name.startswith("outboxkit-leader:") for name in names)
         assert any(name.startswith("outboxkit-listener:") for name in names)
         assert len(hooked) >= 2, "both session connections went through the engine's do_connect hook"
-        # They were detached: no pool slot is held for them.  The drain loops and the leader's first drain
-        # borrow a slot now and then, so wait for a moment when none is out; the two session connections,
-        # held for the kit's life, would keep the count above zero for good.
-        wait_until(lambda: engine.pool.checkedout() == 0, timeout=30, message="no pool slot held")
+        # They were detached: no pool slot is held for them.  The drain loop holds one from its first claim (its
+        # claims, outcomes and due-time reads run on it) and the leader's first drain borrows one now and then,
+        # so wait for a moment when only the loop's is out; the two session connections, held for the kit's
+        # life, would keep the count above one for good.
+        wait_until(lambda: engine.pool.checkedout() == 1, timeout=30, message="only the drain loop's pool slot held")
     finally:
         kit.close()
         engine.dispose()
@@ -381,16 +382,27 @@ def count_claims(drainer) -> list[int]:
     return claims
 
 
+@contextlib.contextmanager
+def idle_loop(kit: OutboxKit, receiver):
+    """The kit's drain loop, started and past its first claim (on start, empty); yields (drainer, claims, url).
+
+    ``claims`` lists the rows each claim took (``count_claims``); the kit is closed on exit.
+    """
+    drainer = kit.drainer(SampleEvent)
+    claims = count_claims(drainer)
+    try:
+        kit.worker.start()
+        wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+        yield drainer, claims, receiver.url + "/events"
+    finally:
+        kit.close()
+
+
 def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_claimed_when_freed(engine, receiver):
     # No listener: the test's wake() calls are the loop's only wake-ups, so every claim is accounted for.
     clock = ManualClock(datetime.now(timezone.utc) + timedelta(minutes=1))  # rows inserted now are due
     kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(**QUIET, listen_enabled=False), clock=clock)
-    drainer = kit.drainer(SampleEvent)
-    claims = count_claims(drainer)
-    url = receiver.url + "/events"
-    try:
-        kit.worker.start()
-        wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+    with idle_loop(kit, receiver) as (drainer, claims, url):
         enqueue(engine, url, [{"n": 0}])
         drainer.wake()
         receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
@@ -409,8 +421,6 @@ def test_a_wake_up_that_finds_one_row_claims_once_and_a_row_locked_meanwhile_is_
             receiver.wait_for(lambda r: len(r.requests) == 2, timeout=10)
             blocker.rollback()
         receiver.wait_for(lambda r: len(r.requests) == 3, timeout=30)  # with no wake-up, well before the hour's poll
-    finally:
-        kit.close()
     assert [request.body["n"] for request in receiver.requests] == [0, 2, 1]
 
 
@@ -418,13 +428,9 @@ def test_a_send_that_hangs_does_not_hold_back_a_row_its_short_claim_skipped(engi
     # A short claim's earliest-due read waits for the first outcome of its sends, but only briefly
     # (DUE_READ_DELAY_SECONDS): a row locked during the claim goes out while the claim's own send still hangs.
     kit = make_kit(engine, listen_enabled=False)  # the test's wake() is the loop's only wake-up
-    drainer = kit.drainer(SampleEvent)
-    claims = count_claims(drainer)
     receiver.respond = lambda request: Reply(hang=True) if request.body == {"n": 0} else Reply()
-    url = receiver.url + "/events"
-    try:
-        kit.worker.start()
-        wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+    with idle_loop(kit, receiver) as (drainer, _, url), contextlib.ExitStack() as cleanup:
+        cleanup.callback(receiver.release)  # before the kit closes: its stop waits for the hung send
         enqueue(engine, url, [{"n": 1}])
         with engine.connect() as blocker:
             blocker.execute(select(SampleEvent.id).where(SampleEvent.payload["n"].as_integer() == 1).with_for_update())
@@ -437,6 +443,25 @@ def test_a_send_that_hangs_does_not_hold_back_a_row_its_short_claim_skipped(engi
             first = session.execute(select(SampleEvent).where(SampleEvent.payload["n"].as_integer() == 0)).scalar_one()
             assert (first.status, first.last_error, first.claim_token is not None) == ("pending", None, True)
         assert [request.body["n"] for request in receiver.requests] == [0, 1]
-    finally:
-        receiver.release()
-        kit.close()
+
+
+def test_a_loop_whose_held_connection_died_while_idle_claims_on_a_fresh_one(engine, receiver, database_url, caplog):
+    # The loop claims on the connection it holds for its outcomes.  A server restart or an idle timeout can end it
+    # while the loop waits; the next wake-up's claim finds it broken and claims on a fresh one, with no failed drain.
+    kit = make_kit(engine, listen_enabled=False)  # the test's wake() is the loop's only wake-up
+    with idle_loop(kit, receiver) as (drainer, claims, url):
+        with psycopg.connect(database_url, autocommit=True) as admin:  # as a server restart: every session ends
+            others = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) AS other")
+            wait_until(lambda: not admin.execute(others).fetchall(), message="every other backend is gone")
+        engine.dispose()  # the test's own inserts connect afresh; the loop still holds its dead connection
+        with caplog.at_level("ERROR", logger="outboxkit.drain"):
+            enqueue(engine, url, [{"n": 1}])
+            drainer.wake()
+            receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+            wait_until(lambda: claimed_rows(engine) == 0, message="the outcome is recorded")
+    assert claims == [0, 1]  # the claim on the dead connection raised; the one on the fresh connection took the row
+    assert [record.getMessage() for record in caplog.records if record.name == "outboxkit.drain"] == []
+    with Session(engine) as session:
+        row = session.scalars(select(SampleEvent)).one()
+        assert (row.status, row.attempts) == ("done", 1)
