@@ -43,6 +43,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
@@ -50,10 +51,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 import psycopg  # noqa: E402
 from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine, func, select  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.engine import Engine, make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from outboxkit import OutboxKit, OutboxKitSettings, every  # noqa: E402
+from outboxkit import Delivery, Drainer, OutboxKit, OutboxKitSettings, every  # noqa: E402
 from outboxkit.election import ElectionState  # noqa: E402
 from outboxkit.notify import install_trigger_sql  # noqa: E402
 from outboxkit.tables import job_runs, kit_metadata  # noqa: E402
@@ -151,7 +152,7 @@ def drain_thread_cpu_by_name() -> dict[str, float]:
 class StepTimer:
     """Wraps a drainer's objects to note when each step happens (perf_counter), for ``--steps``."""
 
-    def __init__(self, drainer) -> None:
+    def __init__(self, drainer: Drainer) -> None:
         self.lock = threading.Lock()
         self.wakes: list[float] = []
         self.pause_reads: list[tuple[float, float]] = []
@@ -161,31 +162,32 @@ class StepTimer:
         transport = drainer.pump.transport
         send = transport.send
 
-        def timed_wake(*args, **kwargs):
+        def timed_wake(*args: Any, **kwargs: Any) -> Any:
             self.wakes.append(time.perf_counter())
             return wake(*args, **kwargs)
 
-        def timed_read(*args, **kwargs):
+        def timed_read(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             try:
                 return read(*args, **kwargs)
             finally:
                 self.pause_reads.append((started, time.perf_counter()))
 
-        def timed_claim(*args, **kwargs):
+        def timed_claim(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             answer = claim(*args, **kwargs)
             self.claims.append((started, time.perf_counter(), [str(row.idempotency_key) for row in answer[0]]))
             return answer
 
-        def timed_send(delivery, *, idempotency_key, timeout):
+        def timed_send(delivery: Delivery, *, idempotency_key: str, timeout: float) -> Any:
             self.sends.setdefault(idempotency_key, time.perf_counter())
             return send(delivery, idempotency_key=idempotency_key, timeout=timeout)
 
-        drainer.wake = timed_wake  # before the listener starts: it takes the bound method then
-        drainer.pause_check._read = timed_read
-        drainer.claimer.claim = timed_claim
-        transport.send = timed_send
+        # Instance attributes over the methods, on purpose (the bench times the real objects in place).
+        drainer.wake = timed_wake  # type: ignore[method-assign]  # before the listener starts: it takes the bound method then
+        drainer.pause_check._read = timed_read  # type: ignore[method-assign]
+        drainer.claimer.claim = timed_claim  # type: ignore[method-assign]
+        transport.send = timed_send  # type: ignore[method-assign]
 
     def steps(self, commits: dict[str, float], arrivals: dict[str, float]) -> dict[str, list[float]]:
         """Per step, the milliseconds of each row whose every step was found in order."""
@@ -216,7 +218,7 @@ class StepTimer:
 
 
 def measure_latency(
-    engine, receiver: LatencyReceiver, *, rows: int, spacing: float, commits: dict[str, float]
+    engine: Engine, receiver: LatencyReceiver, *, rows: int, spacing: float, commits: dict[str, float]
 ) -> list[float]:
     for n in range(rows):
         key = uuid.uuid4()
@@ -253,8 +255,10 @@ def idle_latency(server: str, *, rows: int, spacing: float, synchronous_commit: 
         drop_database(server, url)
 
 
-def measure_failover(engine, url: str, leader: OutboxKit, standby: OutboxKit) -> tuple[float, float]:
+def measure_failover(engine: Engine, url: str, leader: OutboxKit, standby: OutboxKit) -> tuple[float, float]:
     old = leader.scheduler.election
+    if old is None:
+        raise SystemExit("the leader has no election")
     new = standby.scheduler.elect()
     if not new.wait_for(ElectionState.STANDBY, campaigns=1, timeout=30):
         raise SystemExit("the standby never campaigned")
@@ -317,7 +321,9 @@ def main() -> None:
         print(f"waiting one leader tick ({options.tick:g}s) for the leader to start...", flush=True)
         if not election.wait_for(ElectionState.LEADER, timeout=options.tick + 30):
             raise SystemExit("no leader")
-        leader.worker.listener.wait_for_generation(1, timeout=30)
+        listener = leader.worker.listener
+        if listener is None or not listener.wait_for_generation(1, timeout=30):
+            raise SystemExit("the drain loop's listener never connected")
         commits: dict[str, float] = {}
         cpu_before = drain_thread_cpu_by_name()
         latencies = measure_latency(engine, receiver, rows=options.rows, spacing=options.spacing, commits=commits)
