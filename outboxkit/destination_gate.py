@@ -35,7 +35,11 @@ drainer's next claim.
   is not capped, so one fast receiver still gets every send thread; a
   receiver that never answers holds at most the cap from its first send
   (among others), and one that starts hanging holds at most what it was sent
-  in the second before its sends count as slow.
+  in the second before its sends count as slow.  A destination that is not
+  capped (alone, or proven) still has at most ``batch_size`` sends in flight,
+  its hung sends included (``outboxkit.hung_sends``): the room a hung send
+  leaves in the outbox's concurrency is for the other destinations, never
+  for more of its own.
 
 Rows admitted before an outcome closed their destination (queued in the
 send pool behind slower sends) are checked again just before their send

@@ -26,6 +26,10 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
   most ``batch_size`` rows wait for ``concurrency`` send threads, so a claimed
   row is sent within ``ceil(batch_size / concurrency)`` rounds of sends, each
   bounded by the transport's total deadline (``OutboxOptions.minimum_lease``).
+  A hung send's row gives its place back (the drain calls ``give`` when it
+  hangs, not again when it ends): it has started, and the rows still waiting
+  run on ``concurrency`` threads besides the hung ones, so the bound on the
+  rows that wait, and the lease, are as before.
 """
 
 from __future__ import annotations

@@ -174,9 +174,8 @@ class OutboxOverride(BaseModel):
     # Requests per second per destination (outboxkit.rate_limits), replacing the class's rate_limit: a number
     # for every destination, a JSON object of RateLimit's arguments, or "off" to lift the class's limit.
     rate_limit: RateLimitOverride | Literal["off"] | None = None
-    # Seconds after which a send is hung and stops counting against concurrency (outboxkit.hung_sends), or "off"
-    # (the range is checked by OutboxOptions, which names the variable).
-    hung_send_seconds: Annotated[float, Field(allow_inf_nan=False)] | Literal["off"] | None = None
+    # Seconds after which a send is hung and stops counting against concurrency (outboxkit.hung_sends), or "off".
+    hung_send_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | Literal["off"] | None = None
     # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.webhook_signing).
     webhook_secrets: tuple[SecretStr, ...] | None = Field(default=None, min_length=1)
 
