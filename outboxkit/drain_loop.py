@@ -56,6 +56,7 @@ class PumpState:
 
     in_flight: int = 0  # rows handed to the send pool whose outcome is not yet recorded
     hung: int = 0  # of those, sends out past their threshold: not counted against concurrency (outboxkit.hung_sends)
+    hung_check_at: float = 0.0  # time.monotonic() when the sends out are next looked at for hung ones
     more_due: bool = True  # a claim may find rows: nothing said otherwise since the last empty claim
     isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)

@@ -153,7 +153,7 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
-                if state.in_flight > state.hung and self.hung.enabled:
+                if state.in_flight > state.hung and self.hung.enabled and time.monotonic() >= state.hung_check_at:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.hung_sends)
                 may_refill = counted <= self._refill_at and not (state.isolated and state.in_flight)
@@ -177,11 +177,13 @@ class SendPump(Generic[ResultT]):
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
-                hung_check = self.hung.next_check(events) if state.in_flight > state.hung else None
-                if hung_check is not None and (timeout is None or hung_check < timeout):
-                    timeout = hung_check
-                else:
-                    hung_check = None
+                hung_check = None
+                if state.in_flight > state.hung and self.hung.enabled:
+                    hung_check = max(0.0, state.hung_check_at - time.monotonic())
+                    if timeout is not None and hung_check >= timeout:
+                        hung_check = None
+                    else:
+                        timeout = hung_check
                 try:
                     event = events.get(timeout=timeout)
                 except queue.Empty:
@@ -214,7 +216,11 @@ class SendPump(Generic[ResultT]):
     def _mark_hung(self, state: PumpState, events: queue.SimpleQueue[object]) -> None:
         """Sends of this pump out past their threshold stop counting against concurrency: their in-flight places
         are given back (the pool already lets as many threads beyond its size run), so the pump claims more."""
-        marked = self.hung.mark_overdue(events)
+        now = time.monotonic()
+        marked = self.hung.mark_overdue(events, now=now)
+        # Looked at again when the next send out now passes its threshold, or the shortest threshold from now at
+        # the latest: a send that starts later cannot pass its own before that.
+        state.hung_check_at = now + (self.hung.next_check(events, now=now) or 0.0)
         if marked:
             state.hung += marked
             self.in_flight.give(marked)

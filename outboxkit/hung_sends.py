@@ -26,9 +26,14 @@ default 1 s), or ``ANSWER_MULTIPLE`` times the slowest of its destination's
 last ``ANSWERS_KEPT`` answers here when that is longer: a healthy receiver
 that always takes 2 s to answer has a threshold of 8 s, so its sends are not
 counted hung and the drain does not double its concurrency against it.  A
-destination that has not answered this drainer yet gets ``after``.  A send to
-a receiver that hangs counts from the moment it starts, so it is hung from
-``after`` into its deadline until the deadline ends it.
+destination that has not answered this drainer yet, while others have, is
+the likeliest hang (a blackholed partner holds its first sends until their
+deadline): its threshold is ``ANSWER_MULTIPLE`` times the slowest of the
+outbox's last ``ANSWERS_KEPT`` answers, at least
+``FIRST_ANSWER_FLOOR_SECONDS`` (0.1 s) and at most ``after``.  Its first
+answer gives it its own threshold; until then what its early sends cost is
+bounded, since they keep their places under its cap.  With no answer in the
+drainer at all, ``after``.  A send counts from the moment it starts.
 
 Thread-safe: send threads call ``started`` and ``finished``; the pump that
 handed the send to the pool (its ``owner``, the event queue its outcome goes
@@ -43,13 +48,16 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ["ANSWERS_KEPT", "ANSWER_MULTIPLE", "DEFAULT_HUNG_SEND_SECONDS", "HungSends"]
+__all__ = ["ANSWERS_KEPT", "ANSWER_MULTIPLE", "DEFAULT_HUNG_SEND_SECONDS", "FIRST_ANSWER_FLOOR_SECONDS", "HungSends"]
 
 DEFAULT_HUNG_SEND_SECONDS = 1.0
 # A send is hung only once it has taken this many times its destination's slowest recent answer ...
 ANSWER_MULTIPLE = 4.0
 # ... over this many of its latest answers here.
 ANSWERS_KEPT = 16
+# A destination that has not answered yet: hung at this many times the outbox's slowest recent answer, at least
+# this long (and at most ``after``).
+FIRST_ANSWER_FLOOR_SECONDS = 0.1
 
 
 @dataclass(slots=True)
@@ -57,7 +65,6 @@ class _Out:
     owner: Hashable
     destination: str
     since: float  # time.monotonic() when the send started
-    threshold: float
     hung: bool = False
 
 
@@ -76,6 +83,7 @@ class HungSends:
         self._lock = threading.Lock()
         self._out: dict[Hashable, _Out] = {}
         self._answers: dict[str, deque[float]] = {}
+        self._any_answers: deque[float] = deque(maxlen=ANSWERS_KEPT)  # every destination's, for one not yet answered
         self._hung = 0
         self._by_destination: dict[str, int] = {}
 
@@ -103,7 +111,21 @@ class HungSends:
         if self.after is None:
             return float("inf")
         answers = self._answers.get(destination)
-        return max(self.after, ANSWER_MULTIPLE * max(answers)) if answers else self.after
+        if answers:
+            return max(self.after, ANSWER_MULTIPLE * max(answers))
+        return self._first_threshold()
+
+    def _thresholds(self) -> dict[str, float]:
+        """Under the lock: the threshold of each destination with a send out, as of now (a destination's first
+        answer, or the others', may have changed it since its sends started)."""
+        return {destination: self._threshold(destination) for destination in {out.destination for out in self._out.values()}}
+
+    def _first_threshold(self) -> float:
+        """A destination not answered yet: the shortest threshold any send gets now."""
+        assert self.after is not None
+        if self._any_answers:  # while the others answer, the likeliest hang
+            return min(self.after, max(FIRST_ANSWER_FLOOR_SECONDS, ANSWER_MULTIPLE * max(self._any_answers)))
+        return self.after
 
     def started(self, key: Hashable, *, owner: Hashable, destination: str, now: float | None = None) -> None:
         """A send thread starts the send ``key`` (unique among this drainer's sends in flight)."""
@@ -111,7 +133,7 @@ class HungSends:
             return
         since = time.monotonic() if now is None else now
         with self._lock:
-            self._out[key] = _Out(owner, destination, since, self._threshold(destination))
+            self._out[key] = _Out(owner, destination, since)
 
     def finished(self, key: Hashable, *, answered_in: float | None) -> bool:
         """The send ``key`` is over; ``answered_in`` is how long its receiver took to answer (None: no answer, e.g.
@@ -125,6 +147,7 @@ class HungSends:
                 if answers is None:
                     answers = self._answers[out.destination] = deque(maxlen=ANSWERS_KEPT)
                 answers.append(answered_in)
+                self._any_answers.append(answered_in)
             if out is None or not out.hung:
                 return False
             self._hung -= 1
@@ -144,10 +167,11 @@ class HungSends:
         clock = time.monotonic() if now is None else now
         marked = 0
         with self._lock:
+            thresholds = self._thresholds()
             for out in self._out.values():
                 if self._hung >= self.limit:
                     break
-                if out.owner is owner and not out.hung and clock - out.since >= out.threshold:
+                if out.owner is owner and not out.hung and clock - out.since >= thresholds[out.destination]:
                     out.hung = True
                     self._hung += 1
                     self._by_destination[out.destination] = self._by_destination.get(out.destination, 0) + 1
@@ -158,14 +182,17 @@ class HungSends:
 
     def next_check(self, owner: Hashable, *, now: float | None = None) -> float | None:
         """Seconds until ``owner``'s sends must be looked at again: when the next of those out now passes its
-        threshold (0 if one has), and at most ``after`` (a send that starts later is hung ``after`` into it at
-        the earliest, and a send of another owner that ends may make room under the bound).  None when off."""
+        threshold (0 if one has), and at most the shortest threshold a send gets now (one that starts later is
+        hung no sooner than that into it, and a send of another owner that ends may make room under the bound).
+        None when off."""
         if self.after is None:
             return None
         clock = time.monotonic() if now is None else now
         with self._lock:
-            ends = [out.since + out.threshold for out in self._out.values() if out.owner is owner and not out.hung]
+            thresholds = self._thresholds()
+            ends = [out.since + thresholds[out.destination] for out in self._out.values() if out.owner is owner and not out.hung]
             full = self._hung >= self.limit
+            soonest = self._first_threshold()
         if full or not ends:
-            return self.after
-        return min(self.after, max(0.0, min(ends) - clock))
+            return soonest
+        return min(soonest, max(0.0, min(ends) - clock))

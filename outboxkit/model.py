@@ -125,7 +125,9 @@ class OutboxOptions:
     quarter of the send threads (``outboxkit.destination_gate``).
     ``hung_send_seconds`` (default 1 s; None turns it off): a send out
     longer than this (or than four times its destination's slowest recent
-    answer, if that is longer) is *hung* and stops counting against
+    answer, if that is longer; to a destination that has not answered yet,
+    four times the outbox's slowest recent answer, from 0.1 s up to this)
+    is *hung* and stops counting against
     ``concurrency``: it keeps its thread and its place under its
     destination's cap, and the drain claims and sends others beside it, on
     at most ``concurrency`` more threads (``outboxkit.hung_sends``).  It may

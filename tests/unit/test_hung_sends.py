@@ -1,8 +1,9 @@
-"""Hung sends: the threshold (``after``, or four times the destination's slowest recent answer), the bound, the counts."""
+"""Hung sends: the threshold (``after``, or four times the destination's slowest recent answer; for a destination
+not yet answered, a multiple of the outbox's answers within ``after``), the bound, the counts."""
 
 from __future__ import annotations
 
-from outboxkit.hung_sends import ANSWER_MULTIPLE, ANSWERS_KEPT, HungSends
+from outboxkit.hung_sends import ANSWER_MULTIPLE, ANSWERS_KEPT, FIRST_ANSWER_FLOOR_SECONDS, HungSends
 
 
 def test_a_send_is_hung_after_its_threshold_and_not_before():
@@ -59,3 +60,34 @@ def test_turned_off_nothing_is_ever_hung():
     hung.started("a", owner=owner, destination="dead", now=0.0)
     assert hung.mark_overdue(owner, now=1e9) == 0 and hung.next_check(owner) is None
     assert hung.finished("a", answered_in=None) is False and not hung.enabled
+
+
+def test_a_destination_not_yet_answered_is_hung_at_a_multiple_of_the_outboxs_answers_within_after():
+    hung = HungSends(after=1.0, limit=4)
+    owner = object()
+    assert hung.threshold("dead") == 1.0  # nobody has answered: after
+    hung.started("ok", owner=owner, destination="healthy", now=0.0)
+    hung.finished("ok", answered_in=0.005)
+    assert hung.threshold("dead") == FIRST_ANSWER_FLOOR_SECONDS  # 4 x 5 ms is below the floor
+    hung.started("slower", owner=owner, destination="healthy", now=0.0)
+    hung.finished("slower", answered_in=0.05)
+    assert hung.threshold("dead") == ANSWER_MULTIPLE * 0.05
+    assert hung.threshold("healthy") == 1.0  # one that has answered: never below after
+    hung.started("slow", owner=owner, destination="other", now=0.0)
+    hung.finished("slow", answered_in=2.0)
+    assert hung.threshold("dead") == 1.0  # never above after
+    hung.started("d", owner=owner, destination="dead", now=10.0)
+    assert hung.mark_overdue(owner, now=10.99) == 0 and hung.mark_overdue(owner, now=11.0) == 1
+
+
+def test_a_threshold_is_that_of_the_moment_not_of_the_sends_start():
+    """A blackholed destination's first sends start before anyone has answered: once the others answer, they are
+    hung at the shorter threshold, not at the one they started with."""
+    hung = HungSends(after=1.0, limit=4)
+    owner = object()
+    hung.started("dead", owner=owner, destination="dead", now=0.0)  # nobody has answered: 1 s
+    assert hung.next_check(owner, now=0.0) == 1.0
+    hung.started("ok", owner=owner, destination="healthy", now=0.0)
+    hung.finished("ok", answered_in=0.01)
+    assert hung.next_check(owner, now=0.05) == FIRST_ANSWER_FLOOR_SECONDS - 0.05
+    assert hung.mark_overdue(owner, now=0.1) == 1 and hung.by_destination() == {"dead": 1}
