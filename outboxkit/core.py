@@ -172,6 +172,12 @@ class KitCore:
                 self._drainers[job_name] = drainer
         return drainer
 
+    def hung_sends(self, job_name: str) -> int:
+        """This process's sends of one outbox hung now (``outboxkit.hung_sends``); 0 before its drainer exists."""
+        with self._lock:
+            drainer = self._drainers.get(job_name)
+        return drainer.pump.hung.count if drainer is not None else 0
+
     def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:
         """Claim, deliver and record one batch of one outbox.  Never raises for delivery or database errors."""
         return self.drainer(name_or_class).drain_once()

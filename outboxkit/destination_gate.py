@@ -35,7 +35,11 @@ drainer's next claim.
   is not capped, so one fast receiver still gets every send thread; a
   receiver that never answers holds at most the cap from its first send
   (among others), and one that starts hanging holds at most what it was sent
-  in the second before its sends count as slow.
+  in the second before its sends count as slow.  A destination that is not
+  capped (alone, or proven) still has at most ``batch_size`` sends in flight,
+  its hung sends included (``outboxkit.hung_sends``): the room a hung send
+  leaves in the outbox's concurrency is for the other destinations, never
+  for more of its own.
 
 Rows admitted before an outcome closed their destination (queued in the
 send pool behind slower sends) are checked again just before their send
@@ -181,7 +185,7 @@ class DestinationGate:
                 group, probe = self._hold_back(destination, state, group, token=token, now=now, admission=admission)
             alone = len(groups) == 1 and self._alone(destination)
             group = self._within_cap(
-                destination, state, group, uncapped=probe or alone, token=token, now=now, admission=admission
+                destination, state, group, probe=probe, alone=alone, token=token, now=now, admission=admission
             )
             granted_at = None
             if self.rate_limit is not None and group:
@@ -342,18 +346,27 @@ class DestinationGate:
         state: DestinationState | None,
         group: list[tuple[Outbox, Delivery]],
         *,
-        uncapped: bool,
+        probe: bool,
+        alone: bool,
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
     ) -> list[tuple[Outbox, Delivery]]:
-        """The rows within the destination's cap (all, if it is not suspect or ``uncapped``), registered as in flight."""
+        """The rows within the destination's cap, registered as in flight: all of a probe's; up to ``batch_size`` in
+        flight (hung sends included) if it is alone or not suspect; else up to its cap."""
         if not group:
             return group
         clock = time.monotonic()
         with self._lock:
             local = self._local[destination]
-            room = len(group) if uncapped or not local.suspect(state, clock) else max(0, self.cap - len(local.in_flight))
+            if probe:
+                room = len(group)
+            elif alone or not local.suspect(state, clock):
+                # Its hung sends (outboxkit.hung_sends) no longer count against the outbox's in-flight bound, but
+                # they count here: the room they leave is for other destinations, never for more of its own.
+                room = max(0, self.options.batch_size - len(local.in_flight))
+            else:
+                room = max(0, self.cap - len(local.in_flight))
             allowed, over = group[:room], group[room:]
             for row, _ in allowed:
                 local.in_flight[row.id] = clock

@@ -188,7 +188,7 @@ class Drainer:
     @property
     def in_flight(self) -> int:
         """Rows this drainer holds now, between claim and recorded outcome (all its drains together)."""
-        return self.pump.in_flight.held
+        return self.pump.in_flight.held + self.pump.hung.count  # a hung send gave its place back, not its row
 
     def close(self) -> None:
         """Stop the background loop, wait for sends in flight, then release the thread pool."""
@@ -255,7 +255,7 @@ class Drainer:
         the bound on rows held stays true without this call waiting.
         """
         events.abandon()
-        state.in_flight = 0
+        state.in_flight = state.hung = 0
 
     # -- the background loop -----------------------------------------------
 

@@ -55,6 +55,8 @@ class PumpState:
     """What a pump knows between two events; the background loop keeps it across database errors."""
 
     in_flight: int = 0  # rows handed to the send pool whose outcome is not yet recorded
+    hung: int = 0  # of those, sends out past their threshold: not counted against concurrency (outboxkit.hung_sends)
+    hung_check_at: float = 0.0  # time.monotonic() when the sends out are next looked at for hung ones
     more_due: bool = True  # a claim may find rows: nothing said otherwise since the last empty claim
     isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
@@ -85,7 +87,8 @@ class CallEvents(queue.SimpleQueue[object]):
             if not self._abandoned:
                 super().put(item, block, timeout)
                 return
-        self._in_flight.give(1)  # nobody will record it: the row's lease brings it back
+        if not getattr(item, "hung", False):  # a hung send's slot was freed when it hung
+            self._in_flight.give(1)  # nobody will record it: the row's lease brings it back
 
     def abandon(self) -> None:
         """No more outcomes are read: free the slots of those already queued, and of every later one as it comes."""
@@ -94,10 +97,10 @@ class CallEvents(queue.SimpleQueue[object]):
             queued = 0
             while True:
                 try:
-                    self.get_nowait()
+                    item = self.get_nowait()
                 except queue.Empty:
                     break
-                queued += 1
+                queued += 0 if getattr(item, "hung", False) else 1
         self._in_flight.give(queued)
 
 

@@ -58,6 +58,7 @@ from outboxkit.drain_claim import Claimer
 from outboxkit.drain_loop import RETRY_CLAIM_SECONDS, WAKE, Background, PumpState, ResultT, refill_threshold
 from outboxkit.drain_record import FinishedSend, OutcomeConnection, OutcomeGrouping, Recorder
 from outboxkit.errors import DeliveryBuildError
+from outboxkit.hung_sends import HungSends
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.queries import OutboxQueries
@@ -117,6 +118,11 @@ class SendPump(Generic[ResultT]):
         self.grouping = grouping or OutcomeGrouping()
         self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
         self.in_flight = InFlightLimit(self.options.batch_size)
+        # Sends out past their threshold stop counting against concurrency (outboxkit.hung_sends): the pool runs
+        # that many threads beyond its size, and their in-flight places are given back.
+        self.hung = HungSends(
+            after=self.options.hung_send_seconds, limit=self.options.concurrency, on_change=self.senders.allow_extra
+        )
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
@@ -147,10 +153,13 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
-                may_refill = state.in_flight <= self._refill_at and not (state.isolated and state.in_flight)
+                if state.in_flight > state.hung and self.hung.enabled and time.monotonic() >= state.hung_check_at:
+                    self._mark_hung(state, events)
+                counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.hung_sends)
+                may_refill = counted <= self._refill_at and not (state.isolated and state.in_flight)
                 blocked = False
                 if state.more_due and may_refill and may_claim():
-                    granted = self.in_flight.take(self.options.batch_size - state.in_flight)
+                    granted = self.in_flight.take(self.options.batch_size - counted)
                     if granted:
                         self._claim_and_send(granted, state, events, outcomes, result, background, may_claim)
                         continue
@@ -168,9 +177,18 @@ class SendPump(Generic[ResultT]):
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
+                hung_check = None
+                if state.in_flight > state.hung and self.hung.enabled:
+                    hung_check = max(0.0, state.hung_check_at - time.monotonic())
+                    if timeout is not None and hung_check >= timeout:
+                        hung_check = None
+                    else:
+                        timeout = hung_check
                 try:
                     event = events.get(timeout=timeout)
                 except queue.Empty:
+                    if hung_check is not None:  # a send may be hung now: looked at on the next turn
+                        continue
                     if state.due_read is not None:  # the claim's sends have started: its read is due
                         self._read_due(state, outcomes)
                     else:
@@ -179,10 +197,14 @@ class SendPump(Generic[ResultT]):
                 if not isinstance(event, FinishedSend):
                     self._control(event, state, background, result)
                     continue
-                group, control = gather_group(event, events, in_flight=state.in_flight, grouping=self.grouping)
+                group, control = gather_group(
+                    event, events, in_flight=max(1, state.in_flight - state.hung), grouping=self.grouping
+                )
                 self._control(control, state, background, result)  # before the write, which may raise: never lost
+                hung = sum(1 for finished in group if finished.hung)  # their places were given back when they hung
                 state.in_flight -= len(group)
-                self.in_flight.give(len(group))
+                state.hung -= hung
+                self.in_flight.give(len(group) - hung)
                 if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
                     state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
@@ -190,6 +212,20 @@ class SendPump(Generic[ResultT]):
                     self._read_due(state, outcomes)
                 if self.gate.take_released():  # its destination closed: the rows it held are due now
                     state.more_due = True
+
+    def _mark_hung(self, state: PumpState, events: queue.SimpleQueue[object]) -> None:
+        """Sends of this pump out past their threshold stop counting against concurrency: their in-flight places
+        are given back (the pool already lets as many threads beyond its size run), so the pump claims more."""
+        now = time.monotonic()
+        marked = self.hung.mark_overdue(events, now=now)
+        # Looked at again when the next send out now passes its threshold, or the shortest threshold from now at
+        # the latest: a send that starts later cannot pass its own before that.
+        state.hung_check_at = now + (self.hung.next_check(events, now=now) or 0.0)
+        if marked:
+            state.hung += marked
+            self.in_flight.give(marked)
+            if state.awaiting_outcome:  # a capped claim waits for a place: one is free now
+                state.awaiting_outcome, state.more_due = False, True
 
     def _control(
         self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
@@ -330,6 +366,8 @@ class SendPump(Generic[ResultT]):
             return
         attempt = None
         started = time.monotonic()
+        send_key = (row.id, token)
+        self.hung.started(send_key, owner=finished, destination=destination, now=started)
         probe = self.telemetry.sending(self.job_name, row, delivery, key)  # may add a traceparent header
         try:
             assert row.claimed_until is not None  # the claim stamped it
@@ -349,11 +387,13 @@ class SendPump(Generic[ResultT]):
             # Always hand something back, or the recording thread would wait for this row forever.
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
+            elapsed = time.monotonic() - started
+            answered = attempt.status_code is not None  # the receiver answered: how long it took is its answer time
+            hung = self.hung.finished(send_key, answered_in=elapsed if answered else None)
             outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
             probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
             self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
-            finished.put(FinishedSend(row, token, attempt, started_at, destination))
-        elapsed = time.monotonic() - started
+            finished.put(FinishedSend(row, token, attempt, started_at, destination, hung=hung))
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
             logger.warning(

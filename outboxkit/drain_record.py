@@ -125,6 +125,7 @@ class FinishedSend:
     attempt: AttemptResult
     started_at: datetime | None = None  # None: no send started (build_delivery failed)
     destination: str | None = None  # where it was sent (None: no send, or no destination to track)
+    hung: bool = False  # it was out past its threshold (outboxkit.hung_sends): its in-flight place was given back then
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ Two kinds of figure, with different costs:
   duration, drain run duration, database errors, leadership changes, job
   runs and each job's last success, the NOTIFY listener's connection and
   reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
+  So does ``outboxkit_hung_sends``, a gauge read from this process's drainers at each scrape
+  (``outboxkit.hung_sends``).
 * The row gauges (pending, in flight, stuck, oldest due age, held by order) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
@@ -220,6 +222,12 @@ class OutboxMetrics(Observer):
             "outboxkit_attempt_history_dropped", "Attempt-history records that could not be written (delivery went on)",
             outbox, registry=registry,
         )
+        self.hung_sends = gauge(
+            "outboxkit_hung_sends",
+            "Sends of this process out past their hung threshold (hung_send_seconds): no longer counted against the "
+            "outbox's concurrency, each beside a replacement (at most concurrency at once; sum across processes)",
+            outbox, registry=registry,
+        )
         for change in ("elected", "demoted"):
             self.leadership_changes.labels(change=change)
 
@@ -238,6 +246,8 @@ class OutboxMetrics(Observer):
                 self.drain_run_duration.labels(outbox=job_name, kind=kind)
             self.drain_errors.labels(outbox=job_name)
             self.attempt_history_dropped.labels(outbox=job_name)
+            # Read at each scrape from this process's drainer (no database): what hangs now.
+            self.hung_sends.labels(outbox=job_name).set_function(lambda: self.kit.hung_sends(job_name))
             self._attempt("delivered", job_name, 200)
         return children
 

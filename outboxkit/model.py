@@ -58,6 +58,7 @@ from sqlalchemy.orm import Mapped, MappedColumn, declared_attr, mapped_column
 
 from outboxkit.destinations import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
+from outboxkit.hung_sends import DEFAULT_HUNG_SEND_SECONDS
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.rate_limits import RateLimit
 from outboxkit.transport import Delivery, validate_timeout
@@ -122,6 +123,16 @@ class OutboxOptions:
     second) and other destinations have rows to send; default
     ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
     quarter of the send threads (``outboxkit.destination_gate``).
+    ``hung_send_seconds`` (default 1 s; None turns it off): a send out
+    longer than this (or than four times its destination's slowest recent
+    answer, if that is longer; to a destination that has not answered yet,
+    four times the outbox's slowest recent answer, from 0.1 s up to this)
+    is *hung* and stops counting against
+    ``concurrency``: it keeps its thread and its place under its
+    destination's cap, and the drain claims and sends others beside it, on
+    at most ``concurrency`` more threads (``outboxkit.hung_sends``).  It may
+    be replaced per environment (``OUTBOXKIT_OUTBOXES__<KEY>__HUNG_SEND_SECONDS``:
+    seconds, or ``off``).
     ``rate_limit`` (default None: none) limits the requests per second each
     destination gets, across every process (``RateLimit(per_second=...)``,
     or limits for named destinations; ``outboxkit.rate_limits`` says how
@@ -159,6 +170,7 @@ class OutboxOptions:
     transport: Transport | None = field(default=None, compare=False)
     breaker: BreakerOptions | None = BreakerOptions()  # None: off
     destination_concurrency: int | None = None
+    hung_send_seconds: float | None = DEFAULT_HUNG_SEND_SECONDS
     rate_limit: RateLimit | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
@@ -216,6 +228,14 @@ class OutboxOptions:
             raise ConfigurationError(
                 f"outbox {self.job_name!r}: destination_concurrency must be None or an integer from 1 to concurrency "
                 f"({self.concurrency}), got {cap!r}"
+            )
+        hung = self.hung_send_seconds
+        if hung is not None and (
+            isinstance(hung, bool) or not isinstance(hung, (int, float)) or not math.isfinite(hung) or hung <= 0
+        ):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: hung_send_seconds must be None (off) or a positive number of seconds, "
+                f"got {hung!r}"
             )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):

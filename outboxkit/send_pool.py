@@ -15,6 +15,10 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
   and 32 to 45 of 200 rows in ``bench/latency.py`` opened a new connection
   (a connect, and a TLS handshake for ``https://``, on the idle-latency
   path; docs/performance.md).
+  Sends that have hung (``outboxkit.hung_sends``) stop counting against
+  ``size``: ``allow_extra(n)`` lets ``n`` more threads run (at most ``size``
+  more), so at most ``size`` threads run sends that are not hung and at most
+  ``2 x size`` threads run at all.
 * ``InFlightLimit``: how many rows one drainer holds between their claim and
   their recorded outcome, summed over every drain of that drainer running at
   once in the process (the background loop, the leader's safety-net drain, a
@@ -22,6 +26,10 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
   most ``batch_size`` rows wait for ``concurrency`` send threads, so a claimed
   row is sent within ``ceil(batch_size / concurrency)`` rounds of sends, each
   bounded by the transport's total deadline (``OutboxOptions.minimum_lease``).
+  A hung send's row gives its place back (the drain calls ``give`` when it
+  hangs, not again when it ends): it has started, and the rows still waiting
+  run on ``concurrency`` threads besides the hung ones, so the bound on the
+  rows that wait, and the lease, are as before.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ class SendPool:
         self._idle: list[_Idle] = []  # the thread that went idle last is at the end
         self._queued: deque[_Job] = deque()  # jobs that found every thread busy
         self._threads: list[threading.Thread] = []
+        self._extra = 0  # threads beyond size allowed to run: as many as sends have hung (allow_extra)
         self._shut_down = False
 
     @property
@@ -79,25 +88,42 @@ class SendPool:
         with self._lock:
             return len(self._idle)
 
+    @property
+    def extra(self) -> int:
+        """How many threads beyond ``size`` may run now (``allow_extra``)."""
+        with self._lock:
+            return self._extra
+
     def submit(self, function: Callable[..., None], *arguments: object) -> None:
         job: _Job = (function, arguments)
         with self._lock:
             if self._shut_down:
                 raise KitClosedError("this drainer is closed")
-            if self._idle:
-                idle = self._idle.pop()
-            elif len(self._threads) >= self._size:
+            if not self._start(job):
                 self._queued.append(job)
-                return
-            else:
-                thread = threading.Thread(
-                    target=self._work, args=(job,), name=f"{self._name}-{len(self._threads)}", daemon=True
-                )
-                thread.start()
-                self._threads.append(thread)
-                return
-        idle.job = job
-        idle.ready.release()
+
+    def allow_extra(self, count: int) -> None:
+        """Let ``count`` threads beyond ``size`` run (as many as sends have hung; at most ``size``); queued jobs
+        start at once on the room it makes.  A lower count takes effect as running jobs end."""
+        with self._lock:
+            self._extra = max(0, min(count, self._size))
+            while self._queued and self._start(self._queued[0]):
+                self._queued.popleft()
+
+    def _start(self, job: _Job) -> bool:
+        """Under the lock: run ``job`` now on an idle thread or a new one, if fewer than ``size + extra`` are busy."""
+        busy = len(self._threads) - len(self._idle)
+        if busy >= self._size + self._extra:
+            return False
+        if self._idle:
+            idle = self._idle.pop()
+            idle.job = job
+            idle.ready.release()
+            return True
+        thread = threading.Thread(target=self._work, args=(job,), name=f"{self._name}-{len(self._threads)}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return True
 
     def shutdown(self) -> None:
         """Let queued jobs finish, then stop the threads."""
@@ -115,14 +141,17 @@ class SendPool:
         while job is not None:
             function, arguments = job
             function(*arguments)
-            if self._queued:  # busy: the next queued job, without the lock (only send threads take jobs out)
+            if self._queued and len(self._threads) <= self._size:
+                # Busy: the next queued job, without the lock.  With no thread beyond size ever started, this
+                # thread's place is always within size + extra.
                 try:
                     job = self._queued.popleft()
                     continue
                 except IndexError:  # another thread took the last one meanwhile
                     pass
             with self._lock:  # going idle: looked at again under the lock, which submit() queues under
-                if self._queued:
+                busy = len(self._threads) - len(self._idle)  # this thread included (and any ended by shutdown)
+                if self._queued and (busy <= self._size + self._extra or self._shut_down):
                     job = self._queued.popleft()
                     continue
                 if self._shut_down:

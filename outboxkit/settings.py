@@ -8,6 +8,7 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RETAIN_DONE_FOR=604800   # or "off"
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__WEBHOOK_SECRETS=whsec_new...,whsec_old...   # sign_webhooks outboxes
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RATE_LIMIT=20       # requests/s per destination; JSON for more, or "off"
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__HUNG_SEND_SECONDS=2 # a send out longer is hung: no longer counted; or "off"
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
@@ -173,6 +174,8 @@ class OutboxOverride(BaseModel):
     # Requests per second per destination (outboxkit.rate_limits), replacing the class's rate_limit: a number
     # for every destination, a JSON object of RateLimit's arguments, or "off" to lift the class's limit.
     rate_limit: RateLimitOverride | Literal["off"] | None = None
+    # Seconds after which a send is hung and stops counting against concurrency (outboxkit.hung_sends), or "off".
+    hung_send_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | Literal["off"] | None = None
     # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.webhook_signing).
     webhook_secrets: tuple[SecretStr, ...] | None = Field(default=None, min_length=1)
 
@@ -200,7 +203,7 @@ class OutboxOverride(BaseModel):
     def values(self) -> dict[str, object]:
         """The fields that are set, as ``OutboxOptions`` keyword arguments."""
         values = {name: value for name, value in self.model_dump().items() if value is not None}
-        for name in ("retain_done_for", "rate_limit"):
+        for name in ("retain_done_for", "rate_limit", "hung_send_seconds"):
             if values.get(name) == "off":
                 values[name] = None
         return values

@@ -107,6 +107,16 @@ def test_a_lease_that_is_not_finite_seconds_is_refused(lease):
         OutboxOptions(job_name="grants", lease=lease)
 
 
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), True, "1"])
+def test_hung_send_seconds_must_be_positive_seconds_or_none(seconds):
+    with pytest.raises(ConfigurationError, match="hung_send_seconds must be None"):
+        OutboxOptions(job_name="grants", hung_send_seconds=seconds)
+    assert OutboxOptions(job_name="grants").hung_send_seconds == 1.0
+    assert OutboxOptions(job_name="grants", hung_send_seconds=None).hung_send_seconds is None
+    # The lease is sized as before: a hung send neither shortens a row's wait nor lengthens its own deadline.
+    assert OutboxOptions(job_name="grants", hung_send_seconds=0.1).minimum_lease == OutboxOptions(job_name="grants").minimum_lease
+
+
 def test_retention_is_off_by_default_and_takes_seconds():
     assert OutboxOptions(job_name="grants").retain_done_for is None
     assert OutboxOptions(job_name="grants", retain_done_for=7 * 86400).retain_done_for == 604800

@@ -79,3 +79,30 @@ def test_shutdown_ends_idle_threads_and_refuses_new_jobs():
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("test-send-")]
     with pytest.raises(KitClosedError):
         pool.submit(done.set)
+
+
+def test_allow_extra_runs_queued_jobs_beyond_size_and_never_more_than_twice_size():
+    pool = SendPool(2, name="test-send")
+    release = threading.Event()
+    running: list[int] = []
+    lock = threading.Lock()
+
+    def job(n: int) -> None:
+        with lock:
+            running.append(n)
+        release.wait(10)
+
+    try:
+        for n in range(7):
+            pool.submit(job, n)
+        wait_until(lambda: len(running) == 2, message="two jobs run, five wait")
+        pool.allow_extra(1)  # one send hung: one more runs
+        wait_until(lambda: len(running) == 3, message="a third job runs")
+        pool.allow_extra(10)  # never beyond size more
+        wait_until(lambda: len(running) == 4, message="a fourth job runs")
+        assert pool.threads == 4 and pool.extra == 2
+        pool.allow_extra(0)  # the hung sends ended: the busy threads drain back to size before more start
+        release.set()
+    finally:
+        pool.shutdown()
+    assert sorted(running) == list(range(7)) and pool.threads == 4

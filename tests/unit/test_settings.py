@@ -140,6 +140,13 @@ def test_the_rate_limit_variable_replaces_the_class_limit(offline_engine, monkey
     assert LimitedEvent.__outbox__.rate_limit == RateLimit(per_second=5)  # the class itself is untouched
 
 
+@pytest.mark.parametrize(("value", "expected"), [(None, 1.0), ("2.5", 2.5), ("off", None)])
+def test_the_hung_send_seconds_variable_replaces_the_class_option(offline_engine, monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", value)
+    assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).hung_send_seconds == expected
+
+
 def test_the_rate_limit_in_the_json_form_and_the_class_limit_without_a_setting(offline_engine, monkeypatch):
     assert kit_rate_limit(offline_engine) == RateLimit(per_second=5)
     monkeypatch.setenv("OUTBOXKIT_OUTBOXES", '{"limited-events": {"rate_limit": {"per_second": 7}}}')
@@ -230,6 +237,9 @@ def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monk
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {"https://a:443": 0}}',
          "destinations.https://a:443: Input should be greater than 0"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RATE_LIMIT", '{"destinations": {"": 2}}', "String should have at least 1 character"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "0", "greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "soon", "valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "inf", "finite number"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETRIES", "3", "per-outbox settings are backoff, max_attempts"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", "3", "valid dictionary"),
         ("OUTBOXKIT_ENVIRONMENT", "prod", "'production'"),
