@@ -173,7 +173,7 @@ def healthy_rate(
     ``Drainer.drain`` called in a loop."""
     clear(engine)
     urls = [dead_url if dead_url is not None and n % 10 == 9 else healthy_url for n in range(rows)]
-    urls = [f"{url}/hook" for url in urls]  # type: ignore[misc]
+    urls = [f"{url}/hook" for url in urls]
     insert_rows(engine, urls)
     healthy = sum(1 for url in urls if url.startswith(healthy_url))
     stop = threading.Event()
@@ -202,7 +202,7 @@ def healthy_rate(
     return healthy / elapsed
 
 
-def run_worker(sqlalchemy_url: str, stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+def run_worker(sqlalchemy_url: str, stop: multiprocessing.synchronize.Event) -> None:
     engine = create_engine(sqlalchemy_url, pool_size=5)
     options = dataclasses.replace(
         WebhookOutbox.__outbox__, breaker=BreakerOptions(cool_down=PROBE_COOL_DOWN, max_cool_down=PROBE_COOL_DOWN)
