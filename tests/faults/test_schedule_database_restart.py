@@ -17,7 +17,9 @@ restarted; each one's loop retries and its pool reconnects).  At the end
 (``ScheduleLedger``): no occurrence ran twice; none is recorded ``missed``
 and every fire time ran or coalesced into a later run within the grace; no
 run started before its fire time; no schedule's runs overlapped; no run is
-left ``running``; and every process logged the failure it recovered from
+left ``running`` once the runners have swept the runs a restart interrupted
+(a claim committed as the server went down: its runner never started it, and
+its lease expires into ``abandoned``); and every process logged the failure it recovered from
 (a failed turn of its loop, or the loss of its LISTEN session).
 """
 
@@ -28,7 +30,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine, text
 
 from tests.faults.fleet import WorkerFleet
 from tests.faults.private_server import PrivateServer
@@ -39,7 +41,7 @@ from tests.support.database import sqlalchemy_url
 
 pytestmark = pytest.mark.timeout(600)
 
-PERIOD, GRACE, SCHEDULES = 1.0, 60.0, 10
+PERIOD, GRACE, SCHEDULES, LEASE = 1.0, 60.0, 10, 6.0
 WORKERS = ["schedules-1", "schedules-2", "schedules-3"]
 # Seconds after a fire time, in turn per restart: the runners are claiming.
 PAST_THE_SECOND = [0.002, 0.015, 0.030, 0.008, 0.022, 0.004]
@@ -52,6 +54,16 @@ def database_now(database_url: str) -> datetime:
         return moment
 
 
+def stale_runs(engine: Engine, *, older_than: float) -> list[tuple[str, datetime]]:
+    """Runs still recorded ``running`` that started more than ``older_than`` seconds ago (by the server's clock)."""
+    with engine.connect() as connection:
+        return [(name, at) for name, at in connection.execute(
+            text("SELECT job_id, scheduled_for FROM outboxkit_job_runs WHERE outcome = 'running' "
+                 "AND started_at < now() - make_interval(secs => :seconds)"),
+            {"seconds": older_than},
+        )]  # fmt: skip
+
+
 @pytest.mark.parametrize("restarts", RESTARTS)
 def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each_occurrence_once(
     private_server: PrivateServer, tmp_path, restarts: int
@@ -59,7 +71,7 @@ def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each
     database_url = private_server.database_url("crash")
     engine = create_engine(sqlalchemy_url(database_url), pool_size=2, max_overflow=2, pool_pre_ping=True)
     names = install_schedules(engine, count=SCHEDULES, period=PERIOD, grace=GRACE)
-    command = schedule_worker_command(sqlalchemy_url(database_url), lease=6.0, job_seconds=0.05, max_workers=4)
+    command = schedule_worker_command(sqlalchemy_url(database_url), lease=LEASE, job_seconds=0.05, max_workers=4)
 
     def fired_since(worker: str, since) -> bool:
         return any(run.holder.startswith(worker + ":") and run.started_at >= since
@@ -91,6 +103,10 @@ def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each
                 for worker in WORKERS:  # each recovers by itself
                     wait_until(lambda worker=worker, restarted=restarted: fired_since(worker, restarted),
                                f"{worker} firing after the restart")
+            # A run whose claim committed as the server went down is one its runner never started (to it, the
+            # claim failed): it stays 'running' until its lease (6 s) expires and a runner's sweep records it
+            # abandoned.  The processes keep running until every such run is swept.
+            wait_until(lambda: not stale_runs(engine, older_than=LEASE + 2), "every interrupted run swept")
             end = database_now(database_url) - timedelta(seconds=3)
         deaths = fleet.deaths()
         # What each process logged of the restarts: its loop's failed turn (a restart that caught it in a

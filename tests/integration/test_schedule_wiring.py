@@ -60,9 +60,21 @@ def nothing(context: JobContext) -> None:
     return None
 
 
+# The threads alive when the test started: a sibling test's schedule threads still ending (an executor that
+# the garbage collector has not yet reaped, a run finishing after its kit closed) are not this test's kit.
+_threads_before: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _note_threads_before() -> None:
+    _threads_before.clear()
+    _threads_before.update(threading.enumerate())
+
+
 def kit_threads() -> list[str]:
-    """The threads of the schedule loop and its runs that are alive now."""
-    return [thread.name for thread in threading.enumerate() if thread.name.startswith("outboxkit-schedule")]
+    """The threads of this test's schedule loop and runs that are alive now."""
+    return [thread.name for thread in threading.enumerate()
+            if thread.name.startswith("outboxkit-schedule") and thread not in _threads_before]  # fmt: skip
 
 
 # -- the lifespan ----------------------------------------------------------------------------
