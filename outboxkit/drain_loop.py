@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
 from outboxkit.drain_claim import DrainCounts
+from outboxkit.hung_sends import HungSends
 from outboxkit.send_pool import InFlightLimit
 
 __all__ = [
@@ -67,6 +69,13 @@ class PumpState:
     # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's
     # sends (``drain_pump.SendPump``).
     due_read: Literal["short", "empty"] | None = None
+
+    def hung_check_in(self, hung_sends: HungSends, *, now: float | None = None) -> float | None:
+        """Seconds until the pump's sends out are next looked at for hung ones (0: now; ``now`` is
+        ``time.monotonic()``); None when none can become hung: ``hung_sends`` is off, or every send out is hung already."""
+        if not hung_sends.enabled or self.in_flight <= self.hung:
+            return None
+        return max(0.0, self.hung_check_at - (time.monotonic() if now is None else now))
 
 
 WAKE = object()

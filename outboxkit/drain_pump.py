@@ -153,7 +153,7 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
-                if state.in_flight > state.hung and self.hung.enabled and time.monotonic() >= state.hung_check_at:
+                if state.hung_check_in(self.hung) == 0.0:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.hung_sends)
                 may_refill = counted <= self._refill_at and not (state.isolated and state.in_flight)
@@ -177,9 +177,8 @@ class SendPump(Generic[ResultT]):
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
-                hung_check = None
-                if state.in_flight > state.hung and self.hung.enabled:
-                    hung_check = max(0.0, state.hung_check_at - time.monotonic())
+                hung_check = state.hung_check_in(self.hung)
+                if hung_check is not None:
                     if timeout is not None and hung_check >= timeout:
                         hung_check = None
                     else:

@@ -45,3 +45,19 @@ def test_a_claims_earliest_due_read_waits_for_an_outcome_at_most_its_short_delay
     assert background.wait_seconds(state, blocked=False, now=now) == DUE_READ_DELAY_SECONDS / 2
     state.due_read, state.next_due = None, None
     assert background.wait_seconds(state, blocked=False, now=now) == 60.0
+
+
+def test_the_loop_looks_for_hung_sends_only_while_a_send_out_can_still_become_hung():
+    from outboxkit.drain_loop import PumpState
+    from outboxkit.hung_sends import HungSends
+
+    on, off = HungSends(after=1.0, limit=4), HungSends(after=None, limit=4)
+    state = PumpState(in_flight=2, hung=1, hung_check_at=100.0)
+    # A send out is not hung yet: the seconds until the next look, 0 once it is due (the pump looks now).
+    assert state.hung_check_in(on, now=99.5) == 0.5
+    assert state.hung_check_in(on, now=100.0) == 0.0
+    assert state.hung_check_in(on, now=101.0) == 0.0
+    # Hung sends off, nothing in flight, or every send out hung already: nothing to look for, no timer.
+    assert state.hung_check_in(off, now=101.0) is None
+    assert PumpState(hung_check_at=100.0).hung_check_in(on, now=101.0) is None
+    assert PumpState(in_flight=2, hung=2, hung_check_at=100.0).hung_check_in(on, now=101.0) is None
