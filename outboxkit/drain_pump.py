@@ -264,15 +264,12 @@ class SendPump(Generic[ResultT]):
         may_claim: Callable[[], bool],
     ) -> None:
         self.gate.settle()  # rows given back over a cap are due again: let this claim see them
+        # A held connection that died while the loop was idle is replaced and the claim made once more: nothing was
+        # sent, and rows a lost claim took come due at its lease's end.
         try:
-            try:
-                rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim, outcomes.get())
-            except Exception:
-                if not outcomes.discard_broken():
-                    raise
-                # The held connection died while the loop was idle (a server restart, an idle timeout): nothing
-                # was sent, so claim once more on a fresh one (rows the lost claim took come due at its lease end).
-                rows, token, taken, orphaned, quiet = self.claimer.claim(granted, result, may_claim, outcomes.get())
+            rows, token, taken, orphaned, quiet = outcomes.run_reconnecting(
+                lambda connection: self.claimer.claim(granted, result, may_claim, connection)
+            )
         except BaseException:
             self.in_flight.give(granted)
             raise

@@ -56,9 +56,10 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
 
@@ -85,6 +86,8 @@ DEFAULT_GROUP_MAX_ROWS = 50
 DEFAULT_GROUP_MAX_DELAY_SECONDS = 0.002
 # A group's wait must stay far inside the record margin a send leaves before its lease ends.
 MAX_GROUP_DELAY_SECONDS = 0.1
+
+StepResult = TypeVar("StepResult")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +156,18 @@ class OutcomeConnection:
     def held(self) -> Connection | None:
         """The connection if it was checked out already, else None (a reader then takes a short-lived one)."""
         return self._connection
+
+    def run_reconnecting(self, step: Callable[[Connection], StepResult]) -> StepResult:
+        """``step`` on the held connection (checked out first if none is), and once more on a fresh one if it
+        raised and that connection is found broken (``discard_broken``: a server restart, or an idle timeout that
+        ended the session while the loop waited).  Any other failure, or a second one, is raised.  ``step`` must be
+        safe to run again after it failed on a dead connection."""
+        try:
+            return step(self.get())
+        except Exception:
+            if not self.discard_broken():
+                raise
+            return step(self.get())
 
     def discard_broken(self) -> bool:
         """If the held connection broke, close it (invalidated) so ``get`` checks out a fresh one; whether it had."""
