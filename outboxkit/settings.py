@@ -130,11 +130,16 @@ _RATE_LIMIT_FORMS = (
 )
 
 
+def _is_off(value: object) -> bool:
+    """``"off"`` as an environment variable may spell it: any case, spaces around it."""
+    return isinstance(value, str) and value.strip().lower() == "off"
+
+
 def _rate_limit(value: object) -> object:
     """``5`` or ``"5"`` (every destination, default burst), ``"off"``, or a JSON object of ``RateLimit``'s arguments."""
+    if _is_off(value):
+        return "off"
     if isinstance(value, str):
-        if value.strip().lower() == "off":
-            return "off"
         try:
             value = json.loads(value)
         except ValueError:
@@ -185,6 +190,11 @@ class OutboxOverride(BaseModel):
         if isinstance(value, str):  # "whsec_a,whsec_b" from a shell
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("retain_done_for", "hung_send_seconds", mode="before")
+    @classmethod
+    def _parse_off(cls, value: object) -> object:
+        return "off" if _is_off(value) else value
 
     @field_validator("rate_limit", mode="before")
     @classmethod

@@ -58,6 +58,16 @@ class LimitedEvent(Outbox, LeasedBase):
         return Delivery(url="http://127.0.0.1:1/limited")
 
 
+class RetainedEvent(Outbox, LeasedBase):
+    """An outbox that keeps delivered rows a week in code, which the RETAIN_DONE_FOR setting replaces."""
+
+    __tablename__ = "retained_event_outbox"
+    __outbox__ = OutboxOptions(job_name="retained-events", retain_done_for=7 * 86400)
+
+    def build_delivery(self) -> Delivery:
+        return Delivery(url="http://127.0.0.1:1/retained")
+
+
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start every test from no outboxkit settings, whatever the developer's shell holds."""
@@ -140,11 +150,32 @@ def test_the_rate_limit_variable_replaces_the_class_limit(offline_engine, monkey
     assert LimitedEvent.__outbox__.rate_limit == RateLimit(per_second=5)  # the class itself is untouched
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, 1.0), ("2.5", 2.5), ("off", None)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, 1.0), ("2.5", 2.5), ("off", None), ("OFF", None), (" Off ", None)]
+)
 def test_the_hung_send_seconds_variable_replaces_the_class_option(offline_engine, monkeypatch, value, expected):
     if value is not None:
         monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", value)
     assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).hung_send_seconds == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, 604800), ("86400", 86400), ("off", None), ("OFF", None), (" Off ", None)]
+)
+def test_the_retain_done_for_variable_replaces_the_class_option(offline_engine, monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("OUTBOXKIT_OUTBOXES__RETAINED_EVENTS__RETAIN_DONE_FOR", value)
+    with OutboxKit(offline_engine, [RetainedEvent]) as kit:
+        assert kit.options(RetainedEvent).retain_done_for == expected
+    assert RetainedEvent.__outbox__.retain_done_for == 604800  # the class itself is untouched
+
+
+def test_off_in_any_case_in_the_json_form(offline_engine, monkeypatch):
+    outboxes = '{"retained-events": {"retain_done_for": "OFF", "hung_send_seconds": "Off", "rate_limit": "oFF"}}'
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES", outboxes)
+    with OutboxKit(offline_engine, [RetainedEvent]) as kit:
+        options = kit.options(RetainedEvent)
+    assert (options.retain_done_for, options.hung_send_seconds, options.rate_limit) == (None, None, None)
 
 
 def test_the_rate_limit_in_the_json_form_and_the_class_limit_without_a_setting(offline_engine, monkeypatch):
@@ -240,6 +271,8 @@ def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monk
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "0", "greater than 0"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "soon", "valid number"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "inf", "finite number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_SECONDS", "of", "valid number"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETAIN_DONE_FOR", "offf", "valid number"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETRIES", "3", "per-outbox settings are backoff, max_attempts"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", "3", "valid dictionary"),
         ("OUTBOXKIT_ENVIRONMENT", "prod", "'production'"),
