@@ -78,10 +78,6 @@ class PumpState:
         return max(0.0, self.hung_check_at - (time.monotonic() if now is None else now))
 
 
-WAKE = object()
-STOP = object()
-
-
 class CallEvents(queue.SimpleQueue[object]):
     """The outcome queue of one drain call; once the call gave up (a database error), outcomes free their slot instead."""
 
