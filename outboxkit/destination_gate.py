@@ -22,13 +22,20 @@ drainer's next claim.
   last attempt here failed, its stored state shows a failure run, or one of
   its sends has been out longer than ``SLOW_SEND_SECONDS``): at most
   ``OutboxOptions.destination_cap`` of its sends are in flight from this
-  drainer; the rows beyond are not sent, keep their attempts and are due
-  again one ``timeout`` later if it is failing, ``SLOW_SEND_SECONDS`` later
-  if it is slow, and at once (behind the rows already due) if it is merely
-  not yet proven.  They are given back from a thread of their own, so the
-  pump goes on sending the others meanwhile (the next claim waits for it):
-  profiled under load, those short transactions on the pump's thread were
-  most of what a hanging destination cost the healthy ones.  The cap
+  drainer.  The rows beyond wait in the pump, still claimed
+  (``Admission.waiting``, ``outboxkit.cap_backlog``), up to the room the
+  pump has for them: when a send to their destination ends, ``readmit``
+  takes them through the gate again on what this drainer knows (no read),
+  and the first go out.  Rows beyond that room, and waiting rows whose lease
+  runs short or whose pump returns, are given back (``give_back_over_cap``):
+  not sent, their attempts kept, due again one ``timeout`` later if the
+  destination is failing, ``SLOW_SEND_SECONDS`` later if it is slow, and at
+  once (behind the rows already due) if it is merely not yet proven.  They
+  are given back from a thread of their own, so the pump goes on sending the
+  others meanwhile (the next claim waits for it): profiled under load, those
+  short transactions on the pump's thread were most of what a hanging
+  destination cost the healthy ones, and the rows given back were claimed
+  again and again, which is why rows now wait instead.  The cap
   protects the other destinations, so it applies only
   when there are others (in the batch, or with sends in flight): an outbox
   that sends to one receiver sends as before.  A destination proven healthy
@@ -114,7 +121,10 @@ class Admission:
 
     sends: list[Send] = field(default_factory=list)
     held: int = 0  # rows of destinations that are open, half-open, disabled or slowed: not sent, attempts kept
-    capped: int = 0  # rows of suspect destinations beyond their cap: not sent, attempts kept
+    capped: int = 0  # rows of suspect destinations beyond their cap, given back: not sent, attempts kept
+    # rows of suspect destinations beyond their cap that the caller keeps, claimed, for a place under it
+    # (``outboxkit.cap_backlog``): at most the ``keep`` asked for
+    waiting: list[tuple[Outbox, Delivery, str]] = field(default_factory=list)
     deferred: int = 0  # rows of rate-limited destinations without a token: not sent, attempts kept
 
 
@@ -145,6 +155,13 @@ def _failing(state: DestinationState | None) -> bool:
     return state is not None and (state.consecutive_failures > 0 or state.status != Status.HEALTHY.value)
 
 
+def _by_destination(rows: list[tuple[Outbox, Delivery, str]]) -> dict[str, list[tuple[Outbox, Delivery]]]:
+    groups: dict[str, list[tuple[Outbox, Delivery]]] = defaultdict(list)
+    for row, delivery, destination in rows:
+        groups[destination].append((row, delivery))
+    return groups
+
+
 class DestinationGate:
     """The drain's destination step for one outbox; thread-safe (several drains of one drainer share it)."""
 
@@ -164,28 +181,81 @@ class DestinationGate:
         self._releases: list[Future[None]] = []
 
     def admit(
-        self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime, quiet: bool = False
+        self,
+        rows: list[tuple[Outbox, Delivery, str]],
+        *,
+        token: uuid.UUID,
+        now: datetime,
+        quiet: bool = False,
+        keep: int = 0,
     ) -> Admission:
         """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring).
 
         ``quiet``: the claim found every stored state of this outbox's destinations quiet (healthy, no failure
         run, neither held nor slowed), so none is read: a quiet state admits rows as an absent one does.
+        ``keep``: how many rows over a cap the caller keeps waiting (``Admission.waiting``); those beyond are
+        given back.
         """
-        admission = Admission()
-        groups: dict[str, list[tuple[Outbox, Delivery]]] = defaultdict(list)
-        for row, delivery, destination in rows:
-            groups[destination].append((row, delivery))
+        groups = _by_destination(rows)
         states: dict[str, DestinationState] = {}
         if self.breaker is not None:
             states = self._forget(list(groups)) if quiet else self._read_states(list(groups))
+        return self._decide(groups, states, token=token, now=now, keep=keep, may_be_alone=True)
+
+    def readmit(
+        self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime, keep: int
+    ) -> Admission:
+        """``admit`` for rows of one claim that waited over their cap (``outboxkit.cap_backlog``), on what this
+        drainer knows of their destinations: nothing is read (a state another process wrote is seen at the next
+        claim, as for every row).  A suspect destination stays capped even with no other send in flight: rows of
+        other destinations may still be due (a claim took them beside its own), so it is never alone here."""
+        groups = _by_destination(rows)
+        with self._lock:
+            states = {destination: self._known[destination] for destination in groups if destination in self._known}
+        return self._decide(groups, states, token=token, now=now, keep=keep, may_be_alone=False)
+
+    def has_room(self, destination: str, *, now: datetime) -> bool:
+        """Whether a row of ``destination`` that waited over its cap could be sent now, on what this drainer knows
+        (its state, its sends in flight here): the pump takes the rows waiting for it through ``readmit`` then."""
+        clock = time.monotonic()
+        with self._lock:
+            state = self._known.get(destination)
+            if state is not None and state.wait_until(now) is not None:
+                return True  # readmit holds them (or makes one the probe) at once
+            return self._room(destination, self._local[destination], state, clock, alone=False) > 0
+
+    def give_back_over_cap(self, rows: list[tuple[Outbox, str]], *, token: uuid.UUID, now: datetime) -> None:
+        """Rows of one claim that waited over their cap and go back unsent (their lease ran short, or the pump
+        returns): due again when a row over the cap given back now would be (``_Local.retry_in``)."""
+        clock = time.monotonic()
+        by_wait: dict[float, list[int]] = defaultdict(list)
+        with self._lock:
+            for row, destination in rows:
+                wait = self._local[destination].retry_in(self._known.get(destination), clock, self.options.timeout)
+                by_wait[wait].append(row.id)
+        for wait, ids in by_wait.items():
+            self._release_in_background(ids, token=token, until=now + timedelta(seconds=wait), now=now)
+
+    def _decide(
+        self,
+        groups: dict[str, list[tuple[Outbox, Delivery]]],
+        states: dict[str, DestinationState],
+        *,
+        token: uuid.UUID,
+        now: datetime,
+        keep: int,
+        may_be_alone: bool,
+    ) -> Admission:
+        admission = Admission()
         for destination, group in groups.items():
             state = states.get(destination)
             probe = False
             if state is not None and state.wait_until(now) is not None:
                 group, probe = self._hold_back(destination, state, group, token=token, now=now, admission=admission)
-            alone = len(groups) == 1 and self._alone(destination)
+            alone = may_be_alone and len(groups) == 1 and self._alone(destination)
             group = self._within_cap(
-                destination, state, group, probe=probe, alone=alone, token=token, now=now, admission=admission
+                destination, state, group, probe=probe, alone=alone, token=token, now=now, admission=admission,
+                keep=keep - len(admission.waiting),
             )
             granted_at = None
             if self.rate_limit is not None and group:
@@ -266,6 +336,15 @@ class DestinationGate:
         """No other destination has a send in flight here: a cap would protect nobody."""
         with self._lock:
             return all(not local.in_flight for name, local in self._local.items() if name != destination)
+
+    def _room(self, destination: str, local: _Local, state: DestinationState | None, clock: float, *, alone: bool) -> int:
+        """Under the lock: how many more (non-probe) sends ``destination`` may have in flight here: up to
+        ``batch_size`` (hung sends included) if it is alone or not suspect, else up to its cap."""
+        if alone or not local.suspect(state, clock):
+            # Its hung sends (outboxkit.hung_sends) no longer count against the outbox's in-flight bound, but
+            # they count here: the room they leave is for other destinations, never for more of its own.
+            return max(0, self.options.batch_size - len(local.in_flight))
+        return max(0, self.cap - len(local.in_flight))
 
     def blocked(self, destination: str, *, now: datetime, granted_at: datetime | None = None) -> bool:
         """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
@@ -351,26 +430,23 @@ class DestinationGate:
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
+        keep: int,
     ) -> list[tuple[Outbox, Delivery]]:
-        """The rows within the destination's cap, registered as in flight: all of a probe's; up to ``batch_size`` in
-        flight (hung sends included) if it is alone or not suspect; else up to its cap."""
+        """The rows within the destination's room (``_room``; all of a probe's), registered as in flight; of those
+        over it, up to ``keep`` wait (``Admission.waiting``) and the others are given back."""
         if not group:
             return group
         clock = time.monotonic()
         with self._lock:
             local = self._local[destination]
-            if probe:
-                room = len(group)
-            elif alone or not local.suspect(state, clock):
-                # Its hung sends (outboxkit.hung_sends) no longer count against the outbox's in-flight bound, but
-                # they count here: the room they leave is for other destinations, never for more of its own.
-                room = max(0, self.options.batch_size - len(local.in_flight))
-            else:
-                room = max(0, self.cap - len(local.in_flight))
+            room = len(group) if probe else self._room(destination, local, state, clock, alone=alone)
             allowed, over = group[:room], group[room:]
             for row, _ in allowed:
                 local.in_flight[row.id] = clock
             wait = local.retry_in(state, clock, self.options.timeout)
+        if over and keep > 0:
+            admission.waiting.extend((row, delivery, destination) for row, delivery in over[:keep])
+            over = over[keep:]
         if over:
             later = now + timedelta(seconds=wait)
             self._release_in_background([row.id for row, _ in over], token=token, until=later, now=now)

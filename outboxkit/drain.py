@@ -222,7 +222,7 @@ class Drainer:
 
     def _run(self, *, max_claims: int | None, deadline: float | None, stop: threading.Event | None) -> DrainResult:
         result = DrainResult(job_name=self.job_name)
-        state = PumpState()
+        state = self.pump.new_state()
         events = CallEvents(self.pump.in_flight)
 
         def may_claim() -> bool:
@@ -323,7 +323,7 @@ class Drainer:
                 self._background = None
 
     def _serve(self, background: Background[DrainResult]) -> None:
-        state = PumpState()
+        state = self.pump.new_state()
         backoff = FIRST_ERROR_BACKOFF_SECONDS
         while not background.stopping.is_set() or state.in_flight:
             try:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
+from outboxkit.cap_backlog import CapBacklog
 from outboxkit.drain_claim import DrainCounts
 from outboxkit.hung_sends import HungSends
 from outboxkit.send_pool import InFlightLimit
@@ -69,6 +70,9 @@ class PumpState:
     # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's
     # sends (``drain_pump.SendPump``).
     due_read: Literal["short", "empty"] | None = None
+    # Claimed rows over their destination's cap, waiting for a place under it (outboxkit.cap_backlog); the pump
+    # makes its states with a backlog (``SendPump.new_state``), a bare state keeps none.
+    waiting: CapBacklog = field(default_factory=lambda: CapBacklog(0))
 
     def hung_check_in(self, hung_sends: HungSends, *, now: float | None = None) -> float | None:
         """Seconds until the pump's sends out are next looked at for hung ones (0: now; ``now`` is

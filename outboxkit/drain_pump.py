@@ -6,8 +6,11 @@
 
    Each row's destination (``Outbox.destination_for``) then decides whether
    it goes now (``outboxkit.destination_gate``): rows of a destination whose
-   breaker is open, or that is slowed, over its cap or out of rate-limit
-   tokens, are given back unsent with their attempts kept.
+   breaker is open, or that is slowed or out of rate-limit tokens, are given
+   back unsent with their attempts kept; rows over a suspect destination's
+   cap wait in the pump, claimed, for a place under it
+   (``outboxkit.cap_backlog``: up to ``WAITING_BATCHES`` batches; given back
+   when their lease runs short, or when the pump stops or returns).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -45,13 +48,14 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic
 
 from sqlalchemy import Engine
 
+from outboxkit.cap_backlog import CapBacklog, Waiting
 from outboxkit.clock import Clock
-from outboxkit.destination_gate import DestinationGate
+from outboxkit.destination_gate import Admission, DestinationGate, Send
 from outboxkit.destinations import check_destination_name
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
@@ -77,6 +81,8 @@ DEADLINE_SLACK_SECONDS = 1.0
 # than the timeout, if that is shorter) the row is not sent but retried.
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
+# Rows over their destination's cap that wait in the pump (outboxkit.cap_backlog): at most this many batches.
+WAITING_BATCHES = 2
 
 _GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
 
@@ -132,6 +138,10 @@ class SendPump(Generic[ResultT]):
     def job_name(self) -> str:
         return self.options.job_name
 
+    def new_state(self) -> PumpState:
+        """A fresh state for a drain call or the background loop, with room for rows waiting over a cap."""
+        return PumpState(waiting=CapBacklog(WAITING_BATCHES * self.options.batch_size))
+
     def pump(
         self,
         result: ResultT,
@@ -153,6 +163,13 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
+                if state.waiting:
+                    if not may_claim():  # stopping, or a call's limit reached: rows over a cap go back, not wait
+                        self._give_back_waiting(state.waiting.take(), result)
+                    else:
+                        self._expire_waiting(state, result)
+                        if not state.in_flight:  # no outcome of this pump will free a place: look now
+                            self._send_waiting(state, events, result)
                 if state.hung_check_in(self.hung) == 0.0:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.hung_sends)
@@ -168,15 +185,23 @@ class SendPump(Generic[ResultT]):
                     self.recorder.flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
+                        self._give_back_waiting(state.waiting.take(), result)
                         return
                     timeout = None
                 else:
                     if background.stopping.is_set() and not state.in_flight:
+                        self._give_back_waiting(state.waiting.take(), result)
                         return
                     if not state.in_flight and not state.more_due and result.eventful:
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
+                expiry = state.waiting.next_expiry
+                if expiry is not None:  # a row waiting over its cap must go back before its lease runs short
+                    until_expiry = max(0.0, (expiry - self.clock.now()).total_seconds())
+                    if not state.in_flight:  # its places are held by this drainer's other drains: look again soon
+                        until_expiry = min(until_expiry, RETRY_CLAIM_SECONDS)
+                    timeout = until_expiry if timeout is None else min(timeout, until_expiry)
                 hung_check = state.hung_check_in(self.hung)
                 if hung_check is not None:
                     if timeout is not None and hung_check >= timeout:
@@ -207,6 +232,8 @@ class SendPump(Generic[ResultT]):
                 if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
                     state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
+                if state.waiting and may_claim():  # a send is back: a place under its destination's cap may be free
+                    self._send_waiting(state, events, result)
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
                 if self.gate.take_released():  # its destination closed: the rows it held are due now
@@ -283,19 +310,13 @@ class SendPump(Generic[ResultT]):
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
         deliveries, build_failures = self._build(rows)
-        admission = self.gate.admit(deliveries, token=token, now=self.clock.now(), quiet=quiet)
-        result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
+        admission = self.gate.admit(
+            deliveries, token=token, now=self.clock.now(), quiet=quiet, keep=state.waiting.room
+        )
         if admission.capped:
             state.more_due, state.awaiting_outcome = False, True
         self.in_flight.give(granted - len(admission.sends))
-        timeout = self.options.timeout
-        for send in admission.sends:
-            key = str(send.row.idempotency_key)
-            self.senders.submit(
-                self._send_one, events, send.row, token, send.delivery, key, timeout, send.destination, send.probe,
-                result.telemetry_links, send.granted_at,
-            )
-            state.in_flight += 1
+        self._admitted(admission, token, state, events, result)
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
@@ -317,6 +338,81 @@ class SendPump(Generic[ResultT]):
             state.due_read = "short" if short else "empty"
             if not state.in_flight:
                 self._read_due(state, outcomes)
+
+    def _admitted(
+        self,
+        admission: Admission,
+        token: uuid.UUID,
+        state: PumpState,
+        events: queue.SimpleQueue[object],
+        result: ResultT,
+        send_by: dict[int, datetime] | None = None,
+    ) -> None:
+        """Act on the gate's decision for rows of one claim (``token``): send those it cleared (their in-flight
+        places already taken), keep those over a cap waiting (``send_by``: when each must go back, for rows that
+        waited before), count those given back."""
+        result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
+        if admission.waiting:
+            state.waiting.add([
+                Waiting(row, delivery, destination, token, (send_by or {}).get(row.id) or self._send_by(row))
+                for row, delivery, destination in admission.waiting
+            ])
+        for send in admission.sends:
+            self._submit(send, token, events, result)
+            state.in_flight += 1
+
+    def _submit(self, send: Send, token: uuid.UUID, events: queue.SimpleQueue[object], result: ResultT) -> None:
+        key = str(send.row.idempotency_key)
+        self.senders.submit(
+            self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
+            send.probe, result.telemetry_links, send.granted_at,
+        )
+
+    def _send_by(self, row: Outbox) -> datetime:
+        """The latest a row may wait over its cap: its lease's end, less the time to record and one whole send."""
+        assert row.claimed_until is not None  # the claim stamped it
+        return row.claimed_until - timedelta(seconds=self._record_margin + self.options.timeout)
+
+    def _send_waiting(self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT) -> None:
+        """Rows waiting over their cap whose destination has room now go through the gate again
+        (``DestinationGate.readmit``): the first are sent, a destination found open holds them, the rest wait on."""
+        now = self.clock.now()
+        ready = {name for name in state.waiting.destinations() if self.gate.has_room(name, now=now)}
+        if not ready:
+            return
+        entries = state.waiting.take(ready)
+        granted = self.in_flight.take(len(entries))
+        if granted < len(entries):  # this drainer's other drains hold the places: the rest wait for one
+            state.waiting.add(entries[granted:])
+            entries = entries[:granted]
+        by_token: dict[uuid.UUID, list[Waiting]] = {}
+        for entry in entries:
+            by_token.setdefault(entry.token, []).append(entry)
+        sent = 0
+        for token, group in by_token.items():
+            admission = self.gate.readmit(
+                [(entry.row, entry.delivery, entry.destination) for entry in group],
+                token=token, now=now, keep=state.waiting.room,
+            )
+            sent += len(admission.sends)
+            self._admitted(admission, token, state, events, result, {entry.row.id: entry.send_by for entry in group})
+        self.in_flight.give(granted - sent)
+
+    def _expire_waiting(self, state: PumpState, result: ResultT) -> None:
+        """Rows waiting over their cap whose lease no longer leaves room for a send go back unsent."""
+        self._give_back_waiting(state.waiting.expired(self.clock.now()), result)
+
+    def _give_back_waiting(self, entries: list[Waiting], result: ResultT) -> None:
+        """Rows that waited over their cap go back unsent, their attempts taken back (``give_back_over_cap``)."""
+        if not entries:
+            return
+        by_token: dict[uuid.UUID, list[tuple[Outbox, str]]] = {}
+        for entry in entries:
+            by_token.setdefault(entry.token, []).append((entry.row, entry.destination))
+        now = self.clock.now()
+        for token, rows in by_token.items():
+            self.gate.give_back_over_cap(rows, token=token, now=now)
+        result.claimed -= len(entries)
 
     def _read_due(self, state: PumpState, outcomes: OutcomeConnection) -> None:
         """The read a claim left to do (``PumpState.due_read``): the next due time, and for a short claim whether

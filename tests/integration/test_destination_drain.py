@@ -16,13 +16,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, delete, event
+from sqlalchemy import Engine, delete, event, func, select
 
 from outboxkit import Drainer, HttpTransport
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import BreakerOptions
 from outboxkit.tables import destinations as destination_table
 from tests.support.blackhole import Blackhole
+from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
@@ -299,10 +300,20 @@ def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
     attempts_match_requests(read_events, failing_receiver)
 
 
-def test_a_hanging_destination_costs_each_batch_single_statements_and_no_due_time_read(engine, receiver, monkeypatch):
-    """What a capped destination costs the drain's thread: the state read and the give-back of the rows over its
-    cap are single AUTOCOMMIT statements (no BEGIN, no COMMIT or ROLLBACK), and a full claim whose batch was capped
-    is followed by the next claim without a read of the earliest due time."""
+def unclaimed(engine, url: str) -> int:
+    with engine.connect() as connection:
+        return connection.execute(
+            select(func.count()).where(SampleEvent.target_url.startswith(url), SampleEvent.claimed_until.is_(None))
+        ).scalar_one()
+
+
+def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_read(
+    engine, receiver, read_events, monkeypatch
+):
+    """What a capped destination costs the drain's thread: the rows over its cap wait in the drainer
+    (outboxkit.cap_backlog), so no batch writes anything for them; the state read is a single AUTOCOMMIT
+    statement (no BEGIN, no COMMIT or ROLLBACK); a full claim whose batch had rows over a cap is followed by the next
+    claim without a read of the earliest due time; at the stop the rows still waiting go back with their attempts."""
     options = dataclasses.replace(
         SampleEvent.__outbox__, concurrency=8, batch_size=10, timeout=30, destination_concurrency=2, breaker=BREAKER
     )
@@ -311,7 +322,7 @@ def test_a_hanging_destination_costs_each_batch_single_statements_and_no_due_tim
     def note(connection, cursor, statement, parameters, context, executemany) -> None:
         statements.append((statement, connection.get_execution_options().get("isolation_level")))
 
-    steps: list[tuple[str, bool]] = []  # ("claim", full), ("admit", capped), ("earliest_due", _)
+    steps: list[tuple[str, bool]] = []  # ("claim", full), ("admit", over a cap), ("earliest_due", _)
     with HttpTransport() as transport:
         drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
         claim, admit, earliest_due = drainer.claimer.claim, drainer.gate.admit, drainer.pump._earliest_due
@@ -323,7 +334,7 @@ def test_a_hanging_destination_costs_each_batch_single_statements_and_no_due_tim
 
         def admitting(*args, **kwargs):
             admission = admit(*args, **kwargs)
-            steps.append(("admit", admission.capped > 0))
+            steps.append(("admit", admission.capped > 0 or bool(admission.waiting)))
             return admission
 
         def reading(*args, **kwargs):
@@ -340,19 +351,26 @@ def test_a_hanging_destination_costs_each_batch_single_statements_and_no_due_tim
                     insert_at(engine, blackhole.url if n % 3 == 0 else receiver.url, [{"n": n}])
                 drainer.start(poll_seconds=1)
                 receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
-                drainer.stop(wait=False)
+                while_running = list(statements)
+                drainer.stop(wait=False)  # the rows still waiting go back now; the sends out hang until the blackhole closes
+                wait_until(lambda: unclaimed(engine, blackhole.url) == 18, timeout=30, message="the waiting rows go back")
+                sent_to_blackhole = blackhole.accepted
         finally:
             event.remove(engine, "before_cursor_execute", note)
             drainer.close()
-    state_reads = [level for statement, level in statements if statement.lstrip().startswith("SELECT") and
+    state_reads = [level for statement, level in while_running if statement.lstrip().startswith("SELECT") and
                    "outboxkit_destinations" in statement and "FOR" not in statement]
-    give_backs = [level for statement, level in statements if "attempts=(sample_event_outbox.attempts - " in statement]
-    assert give_backs
-    assert set(state_reads) | set(give_backs) == {"AUTOCOMMIT"}  # state reads happen only once a state is not quiet
-    capped_full = [
+    give_backs = [statement for statement, _ in while_running if "attempts=(sample_event_outbox.attempts - " in statement]
+    assert not give_backs  # the rows over the cap waited: nothing was written for them
+    assert set(state_reads) <= {"AUTOCOMMIT"}  # state reads happen only once a state is not quiet
+    over_cap_full = [
         index for index in range(1, len(steps)) if steps[index] == ("admit", True) and steps[index - 1] == ("claim", True)
     ]
-    assert capped_full, steps
-    for index in capped_full:
+    assert over_cap_full, steps
+    for index in over_cap_full:
         following = next((step for step, _ in steps[index + 1 :] if step != "admit"), None)
         assert following != "earliest_due", steps
+    dead = [row for row in read_events().values() if row.target_url.startswith(blackhole.url)]
+    assert len(dead) == 20 and all(row.status == "pending" and row.claimed_until is None for row in dead)
+    assert sent_to_blackhole == 2  # its cap
+    assert sum(row.attempts for row in dead) == 2  # the rows that waited and went back unsent spent no attempt
