@@ -251,6 +251,9 @@ class Drainer:
 
         Their outcomes are not written: each row keeps its lease and comes
         due again when it ends, a redelivery with the same key, never a loss.
+        Rows the call kept waiting over a destination's cap
+        (``outboxkit.cap_backlog``) are left the same way, unsent, their
+        attempt counted.
         Each frees its in-flight slot as it finishes (by its deadline), so
         the bound on rows held stays true without this call waiting.
         """

@@ -192,7 +192,7 @@ class SendPump(Generic[ResultT]):
                     if background.stopping.is_set() and not state.in_flight:
                         self._give_back_waiting(state.waiting.take(), result)
                         return
-                    if not state.in_flight and not state.more_due and result.eventful:
+                    if not state.in_flight and not state.waiting and not state.more_due and result.eventful:
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())

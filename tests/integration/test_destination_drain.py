@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, delete, event, func, select
+from sqlalchemy import Engine, delete, event
 
 from outboxkit import Drainer, HttpTransport
 from outboxkit.destination_store import DestinationStore
@@ -24,7 +24,7 @@ from outboxkit.destinations import BreakerOptions
 from outboxkit.tables import destinations as destination_table
 from tests.support.blackhole import Blackhole
 from tests.support.leadership import wait_until
-from tests.support.models import SampleEvent
+from tests.support.models import SampleEvent, unclaimed_sample_events
 from tests.support.receiver import Receiver, Reply
 
 BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
@@ -300,13 +300,6 @@ def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
     attempts_match_requests(read_events, failing_receiver)
 
 
-def unclaimed(engine, url: str) -> int:
-    with engine.connect() as connection:
-        return connection.execute(
-            select(func.count()).where(SampleEvent.target_url.startswith(url), SampleEvent.claimed_until.is_(None))
-        ).scalar_one()
-
-
 def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_read(
     engine, receiver, read_events, monkeypatch
 ):
@@ -353,7 +346,8 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
                 receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
                 while_running = list(statements)
                 drainer.stop(wait=False)  # the rows still waiting go back now; the sends out hang until the blackhole closes
-                wait_until(lambda: unclaimed(engine, blackhole.url) == 18, timeout=30, message="the waiting rows go back")
+                wait_until(lambda: unclaimed_sample_events(engine, blackhole.url) == 18, timeout=30,
+                           message="the waiting rows go back")
                 sent_to_blackhole = blackhole.accepted
         finally:
             event.remove(engine, "before_cursor_execute", note)
@@ -374,3 +368,83 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
     assert len(dead) == 20 and all(row.status == "pending" and row.claimed_until is None for row in dead)
     assert sent_to_blackhole == 2  # its cap
     assert sum(row.attempts for row in dead) == 2  # the rows that waited and went back unsent spent no attempt
+
+
+# -- rows over a cap wait in the pump (outboxkit.cap_backlog) ------------------------------------
+
+
+def give_back_statements(engine: Engine) -> tuple[list[str], object]:
+    """Collects the statements that give claimed rows back (their attempt taken back)."""
+    seen: list[str] = []
+
+    def note(connection, cursor, statement, parameters, context, executemany) -> None:
+        if "attempts=(sample_event_outbox.attempts - " in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    return seen, note
+
+
+def test_rows_over_a_cap_wait_and_go_out_when_their_destination_answers(engine, receiver, read_events):
+    """A destination not yet proven gets its cap (one send); its other rows wait in the call, claimed, and go out
+    once that send answers: each row claimed once, sent once, nothing given back meanwhile."""
+    options = dataclasses.replace(
+        SampleEvent.__outbox__, concurrency=8, batch_size=20, timeout=30, destination_concurrency=1, breaker=BREAKER
+    )
+    with Receiver() as slow, HttpTransport() as transport:
+        slow.respond = lambda request: Reply(hang=True)  # its first answers wait for release()
+        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
+        seen, note = give_back_statements(engine)
+        try:
+            slow_ids = insert_at(engine, slow.url, [{"n": n} for n in range(5)])
+            fast_ids = insert_at(engine, receiver.url, [{"n": n} for n in range(5)])
+            outcome: list[object] = []
+            call = threading.Thread(target=lambda: outcome.append(drainer.drain()))
+            call.start()
+            wait_until(lambda: len(receiver.requests) == 5 and slow.in_flight == 1, timeout=25,
+                       message="the fast rows delivered, one send out to the slow destination")
+            assert len(slow.requests) == 1  # its cap: the four others wait, claimed
+            assert call.is_alive()
+            slow.respond = lambda request: Reply()
+            slow.release()
+            call.join(timeout=25)
+            assert not call.is_alive()
+        finally:
+            event.remove(engine, "before_cursor_execute", note)
+            drainer.close()
+    assert seen == []  # nothing was given back: the rows over the cap waited
+    (result,) = outcome
+    assert result.delivered == 10 and result.claimed == 10
+    rows = read_events()
+    assert [(rows[row_id].status, rows[row_id].attempts) for row_id in slow_ids + fast_ids] == [("done", 1)] * 10
+    assert len(slow.requests) == 5
+
+
+def test_rows_waiting_over_a_cap_go_back_before_their_lease_runs_short(engine, receiver, read_events):
+    """A destination that hangs frees no place: its rows waiting over the cap go back unsent, their attempts taken
+    back, once their lease no longer leaves room for a whole send (the lease is short here: one round of sends, one
+    timeout + 3 s)."""
+    options = dataclasses.replace(
+        SampleEvent.__outbox__, concurrency=8, batch_size=8, timeout=30, lease_margin=3, destination_concurrency=1,
+        breaker=BREAKER,
+    )
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
+        seen, note = give_back_statements(engine)
+        try:
+            with Blackhole() as blackhole:
+                dead_ids = insert_at(engine, blackhole.url, [{"n": n} for n in range(4)])
+                insert_at(engine, receiver.url, [{"n": n} for n in range(4)])
+                drainer.start(poll_seconds=60)
+                wait_until(lambda: len(receiver.requests) == 4, timeout=25, message="the healthy rows delivered")
+                # send_by = lease end - record margin (1 s) - timeout: 2 s after the claim, far before the 30 s
+                # deadline of the one send out, and before the lease's end (33 s)
+                wait_until(lambda: bool(seen), timeout=25, message="the waiting rows go back")
+                assert blackhole.accepted == 1  # its cap; the rows claimed again since then wait again
+                drainer.stop(wait=False)
+        finally:
+            event.remove(engine, "before_cursor_execute", note)
+            drainer.close()
+    rows = read_events()
+    assert sum(rows[row_id].attempts for row_id in dead_ids) == blackhole.accepted == 1
+    assert all(rows[row_id].status == "pending" and rows[row_id].claimed_until is None for row_id in dead_ids)

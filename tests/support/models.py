@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import String, Text
+from sqlalchemy import Engine, String, Text, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -54,3 +54,11 @@ class OrderedEvent(Outbox, SampleBase):
 
     def build_delivery(self) -> Delivery:
         return Delivery(url=self.target_url, json=self.payload)
+
+
+def unclaimed_sample_events(engine: Engine, url: str) -> int:
+    """``SampleEvent`` rows addressed under ``url`` that no claim holds now (never claimed, recorded or given back)."""
+    with engine.connect() as connection:
+        return int(connection.execute(
+            select(func.count()).where(SampleEvent.target_url.startswith(url), SampleEvent.claimed_until.is_(None))
+        ).scalar_one())
