@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -217,18 +218,40 @@ class StepTimer:
         return {name: [value * 1000 for value in values] for name, values in steps.items()}
 
 
-def measure_latency(
-    engine: Engine, receiver: LatencyReceiver, *, rows: int, spacing: float, commits: dict[str, float]
+def measure_commits(
+    enqueue: Callable[[uuid.UUID, int], None],
+    receiver: LatencyReceiver,
+    *,
+    rows: int,
+    spacing: float,
+    commits: dict[str, float],
 ) -> list[float]:
+    """Commit-to-receiver milliseconds of ``rows`` rows, ``spacing`` s apart.
+
+    ``enqueue(key, n)`` commits row ``n`` in a transaction of its own and
+    returns once the commit has; the clock starts then. The row's request
+    must reach ``receiver`` with ``key`` as its Idempotency-Key.
+    """
     for n in range(rows):
         key = uuid.uuid4()
-        with Session(engine) as session:
-            session.add(WebhookOutbox(idempotency_key=key, event="bench", target_url=receiver.url, payload={"n": n}))
-            session.commit()
+        enqueue(key, n)
         commits[str(key)] = time.perf_counter()
         time.sleep(spacing)
     receiver.wait_for(rows, timeout=60)
     return [(receiver.arrivals[key] - committed) * 1000 for key, committed in commits.items()]
+
+
+def measure_latency(
+    engine: Engine, receiver: LatencyReceiver, *, rows: int, spacing: float, commits: dict[str, float]
+) -> list[float]:
+    """``measure_commits`` for outboxkit: each row a ``WebhookOutbox`` added and committed in its own Session."""
+
+    def enqueue(key: uuid.UUID, n: int) -> None:
+        with Session(engine) as session:
+            session.add(WebhookOutbox(idempotency_key=key, event="bench", target_url=receiver.url, payload={"n": n}))
+            session.commit()
+
+    return measure_commits(enqueue, receiver, rows=rows, spacing=spacing, commits=commits)
 
 
 def idle_latency(server: str, *, rows: int, spacing: float, synchronous_commit: bool) -> list[float]:
