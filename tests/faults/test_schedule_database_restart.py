@@ -54,13 +54,13 @@ def database_now(database_url: str) -> datetime:
         return moment
 
 
-def stale_runs(engine: Engine, *, older_than: float) -> list[tuple[str, datetime]]:
-    """Runs still recorded ``running`` that started more than ``older_than`` seconds ago (by the server's clock)."""
+def runs_still_running(engine: Engine, *, started_before: datetime) -> list[tuple[str, datetime]]:
+    """Runs still recorded ``running`` that started before ``started_before`` (the server's clock)."""
     with engine.connect() as connection:
         return [(name, at) for name, at in connection.execute(
             text("SELECT job_id, scheduled_for FROM outboxkit_job_runs WHERE outcome = 'running' "
-                 "AND started_at < now() - make_interval(secs => :seconds)"),
-            {"seconds": older_than},
+                 "AND started_at < :started_before"),
+            {"started_before": started_before},
         )]  # fmt: skip
 
 
@@ -105,8 +105,10 @@ def test_schedule_runners_recover_from_database_restarts_mid_claim_and_fire_each
                                f"{worker} firing after the restart")
             # A run whose claim committed as the server went down is one its runner never started (to it, the
             # claim failed): it stays 'running' until its lease (6 s) expires and a runner's sweep records it
-            # abandoned.  The processes keep running until every such run is swept.
-            wait_until(lambda: not stale_runs(engine, older_than=LEASE + 2), "every interrupted run swept")
+            # abandoned.  The processes keep running until every run that started before the last restart is
+            # recorded; runs started since take 0.05 s.  (Waiting only for runs older than the lease let the fleet
+            # stop a second or two after the last restart, with its interrupted runs not yet swept.)
+            wait_until(lambda: not runs_still_running(engine, started_before=restarted), "every interrupted run swept")
             end = database_now(database_url) - timedelta(seconds=3)
         deaths = fleet.deaths()
         # What each process logged of the restarts: its loop's failed turn (a restart that caught it in a
