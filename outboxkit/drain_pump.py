@@ -34,9 +34,11 @@ is claimed until that row is recorded, so a row that kills its worker takes
 no freshly claimed neighbour down with it.  The background loop's pump waits
 for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Background``).
 
-It is long because the pump's loop, its claim-and-send step and the read a claim
-leaves for later share one state (``PumpState``) and one outcome connection; the
-steps below it (claim, record, gate) already live in their own modules.
+It is long because the pump's loop, its claim-and-send step, the read a claim
+leaves for later and the rows it keeps waiting over a cap share one state
+(``PumpState``), one outcome connection, the send pool and the in-flight bound;
+the steps below it (claim, record, gate, the waiting rows' bookkeeping in
+``outboxkit.cap_backlog``) already live in their own modules.
 """
 
 from __future__ import annotations

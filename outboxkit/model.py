@@ -450,8 +450,12 @@ class Outbox:
         super().__init_subclass__(**kwargs)
 
     def build_delivery(self) -> Delivery:
-        """Say what to send for this row.  Runs in the drain, after the claim commits."""
-        raise NotImplementedError
+        """Say what to send for this row.  Runs in the drain, after the claim commits.
+
+        Every concrete outbox class must override it: ``__init_subclass__`` refuses a class that does not, so this
+        body runs only if it is called on the mixin itself.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement build_delivery")
 
     def destination_for(self, delivery: Delivery) -> str:
         """The destination this row's delivery goes to (``outboxkit.destinations``).
