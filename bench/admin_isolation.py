@@ -51,6 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
 
 from bench.admin_overview import example_database  # noqa: E402
 from outboxkit import OutboxKitSettings  # noqa: E402
@@ -66,7 +67,7 @@ FROM generate_series(1, %(done)s) AS g
 """
 
 
-def application():  # type: ignore[no-untyped-def]
+def application() -> FastAPI:
     """The example service as the child process serves it (``uvicorn --factory``), from the bench's variables."""
     from exampleapp.app import create_app
 

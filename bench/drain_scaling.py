@@ -64,9 +64,10 @@ def spawn(sqlalchemy_url: str, mode: str) -> subprocess.Popen[str]:
 def finish(processes: list[subprocess.Popen[str]]) -> None:
     for process in processes:
         if process.poll() is None:
+            assert process.stdin is not None  # spawn() opens a pipe
             try:
-                process.stdin.write("exit\n")  # type: ignore[union-attr]
-                process.stdin.flush()  # type: ignore[union-attr]
+                process.stdin.write("exit\n")
+                process.stdin.flush()
             except BrokenPipeError:
                 pass
     for process in processes:
@@ -87,8 +88,9 @@ def first_delivery_after_start(database_url: str, sqlalchemy_url: str, receiver:
     with psycopg.connect(database_url) as connection:
         insert_pending_rows(connection, TABLE, count=1, target_url=f"{receiver.url}/events")
     process = spawn(sqlalchemy_url, "lifespan")
+    assert process.stdout is not None  # spawn() opens a pipe
     try:
-        line = process.stdout.readline()  # type: ignore[union-attr]
+        line = process.stdout.readline()
         if not line.startswith("starting "):
             raise RuntimeError(f"the lifespan process did not start: {line!r}")
         started = float(line.split()[1])
@@ -111,13 +113,15 @@ def drain_with(processes: int, *, rows: int, database_url: str, sqlalchemy_url: 
         workers = [spawn(sqlalchemy_url, "worker") for _ in range(processes)]
         try:
             for worker in workers:
-                line = worker.stdout.readline()  # type: ignore[union-attr]
+                assert worker.stdout is not None and worker.stdin is not None  # spawn() opens both pipes
+                line = worker.stdout.readline()
                 if line.strip() != "ready":
                     raise RuntimeError(f"a drainer did not start: {line!r}")
             started = time.monotonic()
             for worker in workers:
-                worker.stdin.write("go\n")  # type: ignore[union-attr]
-                worker.stdin.flush()  # type: ignore[union-attr]
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
             while done_count(connection) < rows:
                 if time.monotonic() - started > 600:
                     raise RuntimeError(f"{processes} process(es) did not drain {rows} rows within 600 s")

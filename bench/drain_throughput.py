@@ -139,7 +139,8 @@ class ReceiverProcess:
             text=True,
             env=SUBPROCESS_ENV,
         )
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        assert self.process.stdout is not None  # opened as a pipe above
+        line = self.process.stdout.readline()
         if not line.startswith("listening "):
             self.stop()
             raise RuntimeError(f"the receiver did not start: {line!r}")

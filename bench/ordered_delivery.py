@@ -123,7 +123,8 @@ class FlakyReceiver:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        assert self.process.stdout is not None  # opened as a pipe above
+        line = self.process.stdout.readline()
         if not line.startswith("listening "):
             self.stop()
             raise RuntimeError(f"the receiver did not start: {line!r}")
@@ -169,7 +170,7 @@ def _rows(seed: int) -> list[tuple[str, int]]:
 
 def one_run(engine: Engine, outbox: type[Outbox], receiver: FlakyReceiver, rows: list[tuple[str, int]]) -> float:
     """Rows/s for one outbox: insert every row, start a drain loop, wait for the last row to be done."""
-    table = outbox.__tablename__  # type: ignore[attr-defined]
+    table = outbox.__table__.name  # type: ignore[attr-defined]  # the mixin's type does not declare the mapped table
     with engine.begin() as connection:
         connection.execute(text(f"TRUNCATE {table}"))
         values = [{"target_url": f"{receiver.url}/ordered", "stream": stream, "payload": {"stream": stream, "n": n}}

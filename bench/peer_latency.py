@@ -156,8 +156,15 @@ def run_pgqueuer_worker(database_url: str, driver: str) -> None:
     asyncio_run(run(lambda: pgqueuer_worker(database_url, driver)))
 
 
+# The consumer process finds the database URL here, not on its command line, where `ps` would show a password.
+WORKER_URL_VARIABLE = "OUTBOXKIT_PEER_WORKER_DATABASE_URL"
+
+
 def start_pgqueuer_worker(database_url: str, driver: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, __file__, "--pgqueuer-worker", database_url, "--pgqueuer-driver", driver])
+    return subprocess.Popen(
+        [sys.executable, __file__, "--pgqueuer-worker", "--pgqueuer-driver", driver],
+        env={**os.environ, WORKER_URL_VARIABLE: database_url},
+    )
 
 
 def stop_pgqueuer_worker(worker: subprocess.Popen[bytes]) -> None:
@@ -222,7 +229,8 @@ def describe(label: str, latencies: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", default=os.environ.get("OUTBOXKIT_BENCH_DATABASE_URL", DEFAULT_SERVER))
-    parser.add_argument("--pgqueuer-worker", metavar="DATABASE_URL", help=argparse.SUPPRESS)  # the consumer process
+    # The consumer process; its database URL comes in WORKER_URL_VARIABLE.
+    parser.add_argument("--pgqueuer-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=200, help="rows per round and peer")
     parser.add_argument("--spacing", type=float, default=0.05, help="seconds between enqueues")
@@ -235,7 +243,7 @@ def main() -> None:
     )
     options = parser.parse_args()
     if options.pgqueuer_worker:
-        run_pgqueuer_worker(options.pgqueuer_worker, options.pgqueuer_driver)
+        run_pgqueuer_worker(os.environ[WORKER_URL_VARIABLE], options.pgqueuer_driver)
         return
     if options.pgqueuer_driver == "asyncpg" and importlib.util.find_spec("asyncpg") is None:
         raise SystemExit("--pgqueuer-driver asyncpg needs asyncpg, which no extra of outboxkit installs: pip install asyncpg")

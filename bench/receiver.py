@@ -58,7 +58,8 @@ class ReceiverProtocol(asyncio.Protocol):
         self.last_answer_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)  # a TCP server's connection
+        self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
