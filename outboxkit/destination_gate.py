@@ -72,6 +72,25 @@ no token.
 With ``OutboxOptions.breaker = None`` no state is read or written and only
 the cap (and the rate limit, if set) applies; a destination without a rate
 limit reads and writes no bucket.
+
+**What is kept in memory, and for how long.**  Per destination, the gate
+keeps the latest stored state it read or wrote and its own view (sends in
+flight here, whether it answered this drainer with a success, whether its
+last answer here failed).  A destination with no send in flight here that
+this drainer has not used (admitted, sent to, recorded) for ``forget_after``
+seconds (``FORGET_AFTER_SECONDS``, 10 minutes, or the outbox's lease if that
+is longer) is forgotten, so a process that sends to many destinations keeps
+only those it used lately.  What is forgotten is what a fresh process starts
+without: the stored state is read again at the destination's next claim
+(every claim reads it, or finds it quiet, before the gate decides anything
+for its rows, so an open, disabled or slowed destination is still held), and
+the destination is not yet proven here, so it is capped until its next
+success, as in a fresh process.  Everything tied to a claim ends within its
+lease (rows waiting over a cap, the recording of an outcome), which is why
+the bound is never shorter.  Forgetting is amortised: each use looks at the
+destinations least recently used, oldest first, and stops at the first one
+used within the bound; one with a send still in flight is looked at again
+one bound later.
 """
 
 from __future__ import annotations
@@ -80,7 +99,8 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -96,12 +116,15 @@ from outboxkit.policy import AttemptResult
 from outboxkit.rate_limits import GRANT_SECONDS
 from outboxkit.transport import Delivery
 
-__all__ = ["SLOW_SEND_SECONDS", "Admission", "DestinationGate", "Send"]
+__all__ = ["FORGET_AFTER_SECONDS", "SLOW_SEND_SECONDS", "Admission", "DestinationGate", "Send"]
 
 logger = logging.getLogger("outboxkit.drain")
 
 # A send out longer than this makes its destination suspect (capped), whatever its state says.
 SLOW_SEND_SECONDS = 1.0
+# A destination with no send in flight that a drainer has not used for this long (or its outbox's lease, if longer)
+# is forgotten by that drainer: it keeps nothing of it in memory (see the module docstring).
+FORGET_AFTER_SECONDS = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +155,7 @@ class Admission:
 class _Local:
     """This drainer's own view of one destination: its sends in flight and how its last attempt went."""
 
-    in_flight: dict[int, float] = field(default_factory=dict)  # row id -> time.monotonic() when handed to the pool
+    in_flight: dict[int, float] = field(default_factory=dict)  # row id -> when handed to the pool (the gate's monotonic clock)
     proven: bool = False  # it answered a send of this drainer with a success
     failing: bool = False  # its last answer here was a failure
 
@@ -151,6 +174,10 @@ class _Local:
         return min(SLOW_SEND_SECONDS, timeout) if self.slow(now) else 0.0
 
 
+_COMPACT_FROM = 1024  # tables for fewer destinations than this are never compacted (they are small)
+_IDLE = _Local()  # what a destination without a view here has: nothing in flight (never written to)
+
+
 def _failing(state: DestinationState | None) -> bool:
     return state is not None and (state.consecutive_failures > 0 or state.status != Status.HEALTHY.value)
 
@@ -163,9 +190,20 @@ def _by_destination(rows: list[tuple[Outbox, Delivery, str]]) -> dict[str, list[
 
 
 class DestinationGate:
-    """The drain's destination step for one outbox; thread-safe (several drains of one drainer share it)."""
+    """The drain's destination step for one outbox; thread-safe (several drains of one drainer share it).
 
-    def __init__(self, engine: Engine, outbox: type[Outbox], *, options: OutboxOptions) -> None:
+    ``monotonic`` is the clock that times sends in flight and how long a destination has been idle
+    (``time.monotonic``; tests pass their own).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        outbox: type[Outbox],
+        *,
+        options: OutboxOptions,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.options = options
         self.store = DestinationStore(outbox)
@@ -174,8 +212,13 @@ class DestinationGate:
         self.rate_limit = options.rate_limit
         self.rates = RateStore(options.job_name)
         self._lock = threading.Lock()
+        self.monotonic = monotonic
+        self.forget_after = max(FORGET_AFTER_SECONDS, options.lease_seconds)
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
-        self._local: defaultdict[str, _Local] = defaultdict(_Local)
+        self._local: dict[str, _Local] = {}
+        # every destination in _known or _local -> when it was last used (monotonic), least recently used first
+        self._used: OrderedDict[str, float] = OrderedDict()
+        self._most = 0  # the most destinations kept at once since the tables were last compacted
         self._released = False  # a recorded outcome made held rows due now
         self._releaser: ThreadPoolExecutor | None = None  # gives rows over a cap back (started on first use)
         self._releases: list[Future[None]] = []
@@ -217,21 +260,21 @@ class DestinationGate:
     def has_room(self, destination: str, *, now: datetime) -> bool:
         """Whether a row of ``destination`` that waited over its cap could be sent now, on what this drainer knows
         (its state, its sends in flight here): the pump takes the rows waiting for it through ``readmit`` then."""
-        clock = time.monotonic()
+        clock = self.monotonic()
         with self._lock:
             state = self._known.get(destination)
             if state is not None and state.wait_until(now) is not None:
                 return True  # readmit holds them (or makes one the probe) at once
-            return self._room(destination, self._local[destination], state, clock, alone=False) > 0
+            return self._room(destination, self._use(destination, clock), state, clock, alone=False) > 0
 
     def give_back_over_cap(self, rows: list[tuple[Outbox, str]], *, token: uuid.UUID, now: datetime) -> None:
         """Rows of one claim that waited over their cap and go back unsent (their lease ran short, or the pump
         returns): due again when a row over the cap given back now would be (``_Local.retry_in``)."""
-        clock = time.monotonic()
+        clock = self.monotonic()
         by_wait: dict[float, list[int]] = defaultdict(list)
         with self._lock:
             for row, destination in rows:
-                wait = self._local[destination].retry_in(self._known.get(destination), clock, self.options.timeout)
+                wait = self._use(destination, clock).retry_in(self._known.get(destination), clock, self.options.timeout)
                 by_wait[wait].append(row.id)
         for wait, ids in by_wait.items():
             self._release_in_background(ids, token=token, until=now + timedelta(seconds=wait), now=now)
@@ -271,7 +314,7 @@ class DestinationGate:
         """A send came back (``attempt``) or was not made (None): free its place under the cap, note whether it failed."""
         reading = signal_of(attempt, now=now) if attempt is not None else None
         with self._lock:
-            local = self._local[destination]
+            local = self._use(destination, self.monotonic())
             local.in_flight.pop(row_id, None)
             if reading is not None:
                 local.failing = reading.signal is Signal.FAILURE
@@ -317,6 +360,7 @@ class DestinationGate:
             options=self.breaker,
         )
         with self._lock:
+            self._use(destination, self.monotonic())
             self._known[destination] = after
             if before.held_until is not None and after.held_until is None:
                 self._released = True
@@ -371,6 +415,38 @@ class DestinationGate:
             released, self._released = self._released, False
         return released
 
+    def remembered(self) -> frozenset[str]:
+        """The destinations this drainer keeps anything of in memory now (see the module docstring)."""
+        with self._lock:
+            return frozenset(self._used)
+
+    def _use(self, destination: str, clock: float) -> _Local:
+        """Under the lock: ``destination``'s view here, noted as used at ``clock``; destinations idle for
+        ``forget_after`` are forgotten on the way (amortised: the least recently used first, up to the first recent)."""
+        self._used[destination] = clock
+        self._used.move_to_end(destination)
+        local = self._local.get(destination)
+        if local is None:
+            local = self._local[destination] = _Local()
+        self._most = max(self._most, len(self._used))
+        while True:
+            oldest, used = next(iter(self._used.items()))
+            if clock - used < self.forget_after:
+                break
+            if self._local.get(oldest, _IDLE).in_flight:  # a send is still out (a hung one): look again one bound later
+                self._used[oldest] = clock
+                self._used.move_to_end(oldest)
+                continue
+            del self._used[oldest]
+            self._local.pop(oldest, None)
+            self._known.pop(oldest, None)
+        if self._most > _COMPACT_FROM and len(self._used) * 8 < self._most:
+            # A dict keeps its table's size when entries leave: copy the tables once most of them have gone
+            # (amortised over those removals), so the memory follows the destinations kept, not their peak.
+            self._used, self._local, self._known = OrderedDict(self._used), dict(self._local), dict(self._known)
+            self._most = len(self._used)
+        return local
+
     # -- the steps of admit --------------------------------------------------
 
     def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
@@ -385,8 +461,10 @@ class DestinationGate:
         return {}
 
     def _remember(self, destinations: list[str], states: dict[str, DestinationState]) -> None:
+        clock = self.monotonic()
         with self._lock:
             for destination in destinations:
+                self._use(destination, clock)
                 if destination in states:
                     self._known[destination] = states[destination]
                 else:
@@ -436,9 +514,9 @@ class DestinationGate:
         over it, up to ``keep`` wait (``Admission.waiting``) and the others are given back."""
         if not group:
             return group
-        clock = time.monotonic()
+        clock = self.monotonic()
         with self._lock:
-            local = self._local[destination]
+            local = self._use(destination, clock)
             room = len(group) if probe else self._room(destination, local, state, clock, alone=alone)
             allowed, over = group[:room], group[room:]
             for row, _ in allowed:

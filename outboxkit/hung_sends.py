@@ -35,6 +35,15 @@ answer gives it its own threshold; until then what its early sends cost is
 bounded, since they keep their places under its cap.  With no answer in the
 drainer at all, ``after``.  A send counts from the moment it starts.
 
+**How long answers are kept.**  A destination's answer times are forgotten
+once its latest answer is ``ANSWERS_FORGOTTEN_AFTER_SECONDS`` (10 minutes)
+old and none of its sends is out: it is then a destination not yet
+answered, as in a fresh process, until its next answer.  So a drainer that
+sends to many destinations keeps the answers of those that answered it
+lately (at most ``ANSWERS_KEPT`` each), not of every destination it ever
+sent to.  Forgetting is amortised: each answer looks at the destinations
+that answered longest ago, oldest first, and stops at the first recent one.
+
 Thread-safe: send threads call ``started`` and ``finished``; the pump that
 handed the send to the pool (its ``owner``, the event queue its outcome goes
 to) calls ``mark_overdue`` and ``next_check``.
@@ -44,20 +53,28 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ["ANSWERS_KEPT", "ANSWER_MULTIPLE", "DEFAULT_HUNG_SEND_SECONDS", "FIRST_ANSWER_FLOOR_SECONDS", "HungSends"]
+__all__ = [
+    "ANSWERS_FORGOTTEN_AFTER_SECONDS",
+    "ANSWERS_KEPT",
+    "ANSWER_MULTIPLE", "DEFAULT_HUNG_SEND_SECONDS",     "FIRST_ANSWER_FLOOR_SECONDS",
+    "HungSends",
+]
 
 DEFAULT_HUNG_SEND_SECONDS = 1.0
 # A send is hung only once it has taken this many times its destination's slowest recent answer ...
 ANSWER_MULTIPLE = 4.0
 # ... over this many of its latest answers here.
 ANSWERS_KEPT = 16
+# A destination with no send out whose latest answer is this old is forgotten: not yet answered again.
+ANSWERS_FORGOTTEN_AFTER_SECONDS = 600.0
 # A destination that has not answered yet: hung at this many times the outbox's slowest recent answer, at least
 # this long (and at most ``after``).
 FIRST_ANSWER_FLOOR_SECONDS = 0.1
+_COMPACT_FROM = 1024  # a table of answers for fewer destinations than this is never compacted (it is small)
 
 
 @dataclass(slots=True)
@@ -82,7 +99,9 @@ class HungSends:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._out: dict[Hashable, _Out] = {}
-        self._answers: dict[str, deque[float]] = {}
+        # destination -> its latest answer times, least recently answered first (with when it last answered)
+        self._answers: OrderedDict[str, tuple[float, deque[float]]] = OrderedDict()
+        self._most = 0  # the most destinations with answers at once since the table was last compacted
         self._any_answers: deque[float] = deque(maxlen=ANSWERS_KEPT)  # every destination's, for one not yet answered
         self._hung = 0
         self._by_destination: dict[str, int] = {}
@@ -110,9 +129,9 @@ class HungSends:
     def _threshold(self, destination: str) -> float:
         if self.after is None:
             return float("inf")
-        answers = self._answers.get(destination)
-        if answers:
-            return max(self.after, ANSWER_MULTIPLE * max(answers))
+        answered = self._answers.get(destination)
+        if answered is not None:
+            return max(self.after, ANSWER_MULTIPLE * max(answered[1]))
         return self._first_threshold()
 
     def _thresholds(self) -> dict[str, float]:
@@ -135,19 +154,16 @@ class HungSends:
         with self._lock:
             self._out[key] = _Out(owner, destination, since)
 
-    def finished(self, key: Hashable, *, answered_in: float | None) -> bool:
+    def finished(self, key: Hashable, *, answered_in: float | None, now: float | None = None) -> bool:
         """The send ``key`` is over; ``answered_in`` is how long its receiver took to answer (None: no answer, e.g.
         a timeout or a refused connection).  Returns whether it was hung (its in-flight place was given back then)."""
         if self.after is None:
             return False
+        clock = time.monotonic() if now is None else now
         with self._lock:
             out = self._out.pop(key, None)
             if out is not None and answered_in is not None:
-                answers = self._answers.get(out.destination)
-                if answers is None:
-                    answers = self._answers[out.destination] = deque(maxlen=ANSWERS_KEPT)
-                answers.append(answered_in)
-                self._any_answers.append(answered_in)
+                self._answered(out.destination, answered_in, clock)
             if out is None or not out.hung:
                 return False
             self._hung -= 1
@@ -159,6 +175,37 @@ class HungSends:
             if self._on_change is not None:
                 self._on_change(self._hung)
             return True
+
+    def answered(self) -> frozenset[str]:
+        """The destinations whose answer times are kept now (see the module docstring)."""
+        with self._lock:
+            return frozenset(self._answers)
+
+    def _answered(self, destination: str, answered_in: float, clock: float) -> None:
+        """Under the lock: note an answer of ``destination``; forget the answers of destinations that answered
+        ``ANSWERS_FORGOTTEN_AFTER_SECONDS`` ago or more and have no send out (the least recently answered first)."""
+        answered = self._answers.pop(destination, None)
+        answers = answered[1] if answered is not None else deque(maxlen=ANSWERS_KEPT)
+        answers.append(answered_in)
+        self._answers[destination] = (clock, answers)
+        self._any_answers.append(answered_in)
+        self._most = max(self._most, len(self._answers))
+        out = None  # the destinations with a send out, read once if an old one is met
+        while True:
+            oldest, (at, kept) = next(iter(self._answers.items()))
+            if clock - at < ANSWERS_FORGOTTEN_AFTER_SECONDS:
+                break
+            if out is None:
+                out = {item.destination for item in self._out.values()}
+            if oldest in out:  # its threshold is in use: look again one bound later
+                self._answers[oldest] = (clock, kept)
+                self._answers.move_to_end(oldest)
+            else:
+                del self._answers[oldest]
+        if self._most > _COMPACT_FROM and len(self._answers) * 8 < self._most:
+            # A dict keeps its table's size when entries leave: copy it once most of them have gone (amortised).
+            self._answers = OrderedDict(self._answers)
+            self._most = len(self._answers)
 
     def mark_overdue(self, owner: Hashable, *, now: float | None = None) -> int:
         """Mark ``owner``'s sends that are past their threshold as hung, within the bound; returns how many were."""

@@ -3,7 +3,13 @@ not yet answered, a multiple of the outbox's answers within ``after``), the boun
 
 from __future__ import annotations
 
-from outboxkit.hung_sends import ANSWER_MULTIPLE, ANSWERS_KEPT, FIRST_ANSWER_FLOOR_SECONDS, HungSends
+from outboxkit.hung_sends import (
+    ANSWER_MULTIPLE,
+    ANSWERS_FORGOTTEN_AFTER_SECONDS,
+    ANSWERS_KEPT,
+    FIRST_ANSWER_FLOOR_SECONDS,
+    HungSends,
+)
 
 
 def test_a_send_is_hung_after_its_threshold_and_not_before():
@@ -91,3 +97,41 @@ def test_a_threshold_is_that_of_the_moment_not_of_the_sends_start():
     hung.finished("ok", answered_in=0.01)
     assert hung.next_check(owner, now=0.05) == FIRST_ANSWER_FLOOR_SECONDS - 0.05
     assert hung.mark_overdue(owner, now=0.1) == 1 and hung.by_destination() == {"dead": 1}
+
+
+def test_answers_of_destinations_idle_past_the_bound_are_forgotten_and_the_first_answer_rule_applies_again():
+    """Many destinations answered once and then idle: their answers are forgotten once the bound has passed, so a
+    drainer that sends to tens of thousands of receivers keeps only those that answered lately; a forgotten one is
+    treated as one not yet answered (the documented rule, from the outbox's latest answers)."""
+    hung = HungSends(after=1.0, limit=4)
+    owner = object()
+    for n in range(2_000):  # enough that the table is compacted once they go
+        hung.started(n, owner=owner, destination=f"tenant-{n}", now=0.0)
+        hung.finished(n, answered_in=2.0, now=0.0)  # slow receivers: 8 s thresholds
+    assert len(hung.answered()) == 2_000
+    assert hung.threshold("tenant-7") == ANSWER_MULTIPLE * 2.0
+    hung.started("late", owner=owner, destination="tenant-late", now=ANSWERS_FORGOTTEN_AFTER_SECONDS - 1)
+    hung.finished("late", answered_in=0.05, now=ANSWERS_FORGOTTEN_AFTER_SECONDS - 1)
+    assert len(hung.answered()) == 2_001  # nothing is old yet
+    hung.started("now", owner=owner, destination="tenant-now", now=ANSWERS_FORGOTTEN_AFTER_SECONDS)
+    hung.finished("now", answered_in=0.05, now=ANSWERS_FORGOTTEN_AFTER_SECONDS)
+    assert hung.answered() == {"tenant-late", "tenant-now"}
+    assert hung.threshold("tenant-7") == hung.threshold("never-answered")  # the rule for one not yet answered
+    assert hung.threshold("tenant-late") == 1.0  # its own answers: never below after
+
+
+def test_a_destination_with_a_send_out_keeps_its_answers_however_old():
+    """The answers of a destination with a send out set that send's threshold: they are kept past the bound."""
+    hung = HungSends(after=1.0, limit=4)
+    owner = object()
+    hung.started("first", owner=owner, destination="slow", now=0.0)
+    hung.finished("first", answered_in=2.0, now=0.0)
+    hung.started("out", owner=owner, destination="slow", now=1.0)  # out for longer than the bound
+    hung.started("other", owner=owner, destination="other", now=ANSWERS_FORGOTTEN_AFTER_SECONDS + 1)
+    hung.finished("other", answered_in=0.05, now=ANSWERS_FORGOTTEN_AFTER_SECONDS + 1)
+    assert hung.answered() == {"slow", "other"}
+    assert hung.threshold("slow") == ANSWER_MULTIPLE * 2.0
+    hung.finished("out", answered_in=None, now=ANSWERS_FORGOTTEN_AFTER_SECONDS + 2)  # a timeout: no new answer
+    hung.started("again", owner=owner, destination="other", now=3 * ANSWERS_FORGOTTEN_AFTER_SECONDS)
+    hung.finished("again", answered_in=0.05, now=3 * ANSWERS_FORGOTTEN_AFTER_SECONDS)
+    assert hung.answered() == {"other"}  # nothing out any more, and old: forgotten

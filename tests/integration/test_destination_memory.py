@@ -1,0 +1,138 @@
+"""What a drainer keeps in memory per destination, and for how long (``outboxkit.destination_gate``).
+
+A destination with no send in flight that the drainer has not used for ``forget_after`` is forgotten; what is
+forgotten is what a fresh drainer starts without, so its decisions after that are a fresh drainer's.  Real database,
+real receiver on 127.0.0.1; the gate's monotonic clock is a test clock, so idle time passes when a test says so.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import Engine, insert
+
+from outboxkit.destination_gate import FORGET_AFTER_SECONDS, DestinationGate
+from outboxkit.destinations import BreakerOptions
+from outboxkit.model import OutboxOptions
+from tests.support.models import SampleEvent
+from tests.support.receiver import Receiver, Reply
+
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+
+
+class Ticks:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.value = 1_000.0
+
+    def __call__(self) -> float:
+        return self.value
+
+    def advance(self, seconds: float) -> None:
+        self.value += seconds
+
+
+@pytest.fixture
+def by_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SampleEvent, "destination_for", lambda self, delivery: f"tenant-{self.payload['tenant']}")
+
+
+def insert_for(engine: Engine, url: str, tenants: list[object]) -> None:
+    with engine.begin() as connection:
+        connection.execute(insert(SampleEvent), [{"target_url": url + "/hook", "payload": {"tenant": t}} for t in tenants])
+
+
+def requests_of(receiver: Receiver, tenant: object) -> int:
+    return sum(1 for request in receiver.requests if request.body["tenant"] == tenant)
+
+
+def test_destinations_used_once_then_idle_are_forgotten_after_the_bound(engine, make_drainer, receiver, by_tenant):
+    drainer = make_drainer(breaker=BREAKER)
+    ticks = Ticks()
+    drainer.gate.monotonic = ticks
+    insert_for(engine, receiver.url, list(range(300)))
+    assert drainer.drain().delivered == 300
+    assert len(drainer.gate.remembered()) == 300
+    ticks.advance(drainer.gate.forget_after - 1)
+    insert_for(engine, receiver.url, ["a"])
+    assert drainer.drain().delivered == 1
+    assert len(drainer.gate.remembered()) == 301  # idle, but not yet for the whole bound
+    ticks.advance(1)
+    insert_for(engine, receiver.url, ["b"])
+    assert drainer.drain().delivered == 1
+    assert drainer.gate.remembered() == {"tenant-a", "tenant-b"}
+
+
+def test_the_bound_is_never_shorter_than_the_lease(engine):
+    """Rows waiting over a cap and outcomes still to record live within their claim's lease, so a destination is
+    never forgotten while one of its rows is claimed here."""
+    assert DestinationGate(engine, SampleEvent, options=SampleEvent.__outbox__).forget_after == FORGET_AFTER_SECONDS
+    long = OutboxOptions(job_name="sample-events", lease=FORGET_AFTER_SECONDS * 3)
+    assert DestinationGate(engine, SampleEvent, options=long).forget_after == FORGET_AFTER_SECONDS * 3
+
+
+def test_a_destination_with_a_send_in_flight_is_never_forgotten(engine, make_drainer, receiver):
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=2)
+    gate = drainer.gate
+    ticks = Ticks()
+    gate.monotonic = ticks
+    now = datetime.now(timezone.utc)
+
+    def rows(tenant: str, ids: range) -> list:
+        made = [SampleEvent(id=n, target_url=receiver.url, kind="event", payload={"tenant": tenant}) for n in ids]
+        return [(row, row.build_delivery(), f"tenant-{tenant}") for row in made]
+
+    token = uuid.uuid4()
+    hanging = gate.admit(rows("hang", range(1, 3)), token=token, now=now, quiet=True)
+    assert len(hanging.sends) == 2  # out, and never finished in this test
+    for n in range(1_000, 2_200):  # enough used-once destinations that the tables are compacted once they go
+        gate.admit(rows(str(n), range(n, n + 1)), token=token, now=now, quiet=True)
+        gate.finished(f"tenant-{n}", n, None, now=now)
+    assert len(gate.remembered()) == 1_201
+    ticks.advance(gate.forget_after * 5)
+    for n in range(3, 10):  # other destinations come and go, each idle past the bound before the next
+        admitted = gate.admit(rows(str(n), range(n * 10, n * 10 + 1)), token=token, now=now, quiet=True)
+        gate.finished(f"tenant-{n}", n * 10, None, now=now)
+        assert len(admitted.sends) == 1
+        ticks.advance(gate.forget_after)
+    assert "tenant-hang" in gate.remembered()
+    assert not gate.has_room("tenant-hang", now=now)  # its two sends in flight still fill its cap of two
+    for send in hanging.sends:
+        gate.finished("tenant-hang", send.row.id, None, now=now)
+    ticks.advance(gate.forget_after)
+    gate.admit(rows("last", range(100, 101)), token=token, now=now, quiet=True)
+    assert gate.remembered() == {"tenant-last"}
+
+
+@pytest.mark.parametrize("drainer_kind", ["forgetful", "fresh"])
+def test_an_open_breaker_is_honoured_after_forgetting_as_by_a_fresh_drainer(
+    engine, make_drainer, clock, receiver, by_tenant, read_events, drainer_kind
+):
+    """The forgetting drainer reads the open state back at its next claim: it holds the rows and sends nothing, as a
+    drainer started after the breaker opened does; when the cool-down ends, both send exactly one probe."""
+    receiver.respond = lambda request: Reply(status=503 if request.body["tenant"] == "down" else 200)
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    ticks = Ticks()
+    drainer.gate.monotonic = ticks
+    insert_for(engine, receiver.url, ["down"] * 3)
+    assert drainer.drain().retried == 3
+    assert "tenant-down" in drainer.gate.remembered()
+    if drainer_kind == "forgetful":
+        ticks.advance(drainer.gate.forget_after)
+        insert_for(engine, receiver.url, ["up"])
+        assert drainer.drain().delivered == 1
+        assert drainer.gate.remembered() == {"tenant-up"}
+    else:
+        drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    clock.advance(seconds=30)  # past the rows' backoff, inside the cool-down
+    insert_for(engine, receiver.url, ["down"])
+    result = drainer.drain()
+    assert (result.delivered, result.retried) == (0, 0)
+    assert requests_of(receiver, "down") == 3  # held, not sent
+    assert sorted(row.attempts for row in read_events().values() if row.payload["tenant"] == "down") == [0, 1, 1, 1]
+    clock.advance(timedelta(seconds=BREAKER.cool_down))
+    drainer.drain()
+    assert requests_of(receiver, "down") == 4  # one probe, then held again
