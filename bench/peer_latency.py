@@ -157,7 +157,7 @@ def run_pgqueuer_worker(database_url: str, driver: str) -> None:
 
 
 # The consumer process finds the database URL here, not on its command line, where `ps` would show a password.
-WORKER_URL_VARIABLE = "OUTBOXKIT_PEER_WORKER_DATABASE_URL"
+WORKER_URL_VARIABLE = "OUTBOXKIT_BENCH_PEER_WORKER_DATABASE_URL"
 
 
 def start_pgqueuer_worker(database_url: str, driver: str) -> subprocess.Popen[bytes]:
