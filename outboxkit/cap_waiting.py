@@ -22,10 +22,18 @@ only through ``CapWaiting``:
 A row goes back with its attempt taken back, under its claim token
 (``DestinationGate.give_back_over_cap``).  Only the pump's thread moves a
 backlog's rows.
+
+``count`` is how many rows wait now in all of this pump's backlogs (a drain
+call's and the background loop's): the metrics' gauge
+``outboxkit_waiting_over_cap_rows`` reads it from another thread, so it is
+kept under a lock, changed with every row that enters or leaves a backlog.
+A drain call that gave up on a database error leaves its rows claimed (they
+come back at their lease's end): ``forget`` stops counting them.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -67,6 +75,14 @@ class CapWaiting:
         self.clock = clock
         self.limit = WAITING_BATCHES * batch_size
         self._keep_for = timedelta(seconds=record_margin + timeout)
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        """Rows waiting over a cap now in every backlog of this pump (thread-safe)."""
+        with self._lock:
+            return self._count
 
     def backlog(self) -> CapBacklog:
         """An empty backlog for a pump state (a drain call's or the background loop's)."""
@@ -84,7 +100,7 @@ class CapWaiting:
         waiting (``send_by``: when each must go back, for rows that waited before).  Returns how many rows the gate
         gave back unsent, their attempts kept (held, capped, deferred)."""
         if admission.waiting:
-            backlog.add([
+            self._keep(backlog, [
                 Waiting(row, delivery, destination, token, (send_by or {}).get(row.id) or self._send_by(row))
                 for row, delivery, destination in admission.waiting
             ])
@@ -99,10 +115,10 @@ class CapWaiting:
         ready = {name for name in backlog.destinations() if self.gate.has_room(name, now=now)}
         if not ready:
             return 0
-        entries = backlog.take(ready)
+        entries = self._taken(backlog.take(ready))
         granted = self.in_flight.take(len(entries))
         if granted < len(entries):  # this drainer's other drains hold the places: the rest wait for one
-            backlog.add(entries[granted:])
+            self._keep(backlog, entries[granted:])
             entries = entries[:granted]
         by_token: dict[uuid.UUID, list[Waiting]] = {}
         for entry in entries:
@@ -120,11 +136,16 @@ class CapWaiting:
 
     def expire(self, backlog: CapBacklog) -> int:
         """Rows whose lease no longer leaves room for a send go back unsent; returns how many."""
-        return self._give_back(backlog.expired(self.clock.now()))
+        return self._give_back(self._taken(backlog.expired(self.clock.now())))
 
     def give_back(self, backlog: CapBacklog) -> int:
         """Every row still waiting goes back unsent (the pump returns, or may claim no more); returns how many."""
-        return self._give_back(backlog.take())
+        return self._give_back(self._taken(backlog.take()))
+
+    def forget(self, backlog: CapBacklog) -> None:
+        """A drain call gave up (a database error): its rows stay claimed, unsent, until their lease ends; they are
+        no longer this pump's to count."""
+        self._taken(backlog.take())
 
     def _give_back(self, entries: list[Waiting]) -> int:
         """Rows that waited over their cap go back unsent, their attempts taken back, in one statement whatever claims
@@ -133,6 +154,17 @@ class CapWaiting:
             rows = [(entry.row, entry.token, entry.destination) for entry in entries]
             self.gate.give_back_over_cap(rows, now=self.clock.now())
         return len(entries)
+
+    def _keep(self, backlog: CapBacklog, entries: list[Waiting]) -> None:
+        backlog.add(entries)
+        with self._lock:
+            self._count += len(entries)
+
+    def _taken(self, entries: list[Waiting]) -> list[Waiting]:
+        """Rows removed from a backlog, no longer counted."""
+        with self._lock:
+            self._count -= len(entries)
+        return entries
 
     def _send_by(self, row: Outbox) -> datetime:
         """The latest a row may wait over its cap: its lease's end, less the time to record and one whole send."""

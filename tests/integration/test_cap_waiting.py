@@ -1,23 +1,24 @@
-"""CapWaiting (outboxkit.cap_waiting): rows waiting over a cap go back in one statement, each under its own claim token.
+"""CapWaiting (outboxkit.cap_waiting): rows waiting over a cap go back in one statement, each under its own claim token,
+and are counted while they wait.
 
 Real PostgreSQL: the rows are claimed by hand (attempt counted, token and
-lease stamped, as the claim does), kept in a backlog as the pump keeps them,
-and given back through the real gate; the statements are counted on the engine.
+lease stamped, as the claim does), kept as the pump keeps those the gate put
+over a cap (``admitted``), and given back through the real gate; the
+statements are counted on the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, event, insert, update
 
-from outboxkit.cap_backlog import Waiting
 from outboxkit.cap_waiting import CapWaiting
 from outboxkit.clock import ManualClock
-from outboxkit.destination_gate import DestinationGate
+from outboxkit.destination_gate import Admission, DestinationGate, Send
 from outboxkit.policy import AttemptResult
 from outboxkit.send_pool import InFlightLimit
 from outboxkit.transport import Delivery
@@ -55,6 +56,21 @@ def add_rows(engine: Engine, count: int) -> list[int]:
         ))
 
 
+def keep_waiting(waiting: CapWaiting, backlog, rows: dict, placed: list[tuple[int, uuid.UUID, str, datetime]]) -> None:
+    """Rows the gate put over their cap, ``(row id, claim token, destination, send_by)``, kept as the pump keeps them."""
+
+    def submit(send: Send, token: uuid.UUID) -> None:
+        raise AssertionError(f"row {send.row.id} was cleared to go: only waiting rows were expected")
+
+    by_token: dict[uuid.UUID, list[tuple[int, str, datetime]]] = {}
+    for row_id, token, destination, send_by in placed:
+        by_token.setdefault(token, []).append((row_id, destination, send_by))
+    for token, entries in by_token.items():
+        over = [(rows[row_id], Delivery(url=rows[row_id].target_url), name) for row_id, name, _ in entries]
+        admission = Admission(waiting=over)
+        assert waiting.admitted(admission, token, backlog, submit, {row_id: by for row_id, _, by in entries}) == 0
+
+
 def test_rows_of_several_claims_go_back_in_one_statement_each_under_its_own_token(engine, clock: ManualClock, gate,
                                                                                   read_events):
     now = clock.now()
@@ -70,13 +86,11 @@ def test_rows_of_several_claims_go_back_in_one_statement_each_under_its_own_toke
     backlog = waiting.backlog()
     placed = [(ids[0], first, FAILING), (ids[1], first, NEW), (ids[2], second, FAILING), (ids[3], second, NEW),
               (ids[4], second, NEW)]
-    backlog.add([
-        Waiting(rows[row_id], Delivery(url=rows[row_id].target_url), destination, token, lease_end)
-        for row_id, token, destination in placed
-    ])
+    keep_waiting(waiting, backlog, rows, [(row_id, token, name, lease_end) for row_id, token, name in placed])
+    assert waiting.count == len(backlog) == 5
     seen, note = give_back_statements(engine)
     try:
-        assert waiting.give_back(backlog) == 5 and not backlog
+        assert waiting.give_back(backlog) == 5 and not backlog and waiting.count == 0
         gate.settle()  # the give-back runs on the gate's own thread
     finally:
         event.remove(engine, "before_cursor_execute", note)
@@ -104,9 +118,8 @@ def test_rows_whose_lease_runs_short_go_back_together_and_the_others_keep_waitin
     waiting = CapWaiting(gate, InFlightLimit(10), clock=clock, batch_size=10, timeout=TIMEOUT, record_margin=1.0)
     backlog = waiting.backlog()
     send_by = [now + timedelta(seconds=1), now + timedelta(seconds=2), now + timedelta(seconds=20)]
-    backlog.add([
-        Waiting(rows[row_id], Delivery(url=rows[row_id].target_url), NEW, token, deadline)
-        for row_id, token, deadline in zip(ids, tokens, send_by, strict=True)
+    keep_waiting(waiting, backlog, rows, [
+        (row_id, token, NEW, deadline) for row_id, token, deadline in zip(ids, tokens, send_by, strict=True)
     ])
     seen, note = give_back_statements(engine)
     try:
@@ -116,8 +129,12 @@ def test_rows_whose_lease_runs_short_go_back_together_and_the_others_keep_waitin
         gate.settle()
     finally:
         event.remove(engine, "before_cursor_execute", note)
-    assert len(seen) == 1 and len(backlog) == 1
+    assert len(seen) == 1 and len(backlog) == 1 and waiting.count == 1
     after = read_events()
     assert [(after[row_id].attempts, after[row_id].claim_token) for row_id in ids] == [
         (0, None), (0, None), (1, tokens[2])
     ]
+    # A drain call that gave up on a database error: its last row stays claimed until its lease ends, uncounted.
+    waiting.forget(backlog)
+    assert not backlog and waiting.count == 0
+    assert (read_events()[ids[2]].attempts, read_events()[ids[2]].claim_token) == (1, tokens[2])
