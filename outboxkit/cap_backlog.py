@@ -10,6 +10,8 @@ cost the others.  Now up to ``limit`` of them wait here instead, with their
 claim, their counted attempt and their built delivery: when a send to their
 destination ends (a place under its cap is free) they go through the gate
 again, and the first of them are sent; nothing is written for them meanwhile.
+This module is the bookkeeping; ``outboxkit.cap_waiting`` moves the rows
+(in, to the send pool, back to the table) for the pump.
 
 A row waits only while its lease leaves room for a whole send: from
 ``send_by`` (its lease's end, less the time to record an outcome and one
@@ -20,7 +22,8 @@ given back.  A drainer that dies meanwhile leaves them claimed: they come due
 at their lease's end with that unsent attempt counted, as rows queued for a
 send thread always have.
 
-Only the pump that claimed them touches them (one thread): no lock.
+Each pump state has its own backlog, and only the pump's thread that claimed
+its rows touches it (through ``outboxkit.cap_waiting``): no lock.
 """
 
 from __future__ import annotations

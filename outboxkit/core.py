@@ -178,6 +178,13 @@ class KitCore:
             drainer = self._drainers.get(job_name)
         return drainer.pump.hung.count if drainer is not None else 0
 
+    def rows_waiting_over_cap(self, job_name: str) -> int:
+        """This process's claimed rows of one outbox waiting over their destination's cap now
+        (``outboxkit.cap_waiting``); 0 before its drainer exists."""
+        with self._lock:
+            drainer = self._drainers.get(job_name)
+        return drainer.pump.cap_waiting.count if drainer is not None else 0
+
     def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:
         """Claim, deliver and record one batch of one outbox.  Never raises for delivery or database errors."""
         return self.drainer(name_or_class).drain_once()

@@ -27,12 +27,14 @@ drainer's next claim.
   pump has for them: when a send to their destination ends, ``readmit``
   takes them through the gate again on what this drainer knows (no read),
   and the first go out.  Rows beyond that room, and waiting rows whose lease
-  runs short or whose pump returns, are given back (``give_back_over_cap``):
-  not sent, their attempts kept, due again one ``timeout`` later if the
-  destination is failing, ``SLOW_SEND_SECONDS`` later if it is slow, and at
-  once (behind the rows already due) if it is merely not yet proven.  They
-  are given back from a thread of their own, so the pump goes on sending the
-  others meanwhile (the next claim waits for it): profiled under load, those
+  runs short or whose pump returns (``give_back_over_cap``: one statement
+  for all of them, whatever their claims, each row under its own claim
+  token), are given back: not sent, their attempts kept, due again one
+  ``timeout`` later if the destination is failing, ``SLOW_SEND_SECONDS``
+  later if it is slow, and at once (behind the rows already due) if it is
+  merely not yet proven.  They are given back from a thread of their own, so
+  the pump goes on sending the others meanwhile (the next claim waits for
+  it): profiled under load, those
   short transactions on the pump's thread were most of what a hanging
   destination cost the healthy ones, and the rows given back were claimed
   again and again, which is why rows now wait instead.  The cap
@@ -267,17 +269,17 @@ class DestinationGate:
                 return True  # readmit holds them (or makes one the probe) at once
             return self._room(destination, self._use(destination, clock), state, clock, alone=False) > 0
 
-    def give_back_over_cap(self, rows: list[tuple[Outbox, str]], *, token: uuid.UUID, now: datetime) -> None:
-        """Rows of one claim that waited over their cap and go back unsent (their lease ran short, or the pump
-        returns): due again when a row over the cap given back now would be (``_Local.retry_in``)."""
+    def give_back_over_cap(self, rows: list[tuple[Outbox, uuid.UUID, str]], *, now: datetime) -> None:
+        """Rows that waited over their cap and go back unsent (their lease ran short, or the pump returns), as
+        ``(row, claim token, destination)``, of any number of claims: in one statement, each row under its own claim
+        token, due again when a row over the cap given back now would be (``_Local.retry_in``)."""
         clock = self.monotonic()
-        by_wait: dict[float, list[int]] = defaultdict(list)
+        released: list[tuple[int, uuid.UUID, datetime]] = []
         with self._lock:
-            for row, destination in rows:
+            for row, token, destination in rows:
                 wait = self._use(destination, clock).retry_in(self._known.get(destination), clock, self.options.timeout)
-                by_wait[wait].append(row.id)
-        for wait, ids in by_wait.items():
-            self._release_in_background(ids, token=token, until=now + timedelta(seconds=wait), now=now)
+                released.append((row.id, token, now + timedelta(seconds=wait)))
+        self._release_in_background(released, now=now)
 
     def _decide(
         self,
@@ -527,7 +529,7 @@ class DestinationGate:
             over = over[keep:]
         if over:
             later = now + timedelta(seconds=wait)
-            self._release_in_background([row.id for row, _ in over], token=token, until=later, now=now)
+            self._release_in_background([(row.id, token, later) for row, _ in over], now=now)
             admission.capped += len(over)
         return allowed
 
@@ -539,23 +541,24 @@ class DestinationGate:
 
     # -- rows over a cap go back off the pump's thread ---------------------------
 
-    def _release_in_background(self, ids: list[int], *, token: uuid.UUID, until: datetime, now: datetime) -> None:
-        """Give rows over a cap back in a thread of their own: the pump goes on sending the others meanwhile."""
+    def _release_in_background(self, rows: list[tuple[int, uuid.UUID, datetime]], *, now: datetime) -> None:
+        """Give rows over a cap back, ``(row id, claim token, due time)`` each, in one statement on a thread of their
+        own: the pump goes on sending the others meanwhile."""
         with self._lock:
             if self._releaser is None:
                 name = f"outboxkit-release-{self.options.job_name}"
                 self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-            self._releases.append(self._releaser.submit(self._release, ids, token, until, now))
+            self._releases.append(self._releaser.submit(self._release, rows, now))
 
-    def _release(self, ids: list[int], token: uuid.UUID, until: datetime, now: datetime) -> None:
+    def _release(self, rows: list[tuple[int, uuid.UUID, datetime]], now: datetime) -> None:
         try:
             with self._single_statement() as connection:
-                self.store.release(connection, ids=ids, token=token, until=until, now=now)
+                self.store.release_claims(connection, rows, now=now)
         except Exception as exc:  # the rows come back when their lease ends, one attempt spent
             logger.warning(
                 "%s: could not give back %d row(s) over their destination's cap (%s: %s); they come back when their "
-                "lease ends", self.options.job_name, len(ids), type(exc).__name__, exc,
-                extra=log_fields("destination.release_failed", self.options.job_name, rows=len(ids)),
+                "lease ends", self.options.job_name, len(rows), type(exc).__name__, exc,
+                extra=log_fields("destination.release_failed", self.options.job_name, rows=len(rows)),
             )
 
     def settle(self) -> None:
@@ -597,8 +600,8 @@ class DestinationGate:
             )
             over = limited[taken.granted :]
             if over:
-                due = {row.id: until for (row, _), until in zip(over, taken.later, strict=True)}
-                self.store.release_each(connection, due, token=token, now=now)
+                due = [(row.id, token, until) for (row, _), until in zip(over, taken.later, strict=True)]
+                self.store.release_claims(connection, due, now=now)
         for row, _ in over:
             self.finished(destination, row.id, None, now=now)  # not sent: no place under the cap
         admission.deferred += len(over)

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, bindparam, column, select, update, values
+from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, Uuid, bindparam, column, select, update, values
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.destinations import (
@@ -167,19 +167,25 @@ class DestinationStore:
         )
         return int(result.rowcount)
 
-    def release_each(self, connection: Connection, due: dict[int, datetime], *, token: uuid.UUID, now: datetime) -> int:
-        """``release``, each row due at its own time (``{row id: due time}``); one statement."""
-        if not due:
+    def release_claims(
+        self, connection: Connection, rows: Sequence[tuple[int, uuid.UUID, datetime]], *, now: datetime
+    ) -> int:
+        """``release`` for rows of any number of claims, ``(row id, claim token, due time)`` each; one statement.
+
+        Each row is guarded by its own claim token: one reset or claimed again
+        meanwhile is left as it is.  Returns how many rows were given back.
+        """
+        if not rows:
             return 0
-        rows = self._rows
-        times = values(column("id", BigInteger), column("due", DateTime(timezone=True)), name="due_times").data(
-            list(due.items())
-        )
+        table = self._rows
+        claims = values(
+            column("id", BigInteger), column("token", Uuid), column("due", DateTime(timezone=True)), name="released_claims"
+        ).data(list(rows))
         result = connection.execute(
-            update(rows)
-            .where(rows.c.id == times.c.id, rows.c.claim_token == token)
+            update(table)
+            .where(table.c.id == claims.c.id, table.c.claim_token == claims.c.token)
             .values(
-                attempts=rows.c.attempts - 1, next_attempt_at=times.c.due, claim_token=None, claimed_until=None, updated_at=now
+                attempts=table.c.attempts - 1, next_attempt_at=claims.c.due, claim_token=None, claimed_until=None, updated_at=now
             )
         )
         return int(result.rowcount)

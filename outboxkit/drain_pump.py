@@ -8,9 +8,9 @@
    it goes now (``outboxkit.destination_gate``): rows of a destination whose
    breaker is open, or that is slowed or out of rate-limit tokens, are given
    back unsent with their attempts kept; rows over a suspect destination's
-   cap wait in the pump, claimed, for a place under it
-   (``outboxkit.cap_backlog``: up to ``WAITING_BATCHES`` batches; given back
-   when their lease runs short, or when the pump stops or returns).
+   cap wait in the pump's state, claimed, for a place under it, and are
+   moved only by ``outboxkit.cap_waiting`` (sent when a send is back, given
+   back when their lease runs short, or when the pump stops or returns).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -34,11 +34,10 @@ is claimed until that row is recorded, so a row that kills its worker takes
 no freshly claimed neighbour down with it.  The background loop's pump waits
 for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Background``).
 
-It is long because the pump's loop, its claim-and-send step, the read a claim
-leaves for later and the rows it keeps waiting over a cap share one state
-(``PumpState``), one outcome connection, the send pool and the in-flight bound;
-the steps below it (claim, record, gate, the waiting rows' bookkeeping in
-``outboxkit.cap_backlog``) already live in their own modules.
+The pump's loop, its claim-and-send step and the read a claim leaves for
+later share one state (``PumpState``), one outcome connection, the send pool
+and the in-flight bound, so they live together; the steps below it (claim,
+record, gate, the rows waiting over a cap) live in their own modules.
 """
 
 from __future__ import annotations
@@ -50,14 +49,14 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Generic
 
 from sqlalchemy import Engine
 
-from outboxkit.cap_backlog import CapBacklog, Waiting
+from outboxkit.cap_waiting import CapWaiting, Submit
 from outboxkit.clock import Clock
-from outboxkit.destination_gate import Admission, DestinationGate, Send
+from outboxkit.destination_gate import DestinationGate, Send
 from outboxkit.destinations import check_destination_name
 from outboxkit.diagnostics import SchemaProblemLog
 from outboxkit.drain_claim import Claimer
@@ -83,8 +82,6 @@ DEADLINE_SLACK_SECONDS = 1.0
 # than the timeout, if that is shorter) the row is not sent but retried.
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
-# Rows over their destination's cap that wait in the pump (outboxkit.cap_backlog): at most this many batches.
-WAITING_BATCHES = 2
 
 _GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
 
@@ -134,6 +131,10 @@ class SendPump(Generic[ResultT]):
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
+        self.cap_waiting = CapWaiting(
+            gate, self.in_flight, clock=clock, batch_size=self.options.batch_size, timeout=self.options.timeout,
+            record_margin=self._record_margin,
+        )
         self._ordered = queries.ordered is not None  # the class's ordering key, which its claim and indexes follow
 
     @property
@@ -142,7 +143,7 @@ class SendPump(Generic[ResultT]):
 
     def new_state(self) -> PumpState:
         """A fresh state for a drain call or the background loop, with room for rows waiting over a cap."""
-        return PumpState(waiting=CapBacklog(WAITING_BATCHES * self.options.batch_size))
+        return PumpState(waiting=self.cap_waiting.backlog())
 
     def pump(
         self,
@@ -167,11 +168,11 @@ class SendPump(Generic[ResultT]):
                     self._read_due(state, outcomes)
                 if state.waiting:
                     if not may_claim():  # stopping, or a call's limit reached: rows over a cap go back, not wait
-                        self._give_back_waiting(state.waiting.take(), result)
+                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                     else:
-                        self._expire_waiting(state, result)
+                        result.claimed -= self.cap_waiting.expire(state.waiting)
                         if not state.in_flight:  # no outcome of this pump will free a place: look now
-                            self._send_waiting(state, events, result)
+                            result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.hung_check_in(self.hung) == 0.0:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.hung_sends)
@@ -187,12 +188,12 @@ class SendPump(Generic[ResultT]):
                     self.recorder.flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
-                        self._give_back_waiting(state.waiting.take(), result)
+                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
                     timeout = None
                 else:
                     if background.stopping.is_set() and not state.in_flight:
-                        self._give_back_waiting(state.waiting.take(), result)
+                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
                     if not state.in_flight and not state.waiting and not state.more_due and result.eventful:
                         # the end of a busy spell: one summary line
@@ -235,7 +236,7 @@ class SendPump(Generic[ResultT]):
                     state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
                 if state.waiting and may_claim():  # a send is back: a place under its destination's cap may be free
-                    self._send_waiting(state, events, result)
+                    result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
                 if self.gate.take_released():  # its destination closed: the rows it held are due now
@@ -318,7 +319,8 @@ class SendPump(Generic[ResultT]):
         if admission.capped:
             state.more_due, state.awaiting_outcome = False, True
         self.in_flight.give(granted - len(admission.sends))
-        self._admitted(admission, token, state, events, result)
+        # the cleared rows go out, those over a cap wait, those given back are not counted as claimed
+        result.claimed -= self.cap_waiting.admitted(admission, token, state.waiting, self._sender(state, events, result))
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
@@ -341,80 +343,18 @@ class SendPump(Generic[ResultT]):
             if not state.in_flight:
                 self._read_due(state, outcomes)
 
-    def _admitted(
-        self,
-        admission: Admission,
-        token: uuid.UUID,
-        state: PumpState,
-        events: queue.SimpleQueue[object],
-        result: ResultT,
-        send_by: dict[int, datetime] | None = None,
-    ) -> None:
-        """Act on the gate's decision for rows of one claim (``token``): send those it cleared (their in-flight
-        places already taken), keep those over a cap waiting (``send_by``: when each must go back, for rows that
-        waited before), count those given back."""
-        result.claimed -= admission.held + admission.capped + admission.deferred  # given back unsent, attempts kept
-        if admission.waiting:
-            state.waiting.add([
-                Waiting(row, delivery, destination, token, (send_by or {}).get(row.id) or self._send_by(row))
-                for row, delivery, destination in admission.waiting
-            ])
-        for send in admission.sends:
-            self._submit(send, token, events, result)
+    def _sender(self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT) -> Submit:
+        """Hands a cleared row to the send pool and counts it in flight in ``state``."""
+
+        def submit(send: Send, token: uuid.UUID) -> None:
+            key = str(send.row.idempotency_key)
+            self.senders.submit(
+                self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
+                send.probe, result.telemetry_links, send.granted_at,
+            )
             state.in_flight += 1
 
-    def _submit(self, send: Send, token: uuid.UUID, events: queue.SimpleQueue[object], result: ResultT) -> None:
-        key = str(send.row.idempotency_key)
-        self.senders.submit(
-            self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
-            send.probe, result.telemetry_links, send.granted_at,
-        )
-
-    def _send_by(self, row: Outbox) -> datetime:
-        """The latest a row may wait over its cap: its lease's end, less the time to record and one whole send."""
-        assert row.claimed_until is not None  # the claim stamped it
-        return row.claimed_until - timedelta(seconds=self._record_margin + self.options.timeout)
-
-    def _send_waiting(self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT) -> None:
-        """Rows waiting over their cap whose destination has room now go through the gate again
-        (``DestinationGate.readmit``): the first are sent, a destination found open holds them, the rest wait on."""
-        now = self.clock.now()
-        ready = {name for name in state.waiting.destinations() if self.gate.has_room(name, now=now)}
-        if not ready:
-            return
-        entries = state.waiting.take(ready)
-        granted = self.in_flight.take(len(entries))
-        if granted < len(entries):  # this drainer's other drains hold the places: the rest wait for one
-            state.waiting.add(entries[granted:])
-            entries = entries[:granted]
-        by_token: dict[uuid.UUID, list[Waiting]] = {}
-        for entry in entries:
-            by_token.setdefault(entry.token, []).append(entry)
-        sent = 0
-        for token, group in by_token.items():
-            admission = self.gate.readmit(
-                [(entry.row, entry.delivery, entry.destination) for entry in group],
-                token=token, now=now, keep=state.waiting.room,
-            )
-            sent += len(admission.sends)
-            self._admitted(admission, token, state, events, result, {entry.row.id: entry.send_by for entry in group})
-        self.in_flight.give(granted - sent)
-
-    def _expire_waiting(self, state: PumpState, result: ResultT) -> None:
-        """Rows waiting over their cap whose lease no longer leaves room for a send go back unsent."""
-        self._give_back_waiting(state.waiting.expired(self.clock.now()), result)
-
-    def _give_back_waiting(self, entries: list[Waiting], result: ResultT) -> None:
-        """Rows that waited over their cap go back unsent, their attempts taken back (``give_back_over_cap``)."""
-        if not entries:
-            return
-        by_token: dict[uuid.UUID, list[tuple[Outbox, str]]] = {}
-        for entry in entries:
-            by_token.setdefault(entry.token, []).append((entry.row, entry.destination))
-        now = self.clock.now()
-        for token, rows in by_token.items():
-            self.gate.give_back_over_cap(rows, token=token, now=now)
-        result.claimed -= len(entries)
+        return submit
 
     def _read_due(self, state: PumpState, outcomes: OutcomeConnection) -> None:
         """The read a claim left to do (``PumpState.due_read``): the next due time, and for a short claim whether
