@@ -101,7 +101,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -116,6 +116,7 @@ from outboxkit.log_events import log_fields
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult
 from outboxkit.rate_limits import GRANT_SECONDS
+from outboxkit.recent_keys import RecentKeys
 from outboxkit.transport import Delivery
 
 __all__ = ["FORGET_AFTER_SECONDS", "SLOW_SEND_SECONDS", "Admission", "DestinationGate", "Send"]
@@ -176,7 +177,6 @@ class _Local:
         return min(SLOW_SEND_SECONDS, timeout) if self.slow(now) else 0.0
 
 
-_COMPACT_FROM = 1024  # tables for fewer destinations than this are never compacted (they are small)
 _IDLE = _Local()  # what a destination without a view here has: nothing in flight (never written to)
 
 
@@ -218,9 +218,7 @@ class DestinationGate:
         self.forget_after = max(FORGET_AFTER_SECONDS, options.lease_seconds)
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
         self._local: dict[str, _Local] = {}
-        # every destination in _known or _local -> when it was last used (monotonic), least recently used first
-        self._used: OrderedDict[str, float] = OrderedDict()
-        self._most = 0  # the most destinations kept at once since the tables were last compacted
+        self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # every destination in _known or _local
         self._released = False  # a recorded outcome made held rows due now
         self._releaser: ThreadPoolExecutor | None = None  # gives rows over a cap back (started on first use)
         self._releases: list[Future[None]] = []
@@ -420,33 +418,20 @@ class DestinationGate:
     def remembered(self) -> frozenset[str]:
         """The destinations this drainer keeps anything of in memory now (see the module docstring)."""
         with self._lock:
-            return frozenset(self._used)
+            return self._used.keys()
 
     def _use(self, destination: str, clock: float) -> _Local:
         """Under the lock: ``destination``'s view here, noted as used at ``clock``; destinations idle for
         ``forget_after`` are forgotten on the way (amortised: the least recently used first, up to the first recent)."""
-        self._used[destination] = clock
-        self._used.move_to_end(destination)
         local = self._local.get(destination)
         if local is None:
             local = self._local[destination] = _Local()
-        self._most = max(self._most, len(self._used))
-        while True:
-            oldest, used = next(iter(self._used.items()))
-            if clock - used < self.forget_after:
-                break
-            if self._local.get(oldest, _IDLE).in_flight:  # a send is still out (a hung one): look again one bound later
-                self._used[oldest] = clock
-                self._used.move_to_end(oldest)
-                continue
-            del self._used[oldest]
-            self._local.pop(oldest, None)
-            self._known.pop(oldest, None)
-        if self._most > _COMPACT_FROM and len(self._used) * 8 < self._most:
-            # A dict keeps its table's size when entries leave: copy the tables once most of them have gone
-            # (amortised over those removals), so the memory follows the destinations kept, not their peak.
-            self._used, self._local, self._known = OrderedDict(self._used), dict(self._local), dict(self._known)
-            self._most = len(self._used)
+        # One with a send still out (a hung one) is kept: looked at again one bound later.
+        for gone in self._used.use(destination, clock, busy=lambda key: bool(self._local.get(key, _IDLE).in_flight)):
+            self._local.pop(gone, None)
+            self._known.pop(gone, None)
+        if self._used.compact_due():  # most destinations have gone: the tables' memory follows those kept
+            self._local, self._known = dict(self._local), dict(self._known)
         return local
 
     # -- the steps of admit --------------------------------------------------

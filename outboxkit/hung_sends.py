@@ -53,14 +53,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+
+from outboxkit.recent_keys import RecentKeys
 
 __all__ = [
     "ANSWERS_FORGOTTEN_AFTER_SECONDS",
     "ANSWERS_KEPT",
-    "ANSWER_MULTIPLE", "DEFAULT_HUNG_SEND_SECONDS",     "FIRST_ANSWER_FLOOR_SECONDS",
+    "ANSWER_MULTIPLE",
+    "DEFAULT_HUNG_SEND_SECONDS",
+    "FIRST_ANSWER_FLOOR_SECONDS",
     "HungSends",
 ]
 
@@ -74,7 +78,6 @@ ANSWERS_FORGOTTEN_AFTER_SECONDS = 600.0
 # A destination that has not answered yet: hung at this many times the outbox's slowest recent answer, at least
 # this long (and at most ``after``).
 FIRST_ANSWER_FLOOR_SECONDS = 0.1
-_COMPACT_FROM = 1024  # a table of answers for fewer destinations than this is never compacted (it is small)
 
 
 @dataclass(slots=True)
@@ -99,9 +102,8 @@ class HungSends:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._out: dict[Hashable, _Out] = {}
-        # destination -> its latest answer times, least recently answered first (with when it last answered)
-        self._answers: OrderedDict[str, tuple[float, deque[float]]] = OrderedDict()
-        self._most = 0  # the most destinations with answers at once since the table was last compacted
+        self._answers: dict[str, deque[float]] = {}  # destination -> its latest answer times
+        self._answered_lately: RecentKeys[str] = RecentKeys(ANSWERS_FORGOTTEN_AFTER_SECONDS)  # the keys of _answers
         self._any_answers: deque[float] = deque(maxlen=ANSWERS_KEPT)  # every destination's, for one not yet answered
         self._hung = 0
         self._by_destination: dict[str, int] = {}
@@ -129,9 +131,9 @@ class HungSends:
     def _threshold(self, destination: str) -> float:
         if self.after is None:
             return float("inf")
-        answered = self._answers.get(destination)
-        if answered is not None:
-            return max(self.after, ANSWER_MULTIPLE * max(answered[1]))
+        answers = self._answers.get(destination)
+        if answers is not None:
+            return max(self.after, ANSWER_MULTIPLE * max(answers))
         return self._first_threshold()
 
     def _thresholds(self) -> dict[str, float]:
@@ -179,33 +181,28 @@ class HungSends:
     def answered(self) -> frozenset[str]:
         """The destinations whose answer times are kept now (see the module docstring)."""
         with self._lock:
-            return frozenset(self._answers)
+            return self._answered_lately.keys()
 
     def _answered(self, destination: str, answered_in: float, clock: float) -> None:
         """Under the lock: note an answer of ``destination``; forget the answers of destinations that answered
         ``ANSWERS_FORGOTTEN_AFTER_SECONDS`` ago or more and have no send out (the least recently answered first)."""
-        answered = self._answers.pop(destination, None)
-        answers = answered[1] if answered is not None else deque(maxlen=ANSWERS_KEPT)
+        answers = self._answers.get(destination)
+        if answers is None:
+            answers = self._answers[destination] = deque(maxlen=ANSWERS_KEPT)
         answers.append(answered_in)
-        self._answers[destination] = (clock, answers)
         self._any_answers.append(answered_in)
-        self._most = max(self._most, len(self._answers))
-        out = None  # the destinations with a send out, read once if an old one is met
-        while True:
-            oldest, (at, kept) = next(iter(self._answers.items()))
-            if clock - at < ANSWERS_FORGOTTEN_AFTER_SECONDS:
-                break
+        out: set[str] | None = None  # the destinations with a send out, read once if an old one is met
+
+        def sending(key: str) -> bool:  # its threshold is in use: kept, looked at again one bound later
+            nonlocal out
             if out is None:
                 out = {item.destination for item in self._out.values()}
-            if oldest in out:  # its threshold is in use: look again one bound later
-                self._answers[oldest] = (clock, kept)
-                self._answers.move_to_end(oldest)
-            else:
-                del self._answers[oldest]
-        if self._most > _COMPACT_FROM and len(self._answers) * 8 < self._most:
-            # A dict keeps its table's size when entries leave: copy it once most of them have gone (amortised).
-            self._answers = OrderedDict(self._answers)
-            self._most = len(self._answers)
+            return key in out
+
+        for gone in self._answered_lately.use(destination, clock, busy=sending):
+            del self._answers[gone]
+        if self._answered_lately.compact_due():  # most have gone: the table's memory follows those kept
+            self._answers = dict(self._answers)
 
     def mark_overdue(self, owner: Hashable, *, now: float | None = None) -> int:
         """Mark ``owner``'s sends that are past their threshold as hung, within the bound; returns how many were."""
