@@ -103,12 +103,12 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine
 
+from outboxkit.claim_release import ClaimRelease
 from outboxkit.destination_rates import RateStore
 from outboxkit.destination_store import DestinationStore
 from outboxkit.destinations import DestinationState, Reading, Signal, Status, signal_of
@@ -220,8 +220,7 @@ class DestinationGate:
         self._local: dict[str, _Local] = {}
         self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # every destination in _known or _local
         self._released = False  # a recorded outcome made held rows due now
-        self._releaser: ThreadPoolExecutor | None = None  # gives rows over a cap back (started on first use)
-        self._releases: list[Future[None]] = []
+        self.releases = ClaimRelease(self.store, self._single_statement, job_name=options.job_name)  # rows over a cap
 
     def admit(
         self,
@@ -277,7 +276,7 @@ class DestinationGate:
             for row, token, destination in rows:
                 wait = self._use(destination, clock).retry_in(self._known.get(destination), clock, self.options.timeout)
                 released.append((row.id, token, now + timedelta(seconds=wait)))
-        self._release_in_background(released, now=now)
+        self.releases.release(released, now=now)
 
     def _decide(
         self,
@@ -514,7 +513,7 @@ class DestinationGate:
             over = over[keep:]
         if over:
             later = now + timedelta(seconds=wait)
-            self._release_in_background([(row.id, token, later) for row, _ in over], now=now)
+            self.releases.release([(row.id, token, later) for row, _ in over], now=now)
             admission.capped += len(over)
         return allowed
 
@@ -524,42 +523,13 @@ class DestinationGate:
         that every claimed batch makes, and the give-back of every batch's rows over a cap, cost a third as much."""
         return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
-    # -- rows over a cap go back off the pump's thread ---------------------------
-
-    def _release_in_background(self, rows: list[tuple[int, uuid.UUID, datetime]], *, now: datetime) -> None:
-        """Give rows over a cap back, ``(row id, claim token, due time)`` each, in one statement on a thread of their
-        own: the pump goes on sending the others meanwhile."""
-        with self._lock:
-            if self._releaser is None:
-                name = f"outboxkit-release-{self.options.job_name}"
-                self._releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-            self._releases.append(self._releaser.submit(self._release, rows, now))
-
-    def _release(self, rows: list[tuple[int, uuid.UUID, datetime]], now: datetime) -> None:
-        try:
-            with self._single_statement() as connection:
-                self.store.release_claims(connection, rows, now=now)
-        except Exception as exc:  # the rows come back when their lease ends, one attempt spent
-            logger.warning(
-                "%s: could not give back %d row(s) over their destination's cap (%s: %s); they come back when their "
-                "lease ends", self.options.job_name, len(rows), type(exc).__name__, exc,
-                extra=log_fields("destination.release_failed", self.options.job_name, rows=len(rows)),
-            )
-
     def settle(self) -> None:
         """Wait until the rows given back in the background are written (before a claim, so it can take them)."""
-        with self._lock:
-            pending, self._releases = self._releases, []
-        for future in pending:
-            future.result()
+        self.releases.settle()
 
     def close(self) -> None:
         """Write what is still being given back, then stop the background thread."""
-        self.settle()
-        with self._lock:
-            releaser, self._releaser = self._releaser, None
-        if releaser is not None:
-            releaser.shutdown(wait=True)
+        self.releases.close()
 
     def _within_rate(
         self,

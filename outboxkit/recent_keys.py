@@ -27,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from outboxkit.errors import InvalidValueError
+
 __all__ = ["COMPACT_FROM", "RecentKeys"]
 
 # Tables for fewer keys than this are never compacted: they are small.
@@ -40,7 +42,7 @@ class RecentKeys(Generic[K]):
 
     def __init__(self, after: float, *, compact_from: int = COMPACT_FROM) -> None:
         if after <= 0:
-            raise ValueError(f"after must be positive seconds, not {after!r}")
+            raise InvalidValueError(f"after must be positive seconds, not {after!r}")
         self.after = after
         self._compact_from = compact_from
         self._used: OrderedDict[K, float] = OrderedDict()
