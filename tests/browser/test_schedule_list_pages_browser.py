@@ -42,6 +42,8 @@ def served(admin_database_url) -> Iterator[tuple[str, ScheduleAdminApp]]:
 
 
 def listed(page) -> list[str]:
+    # A click on a link returns once the next page's navigation has committed, before its rows are parsed.
+    page.wait_for_load_state()
     return [name for name in page.locator("tr[data-schedule]").evaluate_all("rows => rows.map(r => r.dataset.schedule)")]
 
 
