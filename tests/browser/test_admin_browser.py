@@ -9,10 +9,8 @@ the admin from another port, script in stored row data) run with it enabled.  Wi
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -20,8 +18,6 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 from tests.support.admin import (
-    ADMIN_PASSWORD,
-    ADMIN_USER,
     ServedApp,
     add_webhooks,
     admin_database_url,  # noqa: F401  (fixture)
@@ -29,70 +25,16 @@ from tests.support.admin import (
     empty_tables,
     row_of,
 )
+from tests.support.chromium import require_chromium
 from tests.support.receiver import Reply
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _require_chromium() -> None:
-    missing = None
-    if not CHROMIUM.exists():
-        missing = f"{CHROMIUM} is not installed (apt-get install chromium)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            missing = "the playwright package is not installed (pip install -e '.[dev]')"
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser tests cannot run under CI: {missing}")
-        pytest.skip(f"browser tests need a browser: {missing}")
 
 
 @pytest.fixture(scope="module")
 def served(admin_database_url) -> Iterator[tuple[str, object]]:
-    _require_chromium()
+    require_chromium()
     empty_tables(admin_database_url)
     with admin_harness(admin_database_url) as harness, ServedApp(harness.app) as base_url:
         yield base_url, harness
-
-
-@pytest.fixture(scope="module")
-def browser(served):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture
-def page_factory(browser):
-    contexts = []
-
-    def open_page(*, javascript: bool = False, timezone_id: str | None = None):
-        zone = {"timezone_id": timezone_id} if timezone_id else {}  # the browser's own timezone, e.g. America/New_York
-        context = browser.new_context(
-            http_credentials={"username": ADMIN_USER, "password": ADMIN_PASSWORD}, java_script_enabled=javascript, **zone
-        )
-        context.set_default_timeout(15_000)
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_page
-    for context in contexts:
-        context.close()
 
 
 def test_reset_a_stuck_row_and_watch_it_deliver(served, page_factory, receiver):

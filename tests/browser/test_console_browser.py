@@ -11,7 +11,7 @@ import re
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from tests.browser.test_admin_browser import browser, page_factory, served  # noqa: F401  (fixtures)
+from tests.browser.test_admin_browser import served  # noqa: F401  (fixture)
 from tests.support.admin import add_webhooks, admin_database_url, row_of  # noqa: F401  (fixture)
 from tests.support.receiver import Reply
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 from sqlalchemy import text
 
-from tests.browser.test_admin_browser import browser, page_factory, served  # noqa: F401  (fixtures)
+from tests.browser.test_admin_browser import served  # noqa: F401  (fixture)
 from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER, add_webhooks, admin_database_url, record_run  # noqa: F401
 
 CREDENTIALS = {"username": ADMIN_USER, "password": ADMIN_PASSWORD}
@@ -130,7 +130,11 @@ def test_live_refresh_is_off_by_default_and_reloads_a_list_when_ticked(served, b
         page.clock.fast_forward(1_000)
         page.locator(f'a[href$="/rows/{new_id}"]').wait_for(timeout=30_000)  # the page reloaded by itself
         assert page.locator("table.rows tbody tr").count() == 2
-        assert page.get_by_label("Live refresh every 10 s").is_checked()  # kept across the reload
+        # Kept across the reload: the script ticks it again at DOMContentLoaded, which may come after the new row is
+        # in the page, so the check waits for it (up to 15 s) instead of reading it at once.
+        from playwright.sync_api import expect
+
+        expect(page.get_by_label("Live refresh every 10 s")).to_be_checked(timeout=15_000)
         page.get_by_label("Live refresh every 10 s").uncheck()
         assert page.evaluate("() => sessionStorage.length") == 0
         assert violations == []

@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timezone
 from urllib.parse import quote
 
-from tests.browser.test_admin_browser import browser, page_factory, served  # noqa: F401  (fixtures)
+from tests.browser.test_admin_browser import served  # noqa: F401  (fixture)
 from tests.support.admin import add_webhooks, admin_database_url, audit_entries, row_of  # noqa: F401  (fixture)
 from tests.support.destinations import destination_row, open_breaker
 

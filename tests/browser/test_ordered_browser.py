@@ -10,15 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser.test_admin_browser import _require_chromium, browser, page_factory  # noqa: F401  (fixtures)
 from tests.support.admin import ServedApp, audit_entries
+from tests.support.chromium import require_chromium
 from tests.support.ordered_admin import add_ordered, ordered_admin_harness, ordered_status
 from tests.support.receiver import Reply
 
 
 @pytest.fixture(scope="module")
 def served(database_factory) -> Iterator[tuple[str, object]]:
-    _require_chromium()
+    require_chromium()
     url = database_factory.create()
     try:
         with ordered_admin_harness(url) as harness, ServedApp(harness.app) as base_url:

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from tests.browser.test_admin_browser import browser, page_factory, served  # noqa: F401  (fixtures)
+from tests.browser.test_admin_browser import served  # noqa: F401  (fixture)
 from tests.support.admin import add_webhooks, admin_database_url, audit_entries, row_of  # noqa: F401  (fixture)
 
 

@@ -17,11 +17,11 @@ from sqlalchemy import text
 from outboxkit import ManualClock
 from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.schedule_schemas import ScheduleCreate
-from tests.browser.test_admin_browser import _require_chromium, browser, page_factory  # noqa: F401  (fixtures)
 from tests.support.admin import (
     ServedApp,
     admin_database_url,  # noqa: F401  (fixture)
 )
+from tests.support.chromium import require_chromium
 from tests.support.schedule_admin import JOBS, ScheduleAdminApp, schedule_admin_app
 
 START = datetime(2026, 3, 27, 12, 0, tzinfo=timezone.utc)
@@ -30,7 +30,7 @@ NAMES = [f"report-{number:02d}" for number in range(1, 46)]
 
 @pytest.fixture(scope="module")
 def served(admin_database_url) -> Iterator[tuple[str, ScheduleAdminApp]]:
-    _require_chromium()
+    require_chromium()
     with schedule_admin_app(admin_database_url, clock=ManualClock(START)) as harness, ServedApp(harness.app) as base_url:
         harness.clear()
         admin = ScheduleAdmin(harness.kit, jobs=JOBS)
@@ -42,6 +42,8 @@ def served(admin_database_url) -> Iterator[tuple[str, ScheduleAdminApp]]:
 
 
 def listed(page) -> list[str]:
+    # A click on a link returns once the next page's navigation has committed, before its rows are parsed.
+    page.wait_for_load_state()
     return [name for name in page.locator("tr[data-schedule]").evaluate_all("rows => rows.map(r => r.dataset.schedule)")]
 
 

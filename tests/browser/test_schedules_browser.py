@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import text
 
 from outboxkit import ManualClock
-from tests.browser.test_admin_browser import _require_chromium, browser, page_factory  # noqa: F401  (fixtures)
 from tests.support.admin import (
     ServedApp,
     admin_database_url,  # noqa: F401  (fixture)
 )
+from tests.support.chromium import require_chromium
 from tests.support.schedule_admin import ScheduleAdminApp, schedule_admin_app
 
 START = datetime(2026, 3, 27, 12, 0, tzinfo=timezone.utc)
@@ -28,7 +28,7 @@ START = datetime(2026, 3, 27, 12, 0, tzinfo=timezone.utc)
 
 @pytest.fixture(scope="module")
 def served(admin_database_url) -> Iterator[tuple[str, ScheduleAdminApp]]:
-    _require_chromium()
+    require_chromium()
     with schedule_admin_app(admin_database_url, clock=ManualClock(START)) as harness, ServedApp(harness.app) as base_url:
         yield base_url, harness
 

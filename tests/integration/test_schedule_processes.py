@@ -26,12 +26,14 @@ LEASE_SECONDS = 2.0
 def start_worker(database_url: str) -> Iterator:
     started: list[subprocess.Popen[str]] = []
 
-    def start() -> subprocess.Popen[str]:
+    def start(count: int = 1) -> list[subprocess.Popen[str]]:
+        """``count`` worker processes, started together; returns once each has said it is ready."""
         command = [sys.executable, "-m", "tests.support.schedule_worker", sqlalchemy_url(database_url), str(LEASE_SECONDS)]
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        started.append(process)
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        return process
+        processes = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+        started.extend(processes)
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        return processes
 
     yield start
     for process in started:
@@ -54,7 +56,7 @@ def test_a_killed_holder_frees_its_slot_when_its_lease_expires(engine, start_wor
     store.create(ScheduleDefinition(name="slow", trigger=ScheduleTrigger.every(hours=1), target=JobTarget(job="slow"),
                                     rerun_if_abandoned=rerun, misfire_grace_seconds=86400), actor="test")
     store.run_now("slow", actor="test")
-    worker = start_worker()
+    (worker,) = start_worker()
     line = worker.stdout.readline().strip()
     assert line.startswith("started ")
     worker.kill()  # SIGKILL mid-run: nothing renews its lease any more
@@ -89,19 +91,19 @@ def test_three_processes_killed_in_turn_run_no_occurrence_twice(engine, start_wo
     store = ScheduleStore(engine, jobs=["record"])
     store.create(ScheduleDefinition(name="tick", trigger=ScheduleTrigger.every(seconds=1), target=JobTarget(job="record"),
                                     misfire_grace_seconds=60), actor="test")
-    workers = [start_worker() for _ in range(3)]
+    workers = start_worker(3)
 
     def runs() -> int:
         with engine.connect() as connection:
             return connection.execute(text("SELECT count(DISTINCT scheduled_for) FROM schedule_worker_runs")).scalar_one()
 
-    for turn in range(3):  # kill one process after a few more occurrences, start a new one
-        target = runs() + 3
+    for turn in range(3):  # kill one process after two more occurrences, start a new one
+        target = runs() + 2
         wait_until(lambda target=target: runs() >= target, timeout=60, message="more occurrences")
         workers[turn].kill()
         workers[turn].wait(timeout=30)
-        workers[turn] = start_worker()
-    target = runs() + 3
+        (workers[turn],) = start_worker()
+    target = runs() + 2
     wait_until(lambda: runs() >= target, timeout=60, message="occurrences after the last kill")
     for worker in workers:
         worker.kill()
