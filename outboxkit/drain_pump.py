@@ -366,10 +366,12 @@ class SendPump(Generic[ResultT]):
             state.more_due = True
 
     def _earliest_due(self, outcomes: OutcomeConnection) -> datetime | None:
-        """One statement in AUTOCOMMIT (no BEGIN, no ROLLBACK), on the outcome connection when the loop holds it."""
-        held = outcomes.held
-        if held is not None:
-            return self.queries.earliest_due(held)
+        """One statement in AUTOCOMMIT (no BEGIN, no ROLLBACK), on the outcome connection when the loop holds it.
+
+        It follows a claim, so a held connection that died meanwhile (a server restart between the claim and this
+        read) is replaced and the read made once more, as the claim does: a read is safe to repeat."""
+        if outcomes.held is not None:
+            return outcomes.run_reconnecting(self.queries.earliest_due)
         with self.queries.outcome_connection(self.engine) as connection:
             return self.queries.earliest_due(connection)
 

@@ -465,3 +465,45 @@ def test_a_loop_whose_held_connection_died_while_idle_claims_on_a_fresh_one(engi
     with Session(engine) as session:
         row = session.scalars(select(SampleEvent)).one()
         assert (row.status, row.attempts) == ("done", 1)
+
+
+def test_a_held_connection_that_dies_between_a_claim_and_its_due_read_is_replaced_for_the_read(
+    engine, receiver, database_url, caplog
+):
+    # An empty claim leaves the next due time to read at once, on the same held connection.  A server restart
+    # between the two ends that connection: the read is made once more on a fresh one, with no failed drain.
+    kit = make_kit(engine, listen_enabled=False)  # the test's wake() is the loop's only wake-up
+    drainer = kit.drainer(SampleEvent)
+    claim = drainer.claimer.claim
+    claims: list[int] = []  # the rows each claim took, counted once it returned
+
+    def claim_then_end_the_session(granted, result, may_claim, connection):
+        answer = claim(granted, result, may_claim, connection)
+        if len(claims) == 1:  # the wake-up's claim (the first, on start, is counted already): end its session
+            pid = connection.connection.driver_connection.info.backend_pid
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+                gone = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                wait_until(lambda: admin.execute(gone, [pid]).fetchone() is None, message="the loop's session ended")
+        claims.append(answer[2])
+        return answer
+
+    drainer.claimer.claim = claim_then_end_the_session
+    try:
+        with caplog.at_level("ERROR", logger="outboxkit.drain"):
+            kit.worker.start()
+            wait_until(lambda: claims == [0], message="the loop's first claim, on start")
+            drainer.wake()  # finds nothing: its due read meets the ended session
+            wait_until(lambda: claims == [0, 0], message="the wake-up's empty claim, its session ended")
+            url = receiver.url + "/events"
+            enqueue(engine, url, [{"n": 1}])
+            drainer.wake()
+            receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
+            wait_until(lambda: claimed_rows(engine) == 0, message="the outcome is recorded")
+    finally:
+        kit.close()
+    assert claims == [0, 0, 1]  # no claim again after a failed drain
+    assert [record.getMessage() for record in caplog.records if record.name == "outboxkit.drain"] == []
+    with Session(engine) as session:
+        row = session.scalars(select(SampleEvent)).one()
+        assert (row.status, row.attempts) == ("done", 1)
