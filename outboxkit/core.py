@@ -172,17 +172,20 @@ class KitCore:
                 self._drainers[job_name] = drainer
         return drainer
 
+    def _built_drainer(self, job_name: str) -> Drainer | None:
+        """The outbox's drainer if this process built one (a gauge read must not build it)."""
+        with self._lock:
+            return self._drainers.get(job_name)
+
     def hung_sends(self, job_name: str) -> int:
         """This process's sends of one outbox hung now (``outboxkit.hung_sends``); 0 before its drainer exists."""
-        with self._lock:
-            drainer = self._drainers.get(job_name)
+        drainer = self._built_drainer(job_name)
         return drainer.pump.hung.count if drainer is not None else 0
 
     def rows_waiting_over_cap(self, job_name: str) -> int:
         """This process's claimed rows of one outbox waiting over their destination's cap now
         (``outboxkit.cap_waiting``); 0 before its drainer exists."""
-        with self._lock:
-            drainer = self._drainers.get(job_name)
+        drainer = self._built_drainer(job_name)
         return drainer.pump.cap_waiting.count if drainer is not None else 0
 
     def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:

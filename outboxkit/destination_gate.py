@@ -177,9 +177,6 @@ class _Local:
         return min(SLOW_SEND_SECONDS, timeout) if self.slow(now) else 0.0
 
 
-_IDLE = _Local()  # what a destination without a view here has: nothing in flight (never written to)
-
-
 def _failing(state: DestinationState | None) -> bool:
     return state is not None and (state.consecutive_failures > 0 or state.status != Status.HEALTHY.value)
 
@@ -218,7 +215,7 @@ class DestinationGate:
         self.forget_after = max(FORGET_AFTER_SECONDS, options.lease_seconds)
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
         self._local: dict[str, _Local] = {}
-        self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # every destination in _known or _local
+        self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # the keys of _local (_known's are among them)
         self._released = False  # a recorded outcome made held rows due now
         self.releases = ClaimRelease(self.store, self._single_statement, job_name=options.job_name)  # rows over a cap
 
@@ -426,8 +423,8 @@ class DestinationGate:
         if local is None:
             local = self._local[destination] = _Local()
         # One with a send still out (a hung one) is kept: looked at again one bound later.
-        for gone in self._used.use(destination, clock, busy=lambda key: bool(self._local.get(key, _IDLE).in_flight)):
-            self._local.pop(gone, None)
+        for gone in self._used.use(destination, clock, busy=lambda key: bool(self._local[key].in_flight)):
+            del self._local[gone]
             self._known.pop(gone, None)
         if self._used.compact_due():  # most destinations have gone: the tables' memory follows those kept
             self._local, self._known = dict(self._local), dict(self._known)
