@@ -93,6 +93,12 @@ the bound is never shorter.  Forgetting is amortised: each use looks at the
 destinations least recently used, oldest first, and stops at the first one
 used within the bound; one with a send still in flight is looked at again
 one bound later.
+
+Its length is the gate's decisions (breaker, ``Retry-After``, cap, rate
+limit) over one per-destination view kept under one lock; the stored state
+(``destination_store``), the background give-back (``claim_release``), the
+forgetting (``recent_keys``) and the rows waiting over a cap
+(``cap_waiting``) are modules of their own.
 """
 
 from __future__ import annotations
