@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import make_url
 
 from alembic import context
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.tables import kit_metadata
 
 TARGET_METADATA = [Base.metadata, kit_metadata]
 OWNED_TABLES = frozenset(name for metadata in TARGET_METADATA for name in metadata.tables)

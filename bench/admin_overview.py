@@ -45,7 +45,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from outboxkit import OutboxKit  # noqa: E402
 from outboxkit.operations.charts import last_hour  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 PASSWORD = "bench"
 

@@ -26,7 +26,7 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
-from outboxkit.queries import claim_sql
+from outboxkit.storage.drain_queries import claim_sql
 
 # The drain's claim statement, with SQLAlchemy's :name parameters in psycopg's style.
 PRIMITIVE_CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql("{table}")).replace("RETURNING outbox.*", "RETURNING outbox.id")

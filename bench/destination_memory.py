@@ -1,9 +1,9 @@
 """The memory a drainer keeps per destination, and what is left once the destinations are idle.
 
 A multi-tenant sender may deliver to tens of thousands of destinations.  Per
-destination a drainer keeps its gate's view (``outboxkit.destination_gate``:
+destination a drainer keeps its gate's view (``outboxkit.destinations.gate``:
 the stored state it read, its sends in flight, proven, failing) and its
-receiver's latest answer times (``outboxkit.hung_sends``).  This sends one
+receiver's latest answer times (``outboxkit.drain.hung_sends``).  This sends one
 row to each of ``--destinations`` destinations (one admit, one finished send
 and one answer each, as the drain does; no database or network: the claim is
 quiet, so nothing is read), then measures with ``tracemalloc`` the memory
@@ -37,8 +37,8 @@ from exampleapp.models import WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 
 from outboxkit import Delivery  # noqa: E402
-from outboxkit.destination_gate import DestinationGate  # noqa: E402
-from outboxkit.hung_sends import ANSWERS_FORGOTTEN_AFTER_SECONDS, HungSends  # noqa: E402
+from outboxkit.destinations.gate import DestinationGate  # noqa: E402
+from outboxkit.drain.hung_sends import ANSWERS_FORGOTTEN_AFTER_SECONDS, HungSends  # noqa: E402
 from outboxkit.policy import AttemptResult  # noqa: E402
 
 

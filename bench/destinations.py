@@ -72,9 +72,9 @@ from bench.drain_throughput import ReceiverProcess  # noqa: E402
 from bench.ordered_delivery import ordered_vs_unordered  # noqa: E402
 from bench.signing import SECRETS, delivery_of, microseconds_per_row  # noqa: E402
 from outboxkit import Drainer, HttpTransport  # noqa: E402
-from outboxkit.destinations import BreakerOptions  # noqa: E402
-from outboxkit.tables import destinations as destination_table  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.breaker import BreakerOptions  # noqa: E402
+from outboxkit.storage.tables import destinations as destination_table  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 PROBE_COOL_DOWN = 5.0
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"

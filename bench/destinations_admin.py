@@ -32,10 +32,10 @@ from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from bench.ceilings import scratch_database  # noqa: E402
-from outboxkit.destination_queries import destination_views  # noqa: E402
-from outboxkit.destination_store import DestinationStore  # noqa: E402
-from outboxkit.destinations import BreakerOptions, Reading, Signal  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.breaker import BreakerOptions, Reading, Signal  # noqa: E402
+from outboxkit.destinations.store import DestinationStore  # noqa: E402
+from outboxkit.destinations.views import destination_views  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 CAP = 10_000  # as the admin counts
 

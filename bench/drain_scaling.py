@@ -43,8 +43,8 @@ from sqlalchemy import create_engine  # noqa: E402
 
 from bench.ceilings import insert_pending_rows, scratch_database, vacuum_analyze  # noqa: E402
 from bench.drain_throughput import SUBPROCESS_ENV, ReceiverProcess  # noqa: E402
-from outboxkit.notify import install_trigger_sql  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.storage.notify import install_trigger_sql  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__

@@ -85,7 +85,7 @@ from bench.ceilings import (  # noqa: E402
 )
 from bench.cpu import BackendCpu, ServerCpu  # noqa: E402
 from bench.latency import idle_latency, percentile  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 TABLE = WebhookOutbox.__tablename__

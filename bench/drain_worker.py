@@ -50,8 +50,8 @@ def telemetry_on(
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-    from outboxkit.metrics import OutboxMetrics
-    from outboxkit.tracing import OutboxTracing
+    from outboxkit.metrics.prometheus import OutboxMetrics
+    from outboxkit.telemetry.tracing import OutboxTracing
 
     class CountingExporter(SpanExporter):
         """Counts the spans and drops them: the process's own cost, without a collector's network."""

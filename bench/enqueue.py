@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.ceilings import scratch_database  # noqa: E402
 from outboxkit import enqueue, enqueue_many  # noqa: E402
-from outboxkit.notify import install_trigger_sql  # noqa: E402
+from outboxkit.storage.notify import install_trigger_sql  # noqa: E402
 
 TARGET = "http://127.0.0.1:9/events"
 # The outbox's Table, as the metadata holds it (the class's __table__ is typed FromClause, which insert() refuses).

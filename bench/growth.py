@@ -68,11 +68,11 @@ from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
-from outboxkit.operator_queries import admin_queries_for  # noqa: E402
-from outboxkit.queries import claim_sql, record_outcome_sql  # noqa: E402
-from outboxkit.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
-from outboxkit.row_filter import RowFilter  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.leader.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
+from outboxkit.storage.drain_queries import claim_sql, record_outcome_sql  # noqa: E402
+from outboxkit.storage.operator_queries import admin_queries_for  # noqa: E402
+from outboxkit.storage.row_filter import RowFilter  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 from tests.support.database import server_url  # noqa: E402
 
 TABLE = WebhookOutbox.__tablename__
@@ -81,7 +81,7 @@ PASSWORD = "bench"
 # The drain's claim with psycopg's parameter style; RETURNING outbox.* kept, as the drain reads it.
 CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql(TABLE))
 RECORD = record_outcome_sql(TABLE)
-# The overview's counts before this change (outboxkit/queries.py at 0670ce2): exact counts.
+# The overview's counts before this change (outboxkit/storage/drain_queries.py at 0670ce2): exact counts.
 LEGACY_STATUS_COUNTS = f"""
 SELECT (SELECT count(*) FROM {TABLE} WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND claimed_until > %(now)s) AS in_flight,

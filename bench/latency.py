@@ -56,9 +56,9 @@ from sqlalchemy.engine import Engine, make_url  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from outboxkit import Delivery, Drainer, OutboxKit, OutboxKitSettings, every  # noqa: E402
-from outboxkit.election import ElectionState  # noqa: E402
-from outboxkit.notify import install_trigger_sql  # noqa: E402
-from outboxkit.tables import job_runs, kit_metadata  # noqa: E402
+from outboxkit.leader.election import ElectionState  # noqa: E402
+from outboxkit.storage.notify import install_trigger_sql  # noqa: E402
+from outboxkit.storage.tables import job_runs, kit_metadata  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://root@127.0.0.1:5432/test"
 

@@ -91,7 +91,7 @@ from bench.latency import (  # noqa: E402
     percentile,
 )
 from outboxkit import OutboxKit, OutboxKitSettings  # noqa: E402
-from outboxkit.election import ElectionState  # noqa: E402
+from outboxkit.leader.election import ElectionState  # noqa: E402
 
 try:
     from pgqueuer import AsyncpgDriver, Job, PgQueuer, PsycopgDriver, Queries, run

@@ -84,9 +84,9 @@ from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from bench.ceilings import scratch_database  # noqa: E402
 from bench.drain_throughput import start_profiler, stop_profiler  # noqa: E402
-from outboxkit.schedule_claims import ScheduleClaims  # noqa: E402
-from outboxkit.scheduled_jobs import JobContext  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.schedules.claims import ScheduleClaims  # noqa: E402
+from outboxkit.schedules.jobs import JobContext  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 FIRINGS_TABLE = """
 CREATE TABLE bench_firings (
@@ -115,7 +115,7 @@ def record(context: JobContext) -> dict[str, int]:
 
 def worker(url: str, lease: float) -> None:
     """Fire schedules until SIGTERM; print the CPU time spent after start-up as JSON."""
-    from outboxkit.schedule_runner import ScheduleRunner
+    from outboxkit.schedules.runner import ScheduleRunner
 
     # Sessions named after the pid (the pool's, and the LISTEN one through the holder), so the driver can cut them.
     engine = create_engine(

@@ -54,7 +54,7 @@ from outboxkit import OutboxKit, OutboxKitSettings  # noqa: E402
 from outboxkit.admin import create_admin_router  # noqa: E402
 from outboxkit.operations.cursor import encode_cursor  # noqa: E402
 from outboxkit.operations.schedule_admin import ScheduleAdmin  # noqa: E402
-from outboxkit.tables import kit_metadata  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 VIEWER = "America/New_York"
 CRON_HALF = """

@@ -1,4 +1,4 @@
-"""The CPU cost of signing a request (Standard Webhooks, outboxkit.webhook_signing).
+"""The CPU cost of signing a request (Standard Webhooks, outboxkit.transports.signing).
 
 Measures what ``SigningTransport`` adds to one send: the HMAC-SHA256 over
 ``id.timestamp.body``, the base64, and the copy of the ``Delivery`` that
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from outboxkit import CallableTransport, Delivery  # noqa: E402
-from outboxkit.webhook_signing import SigningTransport, WebhookSecrets  # noqa: E402
+from outboxkit.transports.signing import SigningTransport, WebhookSecrets  # noqa: E402
 
 SECRETS = ["whsec_" + "QmVuY2htYXJrLXNlY3JldC1udW1iZXItb25lLTEyMzQ=", "whsec_" + "QmVuY2htYXJrLXNlY3JldC1udW1iZXItdHdvLTU2Nzg="]
 ROUNDS = 5

@@ -12,8 +12,8 @@ rest.
 """
 
 from outboxkit.clock import Clock, ManualClock, SystemClock
-from outboxkit.database import database_url
-from outboxkit.drain import Drainer
+from outboxkit.drain.drainer import Drainer
+from outboxkit.drain.worker import DrainWorker
 from outboxkit.enqueue import enqueue, enqueue_many
 from outboxkit.errors import (  # the errors an application meets; the whole tree is drawn in outboxkit.errors
     ConfigurationError,
@@ -30,16 +30,16 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     UnknownOutboxError,
     UnknownScheduleError,
 )
-from outboxkit.http_transport import HttpTransport
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.results import DrainResult
-from outboxkit.scheduled_jobs import JobContext, calendar_interval, cron, every, once
+from outboxkit.schedules.jobs import JobContext, calendar_interval, cron, every, once
 from outboxkit.settings import OutboxKitSettings, OutboxOverride
-from outboxkit.transport import CallableTransport, Delivery, Transport
+from outboxkit.storage.database import database_url
+from outboxkit.transports.base import CallableTransport, Delivery, Transport
+from outboxkit.transports.http import HttpTransport
 from outboxkit.version import VERSION
-from outboxkit.worker import DrainWorker
 
 __version__ = VERSION
 

@@ -32,7 +32,7 @@ a key that is not a UUID or a naive due time raises ``InvalidValueError`` or
 ``InvalidTypeError`` naming the row and the column, and nothing is sent to
 the database.
 
-NOTIFY: the insert trigger (``outboxkit.notify.install_trigger_sql``) fires
+NOTIFY: the insert trigger (``outboxkit.storage.notify.install_trigger_sql``) fires
 for these inserts as for any other, COPY included, once per statement and
 only when the caller commits.  Without the trigger, pass ``notify=True``: the
 same ``pg_notify`` the trigger sends runs in the caller's transaction, so a
@@ -64,7 +64,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidTypeError, InvalidValueError
 from outboxkit.model import Outbox
-from outboxkit.notify import notify_statement
+from outboxkit.storage.notify import notify_statement
 
 __all__ = ["COPY_THRESHOLD", "enqueue", "enqueue_many"]
 

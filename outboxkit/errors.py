@@ -68,7 +68,7 @@ that raises them.
 Delivery failures (timeouts, refused connections, 5xx answers) are not
 exceptions: the drain records them on the row as outcomes.  ``drain_once``
 never raises into its caller.  Database errors (``sqlalchemy.exc.DBAPIError``)
-are SQLAlchemy's own; ``outboxkit.diagnostics`` turns the common ones (a
+are SQLAlchemy's own; ``outboxkit.storage.diagnostics`` turns the common ones (a
 missing table) into a one-line fix.
 """
 
@@ -280,3 +280,22 @@ class UnexpectedSendError(OutboxAssertionError):
 
 class NotIdleError(OutboxAssertionError):
     """``drain_until_idle`` did not reach idle: rows stayed due for ``max_rounds`` rounds, or a drain failed."""
+
+
+# Two helpers for turning an error into text; not part of ``__all__``, which lists the error tree alone.
+
+
+def first_line(error: BaseException | None) -> str:
+    """The first non-blank line of ``error``'s message, or its type's name when the message is blank.
+
+    Database and network errors run to several lines (a query, a hint, a traceback of the server's);
+    log lines, ``last_error`` and the operator's screens take the first.
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def error_summary(error: BaseException) -> str:
+    """``Type: first line`` of ``error``, or the type's name alone when the message is blank."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

@@ -46,21 +46,21 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from outboxkit.health import ProbeApp
-from outboxkit.log_events import log_fields
-from outboxkit.worker import database_readiness
+from outboxkit.drain.worker import database_readiness
+from outboxkit.metrics.health import ProbeApp
+from outboxkit.telemetry.log_events import log_fields
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from outboxkit.schedule_runtime import KitSchedules
-    from outboxkit.scheduler import OutboxScheduler
+    from outboxkit.drain.worker import DrainWorker
+    from outboxkit.leader.scheduler import OutboxScheduler
+    from outboxkit.schedules.runtime import KitSchedules
     from outboxkit.settings import OutboxKitSettings
-    from outboxkit.worker import DrainWorker
 
 __all__ = ["Runtime", "lifespan", "liveness_app", "readiness", "readiness_app", "start_schedules", "stop_schedules"]
 
-logger = logging.getLogger("outboxkit.integration")
+logger = logging.getLogger(__name__)
 
 
 class Runtime(Protocol):

@@ -1,7 +1,7 @@
 """The kit: the one object an application creates and keeps.
 
 ``OutboxKit`` is ``KitCore`` (engine, outboxes, drainers, transport, clock,
-telemetry: ``outboxkit.core``) plus the runtime built on top of it: the
+telemetry: ``outboxkit.drain.kit_core``) plus the runtime built on top of it: the
 drain loops of this process (``kit.worker``), the job registry and elected
 scheduler (``kit.scheduler``), the schedules as rows declared in code and
 this process's trigger loop (``kit.schedules``) and the ASGI lifespan that
@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from outboxkit.clock import Clock
-from outboxkit.core import KitCore
+from outboxkit.drain.kit_core import KitCore
+from outboxkit.drain.worker import DrainWorker
 from outboxkit.integration import lifespan
 from outboxkit.model import Outbox
-from outboxkit.schedule_runtime import KitSchedules
+from outboxkit.schedules.runtime import KitSchedules
 from outboxkit.settings import OutboxKitSettings
-from outboxkit.transport import Transport
-from outboxkit.worker import DrainWorker
+from outboxkit.transports.base import Transport
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from outboxkit.scheduler import OutboxScheduler
+    from outboxkit.leader.scheduler import OutboxScheduler
 
 __all__ = ["OutboxKit"]
 
@@ -48,7 +48,7 @@ class OutboxKit(KitCore):
     turns the URL you have into that form); another driver is refused.  An
     ``AsyncEngine`` is accepted: the kit then builds its own sync psycopg
     engine on the same database and disposes it at ``close()`` (see
-    ``outboxkit.database`` and docs/async.md).
+    ``outboxkit.storage.database`` and docs/async.md).
 
     ``transport`` defaults to one shared ``HttpTransport``; an outbox whose
     options name a transport uses that one.  ``settings`` defaults to
@@ -71,7 +71,7 @@ class OutboxKit(KitCore):
 
     @property
     def worker(self) -> DrainWorker:
-        """The drain loops of every outbox in this process and their NOTIFY listener (``outboxkit.worker``)."""
+        """The drain loops of every outbox in this process and their NOTIFY listener (``outboxkit.drain.worker``)."""
         with self._lock:
             if self._worker is None:
                 self._worker = DrainWorker(self)
@@ -84,7 +84,7 @@ class OutboxKit(KitCore):
             if self._scheduler is None:
                 # Imported here: a process that only drains (``outboxkit worker``) never loads APScheduler's
                 # scheduler and executors, nor the election.
-                from outboxkit.scheduler import OutboxScheduler
+                from outboxkit.leader.scheduler import OutboxScheduler
 
                 self._scheduler = OutboxScheduler(self, reserved_ids=lambda id: self.schedules.claimed_name(id))
             return self._scheduler
@@ -93,7 +93,7 @@ class OutboxKit(KitCore):
     def schedules(self) -> KitSchedules:
         """Schedules as rows: declare them in code (``add_job``, ``add_http``) and fire them in every process.
 
-        See ``outboxkit.schedule_runtime`` and docs/schedules.md; the lifespan
+        See ``outboxkit.schedules.runtime`` and docs/schedules.md; the lifespan
         and ``outboxkit worker`` start its loop (``OUTBOXKIT_SCHEDULES_ENABLED``).
         """
         with self._lock:

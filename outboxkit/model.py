@@ -56,21 +56,23 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, MappedColumn, declared_attr, mapped_column
 
-from outboxkit.destinations import BreakerOptions, destination_of
+from outboxkit.breaker import BreakerOptions, destination_of
 from outboxkit.errors import ConfigurationError
-from outboxkit.hung_sends import DEFAULT_HUNG_SEND_SECONDS
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.rate_limits import RateLimit
-from outboxkit.transport import Delivery, validate_timeout
-from outboxkit.webhook_signing import SigningTransport, WebhookSecrets
+from outboxkit.transports.base import Delivery, validate_timeout
+from outboxkit.transports.signing import SigningTransport, WebhookSecrets
 
 if TYPE_CHECKING:
-    from outboxkit.transport import Transport
+    from outboxkit.transports.base import Transport
 
 __all__ = ["STATUSES", "Outbox", "OutboxOptions", "outbox_table_args"]
 
 STATUSES = ("pending", "done", "stuck")
 LAST_ERROR_LIMIT = 2000
+# The default of OutboxOptions.hung_send_seconds: a send out this long stops counting against concurrency
+# (outboxkit.drain.hung_sends holds the rule).
+DEFAULT_HUNG_SEND_SECONDS = 1.0
 # Default lease time beyond the slowest possible batch, for recording outcomes
 # and scheduling jitter (``OutboxOptions.lease_margin``).
 LEASE_MARGIN_SECONDS = 30.0
@@ -104,7 +106,7 @@ class OutboxOptions:
 
     ``sign_webhooks`` (default False) signs every request as Standard
     Webhooks defines it (``webhook-id``, ``webhook-timestamp``,
-    ``webhook-signature``; see ``outboxkit.webhook_signing``).  Its secrets,
+    ``webhook-signature``; see ``outboxkit.transports.signing``).  Its secrets,
     ``webhook_secrets``, come from settings
     (``OUTBOXKIT_OUTBOXES__<KEY>__WEBHOOK_SECRETS``); an outbox that signs
     without a secret, or has secrets but does not sign, is refused when the
@@ -122,7 +124,7 @@ class OutboxOptions:
     its last attempt failed, or one of its sends has been out longer than a
     second) and other destinations have rows to send; default
     ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
-    quarter of the send threads (``outboxkit.destination_gate``).
+    quarter of the send threads (``outboxkit.destinations.gate``).
     ``hung_send_seconds`` (default 1 s; None turns it off): a send out
     longer than this (or than four times its destination's slowest recent
     answer, if that is longer; to a destination that has not answered yet,
@@ -130,7 +132,7 @@ class OutboxOptions:
     is *hung* and stops counting against
     ``concurrency``: it keeps its thread and its place under its
     destination's cap, and the drain claims and sends others beside it, on
-    at most ``concurrency`` more threads (``outboxkit.hung_sends``).  It may
+    at most ``concurrency`` more threads (``outboxkit.drain.hung_sends``).  It may
     be replaced per environment (``OUTBOXKIT_OUTBOXES__<KEY>__HUNG_SEND_SECONDS``:
     seconds, or ``off``).
     ``rate_limit`` (default None: none) limits the requests per second each
@@ -146,7 +148,7 @@ class OutboxOptions:
     before it is ``done`` (or skipped by a person), so a retrying row holds
     the rows behind it and a ``stuck`` one blocks its key until an operator
     retries or skips it.  Rows with a NULL key are unordered.  Different keys
-    proceed in parallel; see ``outboxkit.ordering`` and docs/destinations.md,
+    proceed in parallel; see ``outboxkit.storage.ordering`` and docs/destinations.md,
     "Ordered delivery".  The mixin then adds the indexes the ordered claim
     reads (``outbox_table_args``).  A name that is not a column of the class
     is refused when the class is defined.
@@ -154,7 +156,7 @@ class OutboxOptions:
     ``retain_done_for`` (seconds, default None: keep every row forever) turns
     on retention of delivered rows: a scheduled job deletes ``done`` rows
     whose ``delivered_at`` is older than that, never a ``pending`` or
-    ``stuck`` row (see ``outboxkit.retention``).  It may be overridden per
+    ``stuck`` row (see ``outboxkit.leader.retention``).  It may be overridden per
     environment like ``backoff``.
     """
 
@@ -331,7 +333,7 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
       those of a crashed worker until they are claimed again).
 
     An outbox with an ``ordering_key`` gets two more, which its claim reads
-    (``outboxkit.ordering``):
+    (``outboxkit.storage.ordering``):
 
     * ``ix_<table>_order`` on ``(<key>, id) WHERE status <> 'done' AND <key>
       IS NOT NULL``: the rows not yet delivered of each key, in order; the
@@ -458,7 +460,7 @@ class Outbox:
         raise NotImplementedError(f"{type(self).__name__} does not implement build_delivery")
 
     def destination_for(self, delivery: Delivery) -> str:
-        """The destination this row's delivery goes to (``outboxkit.destinations``).
+        """The destination this row's delivery goes to (``outboxkit.breaker``).
 
         By default the URL's scheme, host and port.  Override it to name
         destinations yourself (per tenant, per partner): rows that share a

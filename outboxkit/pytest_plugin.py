@@ -78,11 +78,11 @@ from outboxkit.clock import ManualClock
 from outboxkit.errors import InvalidTypeError, InvalidValueError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
-from outboxkit.notify import install_trigger_sql
 from outboxkit.settings import OutboxKitSettings
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.notify import install_trigger_sql
+from outboxkit.storage.tables import kit_metadata
 from outboxkit.testing import RecordingTransport
-from outboxkit.transport import Transport
+from outboxkit.transports.base import Transport
 
 __all__ = ["TemplateDatabase", "check_prefix", "outboxes_of"]
 

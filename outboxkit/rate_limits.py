@@ -8,7 +8,7 @@ written for it.
 
 Each limited destination has a token bucket, one row of
 ``outboxkit_destination_rates`` shared by every process
-(``outboxkit.destination_rates``).  It holds up to ``burst`` tokens (by
+(``outboxkit.destinations.rate_store``).  It holds up to ``burst`` tokens (by
 default one second's worth: ``max(1, per_second * burst_seconds)``) and
 refills at ``per_second``; a send takes one.  A drainer takes the tokens for
 a claimed batch's rows of that destination in one short transaction under the
@@ -27,7 +27,7 @@ whose send thread starts later than that is given back unsent instead.  So
 the requests a destination receives in any window of ``T`` seconds are at
 most ``burst + per_second * (T + GRANT_SECONDS)``: with the default burst,
 2.5 times the limit in the one second after an idle spell, and within 5% of
-it over 30 seconds.  A probe (``outboxkit.destinations``) is sent without a
+it over 30 seconds.  A probe (``outboxkit.breaker``) is sent without a
 token: one request per cool-down.
 """
 

@@ -4,7 +4,7 @@
 spell of the background loop); ``RunRecord`` comes back from one scheduled
 job run.  They live here, not beside their producers, so the telemetry that
 observes them (``outboxkit.telemetry``, ``outboxkit.metrics``,
-``outboxkit.tracing``) imports no drain or scheduler code.
+``outboxkit.telemetry.tracing``) imports no drain or scheduler code.
 """
 
 from __future__ import annotations

@@ -179,9 +179,9 @@ class OutboxOverride(BaseModel):
     # Requests per second per destination (outboxkit.rate_limits), replacing the class's rate_limit: a number
     # for every destination, a JSON object of RateLimit's arguments, or "off" to lift the class's limit.
     rate_limit: RateLimitOverride | Literal["off"] | None = None
-    # Seconds after which a send is hung and stops counting against concurrency (outboxkit.hung_sends), or "off".
+    # Seconds after which a send is hung and stops counting against concurrency (outboxkit.drain.hung_sends), or "off".
     hung_send_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | Literal["off"] | None = None
-    # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.webhook_signing).
+    # Standard Webhooks secrets (whsec_...), comma-separated; never shown (outboxkit.transports.signing).
     webhook_secrets: tuple[SecretStr, ...] | None = Field(default=None, min_length=1)
 
     @field_validator("webhook_secrets", mode="before")
@@ -240,7 +240,7 @@ class OutboxKitSettings(BaseSettings):
     # The admin (and the CLI's row commands) run on their own small pool, built
     # from the kit engine's URL, so no admin request can take a connection the
     # application needs.  Each of their transactions, its wait for a connection
-    # included, is cancelled after this many seconds (outboxkit.operator_database).
+    # included, is cancelled after this many seconds (outboxkit.storage.operator_pool).
     # One connection by default: one admin scan at a time takes at most one of
     # the database's CPUs; other admin requests queue for it (the wait counts
     # against their time limit) and get 503 "busy" after the pool timeout.

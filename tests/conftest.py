@@ -16,7 +16,7 @@ from exampleapp.models import Base as ExampleBase
 from sqlalchemy import Engine, create_engine
 
 from outboxkit import ManualClock
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.tables import kit_metadata
 from tests.support.database import DatabaseFactory, server_url, sqlalchemy_url
 from tests.support.models import SampleBase
 from tests.support.receiver import Receiver
@@ -67,12 +67,12 @@ def receiver() -> Iterator[Receiver]:
 
 
 # Every outbox in the template notifies its channel on insert, as an
-# application's migration would install it (outboxkit.notify.install_trigger_sql).
+# application's migration would install it (outboxkit.storage.notify.install_trigger_sql).
 def _install_notify_triggers() -> None:
     from exampleapp.models import CreditGrantOutbox, WebhookOutbox
     from sqlalchemy import DDL, event
 
-    from outboxkit.notify import install_trigger_sql
+    from outboxkit.storage.notify import install_trigger_sql
     from tests.support.models import SampleEvent
 
     for outbox in (CreditGrantOutbox, WebhookOutbox, SampleEvent):

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     database_url = args.database_url or os.environ.get("DATABASE_URL")
     try:
         if not database_url:
-            from outboxkit.embedded import EmbeddedPostgres, default_data_dir
+            from outboxkit.storage.embedded import EmbeddedPostgres, default_data_dir
 
             data_dir = default_data_dir("demo-pgdata")
             say(f"starting an embedded PostgreSQL in {data_dir}")

@@ -4,7 +4,7 @@ Revision ID: example_0002
 Revises: example_0001
 Create Date: 2026-11-29
 
-The statements come from ``outboxkit.notify.install_trigger_sql``, which is
+The statements come from ``outboxkit.storage.notify.install_trigger_sql``, which is
 how an application installs the wake-up trigger on its own outboxes.
 """
 
@@ -23,7 +23,7 @@ OUTBOX_TABLES = ("credit_grant_outbox", "webhook_outbox")
 def upgrade() -> None:
     from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 
-    from outboxkit.notify import install_trigger_sql
+    from outboxkit.storage.notify import install_trigger_sql
 
     for outbox in (CreditGrantOutbox, WebhookOutbox):
         for statement in install_trigger_sql(outbox):
@@ -33,7 +33,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 
-    from outboxkit.notify import drop_trigger_sql
+    from outboxkit.storage.notify import drop_trigger_sql
 
     for outbox in (CreditGrantOutbox, WebhookOutbox):
         for statement in drop_trigger_sql(outbox):

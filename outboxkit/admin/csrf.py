@@ -3,7 +3,7 @@
 On every page the admin makes sure the browser holds a cookie with a token,
 and puts the same token in a hidden field of each form.  The token is
 ``<nonce>.<expires>.<HMAC-SHA256(secret, actor, mount path, nonce, expires)>``
-(see ``outboxkit.admin.signing``).  A POST is accepted only when
+(see ``outboxkit.admin.signed_values``).  A POST is accepted only when
 
 * the field equals the cookie,
 * the signature checks out for the actor the application's auth dependency
@@ -37,7 +37,7 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from outboxkit.admin.signing import Signer
+from outboxkit.admin.signed_values import Signer
 from outboxkit.clock import Clock
 
 __all__ = ["CSRF_COOKIE", "CSRF_FIELD", "CsrfTokens"]

@@ -28,14 +28,14 @@ from starlette.concurrency import run_in_threadpool
 from outboxkit.admin.api import READ_ERRORS, OutboxName, http_errors
 from outboxkit.admin.page_inputs import row_filter_from
 from outboxkit.admin.route_guard import AdminRoute
-from outboxkit.log_events import log_fields
 from outboxkit.operations.export import EXPORT_FORMATS, ExportFormat
 from outboxkit.operations.schemas import Status
 from outboxkit.operations.service import OperationsService
+from outboxkit.telemetry.log_events import log_fields
 
 __all__ = ["export_router"]
 
-logger = logging.getLogger("outboxkit.admin")
+logger = logging.getLogger(__name__)
 
 _STREAM: dict[int | str, dict[str, Any]] = {
     200: {

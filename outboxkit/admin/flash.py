@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from outboxkit.admin.signing import Signer
+from outboxkit.admin.signed_values import Signer
 from outboxkit.clock import Clock
 from outboxkit.operations.controls import DUE_COUNT_CAP
 

@@ -45,7 +45,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     InvalidValueError: 422,
     InvalidSearch: 422,
     MigrationRequired: 503,  # the application's deploy is behind the kit's schema: nothing the operator typed is wrong
-    # The admin's own limits (outboxkit.operator_database): the request was too heavy for now, nothing changed.
+    # The admin's own limits (outboxkit.storage.operator_pool): the request was too heavy for now, nothing changed.
     OperatorQueryTimeout: 503,
     OperatorPoolBusy: 503,
 }

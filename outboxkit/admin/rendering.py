@@ -14,7 +14,7 @@ from importlib import resources
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from outboxkit.admin.charts import chart_svg
+from outboxkit.admin.chart_svg import chart_svg
 
 __all__ = ["STATIC_FILES", "age", "counts_shown", "make_environment", "static_file", "visible"]
 

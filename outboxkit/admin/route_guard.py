@@ -45,8 +45,8 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from outboxkit.admin.refusals import REFUSALS, refusal_status
-from outboxkit.errors import BodyTooLarge
-from outboxkit.log_events import log_fields
+from outboxkit.errors import BodyTooLarge, first_line
+from outboxkit.telemetry.log_events import log_fields
 
 __all__ = [
     "DATABASE_UNAVAILABLE_ERRORS",
@@ -59,7 +59,7 @@ __all__ = [
     "report_database_unavailable",
 ]
 
-logger = logging.getLogger("outboxkit.admin")
+logger = logging.getLogger(__name__)
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -89,7 +89,7 @@ def report_database_unavailable(error: Exception) -> str:
     """Log one line about ``error`` (no traceback: it is the database's trouble, not a bug) and return the message to show."""
     logger.warning(
         "outboxkit admin: the database is unreachable: %s",
-        str(error).splitlines()[0] if str(error) else type(error).__name__,
+        first_line(error),
         extra=log_fields("admin.database_unreachable"),
     )
     return (

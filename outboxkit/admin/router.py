@@ -17,17 +17,17 @@ from outboxkit.admin.pages import pages_router
 from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
 from outboxkit.admin.schedule_pages import schedule_pages_router
-from outboxkit.admin.signing import Signer
+from outboxkit.admin.signed_values import Signer
 from outboxkit.errors import ConfigurationError
 from outboxkit.kit import OutboxKit
-from outboxkit.log_events import log_fields
 from outboxkit.operations.job_status import JobSource
 from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.service import OperationsService
+from outboxkit.telemetry.log_events import log_fields
 
 __all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
 
-logger = logging.getLogger("outboxkit.admin")
+logger = logging.getLogger(__name__)
 
 ACTOR_STATE_ATTRIBUTE = "outboxkit_actor"
 

@@ -277,9 +277,9 @@ def worker(
     """
     import logging
 
+    from outboxkit.drain.worker import DrainWorker
     from outboxkit.integration import readiness, start_schedules, stop_schedules
-    from outboxkit.metrics import serve_worker_metrics
-    from outboxkit.worker import DrainWorker
+    from outboxkit.metrics.prometheus import serve_worker_metrics
 
     with operating(context, False, outboxes or []) as (kit, _):
         if not logging.getLogger().handlers:  # the application did not configure logging: say what happens

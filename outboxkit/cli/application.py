@@ -16,9 +16,9 @@ import typer
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
 from outboxkit.cli.output import Output, fail
-from outboxkit.diagnostics import MIGRATION_HINT
-from outboxkit.errors import OutboxKitError
+from outboxkit.errors import OutboxKitError, first_line
 from outboxkit.kit import OutboxKit
+from outboxkit.storage.diagnostics import MIGRATION_HINT
 
 if TYPE_CHECKING:
     from outboxkit.operations.service import OperationsService
@@ -102,6 +102,3 @@ def operating(context: typer.Context, json_flag: bool, outboxes: Sequence[str] =
     except DBAPIError as exc:
         fail(f"database error: {first_line(exc.orig)}")
 
-
-def first_line(error: BaseException | None) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -29,7 +29,7 @@ from typing import IO, Annotated, Any, cast
 import typer
 
 from outboxkit.cli.application import CommandError, actor, admin_service, operating
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.row_filter import RowFilter
 
 __all__ = ["export", "replay"]
 

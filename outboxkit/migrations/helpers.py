@@ -25,7 +25,7 @@ on insert goes into a revision of the application's own::
     def downgrade() -> None:
         drop_notify_triggers(OrderOutbox)
 
-The statements are those of ``outboxkit.notify.install_trigger_sql`` and
+The statements are those of ``outboxkit.storage.notify.install_trigger_sql`` and
 ``drop_trigger_sql``; both functions also work in offline mode
 (``alembic upgrade heads --sql``), where they print the SQL.
 docs/getting-started.md walks through the whole recipe, from
@@ -41,8 +41,8 @@ from alembic.operations import Operations
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.model import Outbox
-from outboxkit.notify import drop_trigger_sql, install_trigger_sql
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.notify import drop_trigger_sql, install_trigger_sql
+from outboxkit.storage.tables import kit_metadata
 
 __all__ = ["KIT_TABLES", "drop_notify_triggers", "include_name", "include_object", "install_notify_triggers"]
 

@@ -9,5 +9,5 @@ and run history, replaying delivered rows (``replay``) and streaming rows as
 NDJSON or CSV (``export``).  ``OperationsService`` is shared by the admin's JSON API and
 pages (``outboxkit.admin``, which needs FastAPI) and by the CLI (which does
 not): the same rules, written once, on top of the query functions the drain
-uses (``outboxkit.queries``).
+uses (``outboxkit.storage.drain_queries``).
 """

@@ -27,11 +27,11 @@ from collections.abc import Callable
 
 from outboxkit.errors import OperatorPoolBusy, OperatorQueryTimeout
 from outboxkit.kit import OutboxKit
-from outboxkit.notify import notify_statement
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import MatchOutcome
-from outboxkit.operator_queries import admin_queries_for
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.notify import notify_statement
+from outboxkit.storage.operator_queries import admin_queries_for
+from outboxkit.storage.row_filter import RowFilter
 
 __all__ = ["BATCH_SIZE", "MATCH_COUNT_CAP", "REQUEST_SECONDS", "BulkReset"]
 

@@ -1,7 +1,7 @@
 """The overview's charts per outbox, from ``outboxkit_outbox_minutes``: the last hour, day or week.
 
 One primary-key range read for every outbox: the drainers keep those rows
-up to date as they work (see ``outboxkit.attempts``), so the overview never
+up to date as they work (see ``outboxkit.storage.attempts``), so the overview never
 scans the attempt history or the outbox tables for its charts.  A window is
 cut into a fixed number of buckets (``WINDOWS``): 60 of a minute for 1 h,
 96 of 15 minutes for 24 h, 84 of 2 hours for 7 d.  In a bucket, deliveries

@@ -1,7 +1,7 @@
 """Outbox-level actions: pause and resume an outbox's drains, and "drain now".
 
 * **Pause** writes the outbox into ``outboxkit_outbox_pauses``
-  (``outboxkit.pauses``); every drainer in every process checks it before
+  (``outboxkit.storage.pauses``); every drainer in every process checks it before
   each claim and claims nothing while it is there.  Rows in flight finish;
   nothing is lost or changed; inserts keep waiting as ``pending``.
 * **Resume** removes it and notifies the outbox's channel in the same
@@ -30,11 +30,11 @@ from sqlalchemy import Connection, insert
 
 from outboxkit.errors import OutboxPaused
 from outboxkit.kit import OutboxKit
-from outboxkit.notify import notify_statement
 from outboxkit.operations.schemas import ControlResult
-from outboxkit.operator_queries import admin_queries_for
-from outboxkit.pauses import is_paused, pause, resume
-from outboxkit.tables import reset_audit
+from outboxkit.storage.notify import notify_statement
+from outboxkit.storage.operator_queries import admin_queries_for
+from outboxkit.storage.pauses import is_paused, pause, resume
+from outboxkit.storage.tables import reset_audit
 
 __all__ = ["AUDIT_IDS_LIMIT", "DUE_COUNT_CAP", "OutboxControls", "OutboxPaused", "record_audit"]
 

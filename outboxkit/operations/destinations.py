@@ -3,9 +3,9 @@
 The admin (JSON API and pages) and the CLI (``outboxkit destinations``) both
 act through ``DestinationOperations``, on the kit's operator database (its own
 small pool, a time budget per transaction).  The state lives in
-``outboxkit_destinations`` (``outboxkit.destination_store``); the rules are
-``outboxkit.destinations``'s; the rows waiting are counted by
-``outboxkit.destination_queries``.
+``outboxkit_destinations`` (``outboxkit.destinations.store``); the rules are
+``outboxkit.breaker``'s; the rows waiting are counted by
+``outboxkit.destinations.views``.
 
 A destination is listed once it has a state: at its first failure, or when a
 person disabled it.  One that only ever succeeded has none; it is healthy.
@@ -38,7 +38,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
 
-from outboxkit.destination_queries import (
+from outboxkit.breaker import DESTINATION_NAME_LIMIT as NAME_LIMIT
+from outboxkit.breaker import DestinationState, Status
+from outboxkit.destinations.store import DestinationStore
+from outboxkit.destinations.views import (
     DestinationView,
     destination_views,
     hold_instants,
@@ -46,14 +49,11 @@ from outboxkit.destination_queries import (
     release_waiting,
     waiting_rows,
 )
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import DESTINATION_NAME_LIMIT as NAME_LIMIT
-from outboxkit.destinations import DestinationState, Status
 from outboxkit.errors import UnknownDestinationError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
-from outboxkit.notify import notify_statement
 from outboxkit.operations.controls import DUE_COUNT_CAP, record_audit
+from outboxkit.storage.notify import notify_statement
 
 __all__ = [
     "DestinationAction",

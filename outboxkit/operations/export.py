@@ -4,7 +4,7 @@
 or payload column: a refusal before anything is read or sent) and returns
 an iterator of byte chunks.  Each chunk is one keyset batch of
 ``EXPORT_BATCH_ROWS`` rows read in its own short statement
-(``outboxkit.export_queries``), so memory holds one batch whatever the
+(``outboxkit.storage.export_queries``), so memory holds one batch whatever the
 number of rows, and no transaction stays open while a slow client reads.
 Rows come in id order; a row that changes while a long export runs shows
 as it was when its batch was read.
@@ -35,9 +35,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from outboxkit.errors import InvalidValueError
-from outboxkit.export_queries import ExportQueries, export_queries_for
 from outboxkit.kit import OutboxKit
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.export_queries import ExportQueries, export_queries_for
+from outboxkit.storage.row_filter import RowFilter
 
 __all__ = ["EXPORT_BATCH_ROWS", "EXPORT_FORMATS", "ExportFormat", "RowExport", "spreadsheet_safe"]
 

@@ -9,7 +9,7 @@ leaves behind, so it works in any worker, leader or not.
   kit's ``advisory_lock_key``) in this database: ``pg_locks`` joined to
   ``pg_stat_activity``, whose ``application_name``
   ``outboxkit-leader:<host>:<pid>`` says which process it is
-  (``outboxkit.leader_lock.lock_holders``, the election's own statement).
+  (``outboxkit.leader.lock.lock_holders``, the election's own statement).
   ``pg_locks`` is cluster-wide, so the query always filters on the current
   database.  The admin's database role must be allowed to see other
   sessions' ``application_name`` (same role, or ``pg_read_all_stats``);
@@ -36,8 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import Connection, text
 
-from outboxkit.leader_lock import LockHolder, lock_holders
-from outboxkit.scheduler import DRAIN_JOB_PREFIX, JobInfo
+from outboxkit.leader.lock import LockHolder, lock_holders
+from outboxkit.leader.scheduler import DRAIN_JOB_PREFIX, JobInfo
 
 __all__ = ["DRAIN_JOB_PREFIX", "JobInfo", "JobRun", "JobSource", "LockHolder", "drain_job_id", "last_runs", "leaders"]
 
@@ -112,7 +112,7 @@ def last_runs(connection: Connection, job_ids: list[str] | None = None) -> dict[
 def leaders(connection: Connection, *, key: int) -> list[LockHolder]:
     """Sessions holding the kit's election lock (``key``) in this database: more than one means a bug.
 
-    The same statement as the election's own look-up (``outboxkit.leader_lock.lock_holders``): the
+    The same statement as the election's own look-up (``outboxkit.leader.lock.lock_holders``): the
     advisory key and the database must match, so a session of another application that only shares the
     ``outboxkit-leader:`` name, or holds another advisory lock, is not counted.
     """

@@ -16,10 +16,10 @@ from outboxkit.errors import InvalidTypeError, UnknownJobError
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.history import job_failure_counts, job_run_history
 from outboxkit.operations.job_status import DRAIN_JOB_PREFIX, JobInfo, JobRun, JobSource, drain_job_id, last_runs, leaders
-from outboxkit.operations.schedules import describe_trigger
 from outboxkit.operations.schemas import JobEntry, JobRunsView, JobsView, LeaderModel, RunModel
-from outboxkit.pauses import Pause, paused_outboxes
-from outboxkit.scheduled_jobs import every
+from outboxkit.operations.trigger_words import describe_trigger
+from outboxkit.schedules.jobs import every
+from outboxkit.storage.pauses import Pause, paused_outboxes
 
 __all__ = ["JobsTable", "run_model"]
 

@@ -1,6 +1,6 @@
 """What an operator sees and does about ordered keys: the stuck heads that block their keys, and the skip.
 
-An outbox with an ordering key (``OutboxOptions.ordering_key``, ``outboxkit.ordering``) delivers its rows one
+An outbox with an ordering key (``OutboxOptions.ordering_key``, ``outboxkit.storage.ordering``) delivers its rows one
 key at a time in id order, so a ``stuck`` row at the head of its key holds every row of the key behind it.
 The operator either retries it (reset, or retry now: the existing actions) or skips it: the row stays
 ``stuck``, never deleted, and is listed in ``outboxkit_ordering_skips``, so the rows behind it flow.
@@ -22,11 +22,11 @@ from sqlalchemy import text
 from outboxkit.errors import NotOrderedError, RowsNotFound
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
-from outboxkit.notify import notify_statement
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import ActionResult, RowOrderingModel, SkippedRow
-from outboxkit.ordering import WAITING_CAP, OrderedStatements, ordered_statements
-from outboxkit.queries import quote_table
+from outboxkit.storage.drain_queries import quote_table
+from outboxkit.storage.notify import notify_statement
+from outboxkit.storage.ordering import WAITING_CAP, OrderedStatements, ordered_statements
 
 __all__ = ["BlockedKey", "BlockedKeys", "OrderedKeys"]
 

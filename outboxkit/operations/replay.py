@@ -9,7 +9,7 @@ time ranges) and:
 * **dry run** (the default): counts them (exact up to ``REPLAY_COUNT_CAP``,
   then "at least") and samples the newest ids; nothing changes;
 * **run**: makes them ``pending``, due now, in batches of ``batch_size``
-  rows (``outboxkit.replay_queries``), each batch its own short transaction
+  rows (``outboxkit.storage.replay_queries``), each batch its own short transaction
   that also records the batch in ``outboxkit_reset_audit`` (action
   ``replay``; the entry's filter carries the replay's id and the batch
   number, so the batches of one replay can be found together) and wakes the
@@ -54,11 +54,11 @@ from sqlalchemy.exc import IntegrityError
 
 from outboxkit.errors import InvalidValueError, MigrationRequired
 from outboxkit.kit import OutboxKit
-from outboxkit.notify import notify_statement
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import FilterText, RowFilter
-from outboxkit.replay_queries import replay_queries_for
-from outboxkit.telemetry import log_fields
+from outboxkit.storage.notify import notify_statement
+from outboxkit.storage.replay_queries import replay_queries_for
+from outboxkit.telemetry.hooks import log_fields
 
 __all__ = [
     "DEFAULT_REPLAY_BATCH",
@@ -69,7 +69,7 @@ __all__ = [
     "Replayer",
 ]
 
-logger = logging.getLogger("outboxkit.admin")
+logger = logging.getLogger(__name__)
 
 DEFAULT_REPLAY_BATCH = 500
 MAX_REPLAY_BATCH = 10_000

@@ -5,9 +5,9 @@ rows of an outbox: ``outboxkit.operations.cursor``), and only the page's
 schedules have their next fire times computed.
 
 The admin's schedule pages and API and ``outboxkit schedules`` in the CLI
-call ``ScheduleAdmin``; it calls ``outboxkit.schedule_store`` and
-``outboxkit.schedule_views`` on the kit's operator database
-(``outboxkit.operator_database``): the admin's own small pool, and a time
+call ``ScheduleAdmin``; it calls ``outboxkit.schedules.store`` and
+``outboxkit.schedules.views`` on the kit's operator database
+(``outboxkit.storage.operator_pool``): the admin's own small pool, and a time
 budget on every transaction (``OperatorQueryTimeout`` past it, nothing
 changed).
 
@@ -51,10 +51,10 @@ from outboxkit.operations.schedule_schemas import (
     ScheduleModel,
     ScheduleRunModel,
 )
-from outboxkit.schedule_store import Schedule, ScheduleStore
-from outboxkit.schedule_views import next_fire_times, schedule_history
-from outboxkit.scheduled_requests import ScheduledRequestOutbox
-from outboxkit.tables import schedule_audit, schedules
+from outboxkit.schedules.requests import ScheduledRequestOutbox
+from outboxkit.schedules.store import Schedule, ScheduleStore
+from outboxkit.schedules.views import next_fire_times, schedule_history
+from outboxkit.storage.tables import schedule_audit, schedules
 
 __all__ = ["DEFAULT_LIST_PAGE", "FIRE_TIMES_SHOWN", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE", "ScheduleAdmin"]
 

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from outboxkit.schedules import MAX_RUNNING_LIMIT, HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
-from outboxkit.tables import RUN_OUTCOMES as RECORDED_OUTCOMES
+from outboxkit.schedules.definitions import MAX_RUNNING_LIMIT, HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.storage.tables import RUN_OUTCOMES as RECORDED_OUTCOMES
 
 __all__ = [
     "RUN_OUTCOMES",

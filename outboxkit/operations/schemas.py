@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
-from outboxkit.row_filter import RowFilter, utc_moment  # the filter the queries apply, shown as it was applied
+from outboxkit.storage.row_filter import RowFilter, utc_moment  # the filter the queries apply, shown as it was applied
 
 __all__ = [
     "RowFilter",  # re-exported: the admin and the CLI name the filter through this layer

@@ -4,10 +4,10 @@
 already lives beside it — controls, bulk reset, replay, export, the jobs table — and is only delegated to here.)
 
 ``OperationsService`` reads counts, pages and rows, and performs resets, through
-the named statements in ``outboxkit.operator_queries``; it records every change in
+the named statements in ``outboxkit.storage.operator_queries``; it records every change in
 ``outboxkit_reset_audit`` in the same transaction as the change.  The JSON
 API and the pages are thin layers over it.  It works on the kit's operator
-database (``outboxkit.operator_database``): a small pool of its own, never the
+database (``outboxkit.storage.operator_pool``): a small pool of its own, never the
 application's connections, and a time limit on every transaction.
 
 Action rules (the same for one id, a list, or a filter):
@@ -40,7 +40,6 @@ from sqlalchemy import Connection, select
 
 from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
-from outboxkit.notify import notify_statement
 from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
 from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
@@ -77,11 +76,12 @@ from outboxkit.operations.schemas import (
     Status,
     StatusCount,
 )
-from outboxkit.operator_queries import AdminQueries, admin_queries_for
-from outboxkit.operator_results import RowState, RowSummary
-from outboxkit.pauses import Pause, paused_outboxes
-from outboxkit.row_filter import RowFilter
-from outboxkit.tables import reset_audit
+from outboxkit.storage.notify import notify_statement
+from outboxkit.storage.operator_queries import AdminQueries, admin_queries_for
+from outboxkit.storage.operator_results import RowState, RowSummary
+from outboxkit.storage.pauses import Pause, paused_outboxes
+from outboxkit.storage.row_filter import RowFilter
+from outboxkit.storage.tables import reset_audit
 
 __all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 

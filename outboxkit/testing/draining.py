@@ -12,8 +12,8 @@ from outboxkit.clock import ManualClock
 from outboxkit.errors import ConfigurationError, InvalidValueError, NotIdleError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
-from outboxkit.queries import queries_for
 from outboxkit.results import DrainResult
+from outboxkit.storage.drain_queries import queries_for
 from outboxkit.testing.recording import attached_recorders
 
 __all__ = ["IdleReport", "drain_until_idle"]

@@ -19,7 +19,7 @@ from outboxkit.errors import (
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.policy import AttemptResult, FailureKind
-from outboxkit.transport import Delivery, Transport
+from outboxkit.transports.base import Delivery, Transport
 
 __all__ = ["RecordedSend", "RecordingTransport", "UnexpectedSend", "attached_recorders", "connection_error", "reply", "timeout"]
 

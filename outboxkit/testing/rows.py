@@ -2,7 +2,7 @@
 
 Both read through a ``Session``, an ``Engine`` or a ``Connection``.  An
 ``AsyncEngine`` works too: they read through a sync psycopg engine on the
-same database (``outboxkit.database.kit_engine``), made for the call and
+same database (``outboxkit.storage.database.kit_engine``), made for the call and
 disposed after it.  An ``AsyncSession`` or ``AsyncConnection`` cannot be
 read from sync code; they are refused with the call to make instead,
 ``await session.run_sync(assert_enqueued, Outbox, ...)``, which also sees
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine, inspect, select
 from sqlalchemy.orm import Session
 
-from outboxkit.database import kit_engine
 from outboxkit.errors import ConfigurationError, InvalidTypeError, OutboxAssertionError
 from outboxkit.model import Outbox
+from outboxkit.storage.database import kit_engine
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

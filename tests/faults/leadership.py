@@ -2,7 +2,7 @@
 
 ``LeadershipSampler`` samples, every 100 ms, how many sessions hold the
 leader key in the scenario's database (``pg_locks`` with the database
-predicate, through ``outboxkit.election.lock_holders``) and which scheduler
+predicate, through ``outboxkit.leader.election.lock_holders``) and which scheduler
 processes believe they lead (their latest ``role`` event, read through the
 fleet).  ``belief_intervals`` and ``longest_overlap`` rebuild the same beliefs
 exactly from the events, which the window figure uses: a sample every 100 ms
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy import create_engine
 
-from outboxkit.election import APPLICATION_NAME_PREFIX, lock_holders
+from outboxkit.leader.election import APPLICATION_NAME_PREFIX, lock_holders
 from tests.faults.fleet import WorkerFleet
 from tests.support.database import sqlalchemy_url
 

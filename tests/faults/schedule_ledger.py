@@ -22,8 +22,8 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import Engine, select, text
 
-from outboxkit.schedule_store import ScheduleStore
-from outboxkit.schedules import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.store import ScheduleStore
 from tests.faults.schedule_worker import install_runs_table, runs_table
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)  # the anchor of every(): fire times are multiples of the period
@@ -31,7 +31,7 @@ EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)  # the anchor of every(): fire
 
 def install_schedules(engine: Engine, *, count: int, period: float, grace: float, prefix: str = "tick") -> list[str]:
     """The kit's tables, the job's table and ``count`` schedules ``every(period)`` running ``record``."""
-    from outboxkit.tables import kit_metadata
+    from outboxkit.storage.tables import kit_metadata
 
     kit_metadata.create_all(engine, checkfirst=True)
     install_runs_table(engine)

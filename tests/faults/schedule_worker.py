@@ -40,8 +40,8 @@ from typing import Any
 
 from sqlalchemy import Column, DateTime, Engine, Identity, Integer, MetaData, Table, Text, create_engine, func, insert, update
 
-from outboxkit.schedule_runner import ScheduleRunner
-from outboxkit.scheduled_jobs import JobContext
+from outboxkit.schedules.jobs import JobContext
+from outboxkit.schedules.runner import ScheduleRunner
 from tests.support.clocks import OffsetClock
 
 __all__ = ["install_runs_table", "runs_table", "schedule_worker_command"]
@@ -128,7 +128,7 @@ def main() -> None:
     arguments = parser.parse_args()
 
     handler = EventHandler(level=logging.WARNING)
-    for name in ("outboxkit.schedule_runner", "outboxkit.notify"):
+    for name in ("outboxkit.schedules", "outboxkit.storage.notify"):  # the whole schedules package
         logging.getLogger(name).addHandler(handler)
     logging.basicConfig(level=logging.WARNING)  # and everything on stderr, the fleet's log file
 

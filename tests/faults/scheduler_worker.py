@@ -39,7 +39,7 @@ from typing import Any
 from sqlalchemy import Column, DateTime, Engine, MetaData, Table, Text, create_engine, func, insert
 
 from outboxkit import HttpTransport, OutboxKit, OutboxKitSettings
-from outboxkit.scheduled_jobs import JobContext, every
+from outboxkit.schedules.jobs import JobContext, every
 from tests.faults.models import FaultEvent
 
 __all__ = ["HEARTBEAT_JOB_ID", "HEARTBEAT_START", "heartbeat_runs", "install_heartbeat_table"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from outboxkit.notify import install_trigger_sql
+from outboxkit.storage.notify import install_trigger_sql
 from tests.faults.arrivals import Arrival
 from tests.faults.fleet import WorkerFleet
 from tests.faults.leadership import (

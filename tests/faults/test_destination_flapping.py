@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import create_engine, func, select
 
 from outboxkit import Drainer, HttpTransport
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import BreakerOptions, destination_of
+from outboxkit.breaker import BreakerOptions, destination_of
+from outboxkit.destinations.store import DestinationStore
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply

@@ -35,8 +35,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from outboxkit.election import current_leader
-from outboxkit.tables import job_runs
+from outboxkit.leader.election import current_leader
+from outboxkit.storage.tables import job_runs
 from tests.faults.fleet import WorkerFleet
 from tests.faults.leadership import (
     LeadershipSampler,

@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy import create_engine, insert
 
 from outboxkit import Drainer, HttpTransport
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.tables import kit_metadata
 from tests.faults.models import FAULT_OPTIONS, FaultEvent, install_fault_schema
 from tests.faults.private_server import PrivateServer, postgres_binaries
 from tests.support.database import sqlalchemy_url

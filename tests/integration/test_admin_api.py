@@ -12,7 +12,7 @@ from exampleapp.models import WebhookOutbox
 from sqlalchemy import text
 
 from outboxkit.admin import JobInfo
-from outboxkit.notify import channel_for
+from outboxkit.storage.notify import channel_for
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from sqlalchemy import text
 
-from outboxkit.attempts import AttemptLog, AttemptRecord
+from outboxkit.storage.attempts import AttemptLog, AttemptRecord
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,

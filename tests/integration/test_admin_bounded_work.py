@@ -14,7 +14,7 @@ from outboxkit.admin import CSRF_COOKIE
 from outboxkit.admin.flash import Flash
 from outboxkit.operations import bulk_reset, controls
 from outboxkit.operations.bulk_reset import BulkReset
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.row_filter import RowFilter
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,

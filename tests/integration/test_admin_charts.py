@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from sqlalchemy import text
 
-from outboxkit.attempts import AttemptLog
+from outboxkit.storage.attempts import AttemptLog
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,

@@ -9,8 +9,8 @@ from exampleapp.models import CreditGrantOutbox, WebhookOutbox
 from sqlalchemy import create_engine
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.notify import channel_for
-from outboxkit.pauses import PauseCheck, is_paused
+from outboxkit.storage.notify import channel_for
+from outboxkit.storage.pauses import PauseCheck, is_paused
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,
@@ -163,7 +163,7 @@ def test_a_pause_and_a_resume_notify_the_pause_channel_on_commit(admin, admin_da
     import psycopg
     from psycopg import sql
 
-    from outboxkit.pauses import PAUSES_CHANNEL
+    from outboxkit.storage.pauses import PAUSES_CHANNEL
 
     with psycopg.connect(admin_database_url, autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(PAUSES_CHANNEL)))

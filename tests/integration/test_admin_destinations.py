@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from outboxkit.destinations import Signal
+from outboxkit.breaker import Signal
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,

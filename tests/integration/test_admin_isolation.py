@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from outboxkit import ManualClock, OutboxKitSettings
 from outboxkit.admin.route_guard import SECURITY_HEADERS
-from outboxkit.operator_database import APPLICATION_NAME
+from outboxkit.storage.operator_pool import APPLICATION_NAME
 from tests.support.admin import (  # noqa: F401  (fixtures)
     ADMIN_PASSWORD,
     ADMIN_USER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from outboxkit.operations.service import OperationsService
-from outboxkit.scheduled_jobs import cron
+from outboxkit.schedules.jobs import cron
 from tests.support.admin import (  # noqa: F401  (fixtures)
     admin,
     admin_app,

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.metrics import OutboxMetrics
+from outboxkit.metrics.prometheus import OutboxMetrics
 from tests.support.models import SampleEvent
 from tests.unit.test_alert_rules import DASHBOARD_FILE, DOCS, rules
 

@@ -1,4 +1,4 @@
-"""CapWaiting (outboxkit.cap_waiting): rows waiting over a cap go back in one statement, each under its own claim token,
+"""CapWaiting (outboxkit.drain.cap_waiting): rows waiting over a cap go back in one statement, each under its own claim token,
 and are counted while they wait.
 
 Real PostgreSQL: the rows are claimed by hand (attempt counted, token and
@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, event, insert, update
 
-from outboxkit.cap_waiting import CapWaiting
 from outboxkit.clock import ManualClock
-from outboxkit.destination_gate import Admission, DestinationGate, Send
+from outboxkit.destinations.gate import Admission, DestinationGate, Send
+from outboxkit.drain.cap_waiting import CapWaiting
+from outboxkit.drain.send_pool import InFlightLimit
 from outboxkit.policy import AttemptResult
-from outboxkit.send_pool import InFlightLimit
-from outboxkit.transport import Delivery
+from outboxkit.transports.base import Delivery
 from tests.integration.test_destination_drain import give_back_statements
 from tests.support.models import SampleEvent
 

@@ -11,8 +11,8 @@ from exampleapp.models import WebhookOutbox
 from sqlalchemy import select
 
 from outboxkit.cli import main
-from outboxkit.notify import channel_for
-from outboxkit.tables import reset_audit
+from outboxkit.storage.notify import channel_for
+from outboxkit.storage.tables import reset_audit
 from tests.support.admin import add_webhooks, listening, notified
 from tests.support.cli import cli_fixture
 from tests.support.database import sqlalchemy_url

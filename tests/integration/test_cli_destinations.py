@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import select
 
+from outboxkit.breaker import Signal
 from outboxkit.cli import main
-from outboxkit.destinations import Signal
-from outboxkit.tables import reset_audit
+from outboxkit.storage.tables import reset_audit
 from tests.support.admin import add_webhooks, snapshot
 from tests.support.database import sqlalchemy_url
 from tests.support.destinations import DEAD, destination_row, open_breaker, record

@@ -11,7 +11,7 @@ from exampleapp.models import WebhookOutbox
 from sqlalchemy import select, text
 
 from outboxkit.cli import main
-from outboxkit.tables import reset_audit
+from outboxkit.storage.tables import reset_audit
 from tests.support.admin import add_webhooks
 from tests.support.database import sqlalchemy_url
 

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import Engine, delete, event
 
 from outboxkit import Drainer, HttpTransport
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import BreakerOptions
-from outboxkit.tables import destinations as destination_table
+from outboxkit.breaker import BreakerOptions
+from outboxkit.destinations.store import DestinationStore
+from outboxkit.storage.tables import destinations as destination_table
 from tests.support.blackhole import Blackhole
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, unclaimed_sample_events
@@ -46,7 +46,7 @@ def attempts_match_requests(read_events, *receivers: Receiver) -> None:
 
 
 def state(engine: Engine, url: str):
-    from outboxkit.destinations import destination_of
+    from outboxkit.breaker import destination_of
 
     with engine.connect() as connection:
         return DestinationStore(SampleEvent).states(connection, [destination_of(url)]).get(destination_of(url))
@@ -304,7 +304,7 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
     engine, receiver, read_events, monkeypatch
 ):
     """What a capped destination costs the drain's thread: the rows over its cap wait in the drainer
-    (outboxkit.cap_backlog), so no batch writes anything for them; the state read is a single AUTOCOMMIT
+    (outboxkit.drain.cap_backlog), so no batch writes anything for them; the state read is a single AUTOCOMMIT
     statement (no BEGIN, no COMMIT or ROLLBACK); a full claim whose batch had rows over a cap is followed by the next
     claim without a read of the earliest due time; at the stop the rows still waiting go back with their attempts."""
     options = dataclasses.replace(
@@ -370,7 +370,7 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
     assert sum(row.attempts for row in dead) == 2  # the rows that waited and went back unsent spent no attempt
 
 
-# -- rows over a cap wait in the pump (outboxkit.cap_backlog) ------------------------------------
+# -- rows over a cap wait in the pump (outboxkit.drain.cap_backlog) ------------------------------------
 
 
 def give_back_statements(engine: Engine) -> tuple[list[str], object]:

@@ -22,8 +22,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import delete
 
-from outboxkit.destinations import BreakerOptions
-from outboxkit.tables import destinations as destination_table
+from outboxkit.breaker import BreakerOptions
+from outboxkit.storage.tables import destinations as destination_table
 from tests.integration.test_destination_drain import attempts_match_requests, insert_at, state
 from tests.support.blackhole import Blackhole
 from tests.support.models import SampleEvent

@@ -1,4 +1,4 @@
-"""What a drainer keeps in memory per destination, and for how long (``outboxkit.destination_gate``).
+"""What a drainer keeps in memory per destination, and for how long (``outboxkit.destinations.gate``).
 
 A destination with no send in flight that the drainer has not used for ``forget_after`` is forgotten; what is
 forgotten is what a fresh drainer starts without, so its decisions after that are a fresh drainer's.  Real database,
@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, insert
 
-from outboxkit.destination_gate import FORGET_AFTER_SECONDS, DestinationGate
-from outboxkit.destinations import BreakerOptions
+from outboxkit.breaker import BreakerOptions
+from outboxkit.destinations.gate import FORGET_AFTER_SECONDS, DestinationGate
 from outboxkit.model import OutboxOptions
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply

@@ -1,4 +1,4 @@
-"""The destination gauges (outboxkit.destination_gauges through outboxkit.metrics) read from the real database and
+"""The destination gauges (outboxkit.metrics.destination_gauges through outboxkit.metrics) read from the real database and
 scraped in the text format: state, rows waiting and time open per destination, with a bounded number of series."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, insert
 
 from outboxkit import ManualClock, OutboxKit, OutboxKitSettings
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import BreakerOptions, Reading, Signal
+from outboxkit.breaker import BreakerOptions, Reading, Signal
+from outboxkit.destinations.store import DestinationStore
 from outboxkit.errors import ConfigurationError
-from outboxkit.metrics import OutboxMetrics
-from outboxkit.tables import destinations as destination_table
+from outboxkit.metrics.prometheus import OutboxMetrics
+from outboxkit.storage.tables import destinations as destination_table
 from tests.support.models import SampleEvent
 
 START = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)

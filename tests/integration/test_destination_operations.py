@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from exampleapp.models import WebhookOutbox
 
-from outboxkit.destination_queries import destination_views
-from outboxkit.destinations import Signal
+from outboxkit.breaker import Signal
+from outboxkit.destinations.views import destination_views
 from outboxkit.errors import UnknownDestinationError, UnknownOutboxError
-from outboxkit.notify import channel_for
 from outboxkit.operations.destinations import DestinationOperations
+from outboxkit.storage.notify import channel_for
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,

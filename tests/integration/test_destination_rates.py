@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import create_engine, func, select
 
 from outboxkit import Delivery, Drainer, HttpTransport
-from outboxkit.destination_rates import RateStore
-from outboxkit.destinations import BreakerOptions, destination_of
+from outboxkit.breaker import BreakerOptions, destination_of
+from outboxkit.destinations.rate_store import RateStore
 from outboxkit.policy import AttemptResult
 from outboxkit.rate_limits import GRANT_SECONDS, RateLimit
 from tests.integration.test_destination_drain import attempts_match_requests, insert_at

@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import Engine, create_engine, delete, insert, select, text
 from sqlalchemy.orm import Session
 
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import DISABLED_HOLD, BreakerOptions, Reading, Signal
-from outboxkit.queries import queries_for
-from outboxkit.tables import destinations as destination_table
+from outboxkit.breaker import DISABLED_HOLD, BreakerOptions, Reading, Signal
+from outboxkit.destinations.store import DestinationStore
+from outboxkit.storage.drain_queries import queries_for
+from outboxkit.storage.tables import destinations as destination_table
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
 

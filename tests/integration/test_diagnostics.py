@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import DBAPIError
 
-from outboxkit.diagnostics import MIGRATION_HINT, SchemaProblemLog, describe_database_error
-from outboxkit.tables import job_runs
+from outboxkit.storage.diagnostics import MIGRATION_HINT, SchemaProblemLog, describe_database_error
+from outboxkit.storage.tables import job_runs
 from tests.support.database import libpq_url
 from tests.support.models import SampleBase, SampleEvent
 

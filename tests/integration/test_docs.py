@@ -68,8 +68,8 @@ def myapp(tmp_path, monkeypatch, database_factory, receiver):
     monkeypatch.setenv("OUTBOXKIT_LEADER_TICK_SECONDS", "0.2")
     models = importlib.import_module("myapp.models")
     engine = create_engine(sqlalchemy_url(url))
-    from outboxkit.notify import install_trigger_sql
-    from outboxkit.tables import kit_metadata
+    from outboxkit.storage.notify import install_trigger_sql
+    from outboxkit.storage.tables import kit_metadata
 
     models.Base.metadata.create_all(engine)
     kit_metadata.create_all(engine)

@@ -21,7 +21,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit import Drainer, HttpTransport
-from outboxkit.queries import Outcome, queries_for
+from outboxkit.storage.drain_queries import Outcome, queries_for
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 

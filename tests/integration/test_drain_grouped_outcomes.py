@@ -1,4 +1,4 @@
-"""Grouped outcome commits (outboxkit.drain_record), against a real database and a real receiver.
+"""Grouped outcome commits (outboxkit.drain.record), against a real database and a real receiver.
 
 * Outcomes that finish together are written in fewer transactions than
   rows, in both commit modes; a group never holds more than ``max_rows``.
@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from outboxkit import Drainer, DrainResult, HttpTransport
-from outboxkit.drain_record import MAX_GROUP_DELAY_SECONDS, OutcomeGrouping
+from outboxkit.drain.record import MAX_GROUP_DELAY_SECONDS, OutcomeGrouping
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
@@ -253,7 +253,7 @@ def test_a_connection_lost_during_a_group_write_loses_no_row(engine, insert_even
 def test_error_texts_and_retry_times_are_written_exactly_in_the_rows_and_the_attempt_history(
     engine, insert_events, read_events, receiver, clock, transport
 ):
-    # The grouped write and the attempt history pass their arrays as literals (outboxkit.array_literals):
+    # The grouped write and the attempt history pass their arrays as literals (outboxkit.storage.array_literals):
     # quotes, backslashes, braces, commas and NULL-like words in an error come back as they were.
     bodies = ['say "no"', "back\\slash \\\"", "{braces},commas", "NULL", "null", "ü €", ""]
     ids = insert_events([{"n": n} for n in range(len(bodies))])

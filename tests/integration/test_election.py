@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.election import ElectionState, LeaderElection, current_leader, lock_holders
-from outboxkit.scheduled_jobs import every
+from outboxkit.leader.election import ElectionState, LeaderElection, current_leader, lock_holders
+from outboxkit.schedules.jobs import every
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from tests.support.leadership import Recorder, holder_count, terminate_backend, wait_until
 from tests.support.models import SampleEvent

@@ -16,8 +16,8 @@ from exampleapp.app import create_app
 from fastapi.testclient import TestClient
 
 from outboxkit import OutboxKitSettings
-from outboxkit.election import lock_holders
-from outboxkit.scheduler import OutboxScheduler
+from outboxkit.leader.election import lock_holders
+from outboxkit.leader.scheduler import OutboxScheduler
 from tests.support.leadership import holder_count, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

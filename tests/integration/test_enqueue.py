@@ -11,7 +11,7 @@ from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit import InvalidTypeError, InvalidValueError, enqueue, enqueue_many
-from outboxkit.notify import channel_for, drop_trigger_sql
+from outboxkit.storage.notify import channel_for, drop_trigger_sql
 from tests.support.models import SampleEvent
 
 TARGET = "http://127.0.0.1:9/events"

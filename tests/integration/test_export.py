@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from outboxkit.operations.export import RowExport, spreadsheet_safe
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.row_filter import RowFilter
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,

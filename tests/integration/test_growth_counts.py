@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-import outboxkit.operator_queries
+import outboxkit.storage.operator_queries
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,
@@ -24,7 +24,7 @@ LIMIT = 1_000
 
 @pytest.fixture
 def low_limit(monkeypatch):
-    monkeypatch.setattr(outboxkit.operator_queries, "COUNT_EXACT_LIMIT", LIMIT)
+    monkeypatch.setattr(outboxkit.storage.operator_queries, "COUNT_EXACT_LIMIT", LIMIT)
 
 
 def analyze(engine) -> None:

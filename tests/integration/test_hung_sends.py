@@ -13,7 +13,7 @@ import dataclasses
 import threading
 
 from outboxkit import Drainer, HttpTransport
-from outboxkit.destinations import BreakerOptions
+from outboxkit.breaker import BreakerOptions
 from tests.integration.test_destination_drain import Blackhole, insert_at
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, unclaimed_sample_events
@@ -68,7 +68,7 @@ def test_no_more_sends_hang_than_concurrency_so_at_most_twice_its_threads_run(en
     """A lone blackhole (uncapped: nobody to protect) with more rows than a batch: concurrency 2, batch 4.  Two
     sends hang, two more start on the extra threads, and there it stops: those two pass the threshold too but the
     bound (concurrency hung at once) is reached, and the destination never holds more than a batch, hung included.
-    The rows beyond are claimed and wait over its room (outboxkit.cap_backlog) or are given back unsent; at the stop
+    The rows beyond are claimed and wait over its room (outboxkit.drain.cap_backlog) or are given back unsent; at the stop
     the waiting ones go back too, their attempts kept."""
     drainer_options = options(concurrency=2, batch_size=4)
     with HttpTransport() as transport:

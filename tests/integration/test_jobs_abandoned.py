@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.scheduled_jobs import every, once
-from outboxkit.tables import job_runs
+from outboxkit.schedules.jobs import every, once
+from outboxkit.storage.tables import job_runs
 from tests.support.admin import admin_harness, empty_tables
 from tests.support.database import sqlalchemy_url
 from tests.support.drain_worker import worker_environment
@@ -33,7 +33,7 @@ HANGING_LEADER = textwrap.dedent(
     from datetime import datetime, timezone
     from sqlalchemy import create_engine
     from outboxkit import OutboxKit, OutboxKitSettings
-    from outboxkit.scheduled_jobs import every
+    from outboxkit.schedules.jobs import every
     from tests.support.models import SampleEvent
 
     kit = OutboxKit(create_engine(sys.argv[1]), [SampleEvent],

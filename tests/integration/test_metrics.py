@@ -26,8 +26,8 @@ from sqlalchemy import create_engine, insert, update
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError
-from outboxkit.metrics import OutboxMetrics, serve_worker_metrics
-from outboxkit.scheduled_jobs import JobFailed, every
+from outboxkit.metrics.prometheus import OutboxMetrics, serve_worker_metrics
+from outboxkit.schedules.jobs import JobFailed, every
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
@@ -286,7 +286,7 @@ def test_row_gauges_are_nan_until_their_first_read_and_the_refresh_error_counter
 
 
 def test_the_worker_port_answers_liveness_readiness_and_metrics_at_their_paths_only(kit):
-    from outboxkit.worker import DrainWorker
+    from outboxkit.drain.worker import DrainWorker
 
     worker = DrainWorker(kit)
     with serve_worker_metrics(kit, port=0, readiness=worker.readiness) as metrics:
@@ -311,7 +311,7 @@ def test_the_worker_port_answers_liveness_readiness_and_metrics_at_their_paths_o
 def test_a_worker_whose_database_does_not_answer_is_not_ready():
     from sqlalchemy import create_engine
 
-    from outboxkit.worker import DrainWorker
+    from outboxkit.drain.worker import DrainWorker
 
     unreachable = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nothing", connect_args={"connect_timeout": 5})
     kit = make_kit(unreachable, listen_enabled=False)
@@ -326,7 +326,7 @@ def test_a_worker_whose_database_does_not_answer_is_not_ready():
 
 
 def test_the_paused_gauge_follows_an_operators_pause(kit, engine):
-    from outboxkit.pauses import pause, resume
+    from outboxkit.storage.pauses import pause, resume
 
     with OutboxMetrics(kit, refresh_seconds=3600) as metrics:
         metrics.refresh()

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from outboxkit.operator_queries import STATUS_COUNTS
+from outboxkit.storage.operator_queries import STATUS_COUNTS
 from tests.support.database import DatabaseFactory, sqlalchemy_url
 from tests.support.models import SampleEvent
 
@@ -128,7 +128,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
     # One INSERT ... SELECT gives every row the same now(): the shape of a
     # bulk enqueue or a bulk reset.  With the due index on next_attempt_at
     # alone, the claim read and sorted all 20,000 of them.
-    from outboxkit.queries import claim_sql
+    from outboxkit.storage.drain_queries import claim_sql
 
     with outbox_engine.begin() as connection:
         connection.execute(
@@ -159,7 +159,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
 
 
 def test_the_overview_counts_read_only_partial_indexes(outbox_engine):
-    from outboxkit.operator_queries import admin_queries_for
+    from outboxkit.storage.operator_queries import admin_queries_for
 
     with outbox_engine.begin() as connection:
         connection.execute(

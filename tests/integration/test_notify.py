@@ -7,8 +7,9 @@ import pytest
 from psycopg import sql
 from sqlalchemy.orm import Session
 
-from outboxkit import OutboxKit, OutboxKitSettings, http_transport
-from outboxkit.notify import channel_for, notify_statement
+from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit.storage.notify import channel_for, notify_statement
+from outboxkit.transports import http as http_transport
 from tests.support.leadership import terminate_backend, wait_until
 from tests.support.models import SampleEvent
 
@@ -65,7 +66,7 @@ def test_trigger_notifies_once_per_statement_and_enqueue_helper_notifies_on_comm
 
 def change_pause(engine, kit, *, paused: bool) -> None:
     """Pause or resume SampleEvent's drains as the admin does, in one committed transaction."""
-    from outboxkit.pauses import pause, resume
+    from outboxkit.storage.pauses import pause, resume
 
     job_name = SampleEvent.__outbox__.job_name
     with engine.begin() as connection:

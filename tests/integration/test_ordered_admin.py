@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from outboxkit.cli import main
-from outboxkit.notify import channel_for
+from outboxkit.storage.notify import channel_for
 from tests.support.admin import (  # noqa: F401  (fixtures)
     AdminHarness,
     add_webhooks,

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import create_engine, insert, text
 
 from outboxkit import ManualClock
-from outboxkit.attempts import AttemptLog
-from outboxkit.metrics import OutboxMetrics
-from outboxkit.operator_queries import admin_queries_for
-from outboxkit.ordering import ordered_statements
+from outboxkit.metrics.prometheus import OutboxMetrics
+from outboxkit.storage.attempts import AttemptLog
+from outboxkit.storage.operator_queries import admin_queries_for
+from outboxkit.storage.ordering import ordered_statements
 from tests.integration.test_model import plan_nodes
 from tests.support.admin import AdminHarness
 from tests.support.database import sqlalchemy_url
@@ -127,7 +127,7 @@ def test_the_minute_sample_counts_the_sendable_backlog(ordered_admin):
 
 def test_past_the_key_limit_the_held_count_is_a_bound_and_the_lag_is_not_understated(ordered_admin, monkeypatch):
     backlog(ordered_admin.engine)
-    monkeypatch.setattr("outboxkit.operator_queries.BACKLOG_KEY_LIMIT", 1)  # the walk sees key a only
+    monkeypatch.setattr("outboxkit.storage.operator_queries.BACKLOG_KEY_LIMIT", 1)  # the walk sees key a only
 
     with ordered_admin.engine.connect() as connection:
         counts = admin_queries_for(OrderedEvent).status_counts(connection, now=NOW)

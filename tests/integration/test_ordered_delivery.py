@@ -1,4 +1,4 @@
-"""Ordered delivery by key (``OutboxOptions.ordering_key``, ``outboxkit.ordering``), against real PostgreSQL and a
+"""Ordered delivery by key (``OutboxOptions.ordering_key``, ``outboxkit.storage.ordering``), against real PostgreSQL and a
 real receiver.
 
 Rows sharing a key go one at a time in id order; a retrying row holds its successors; a stuck head blocks its
@@ -217,7 +217,7 @@ def test_a_bad_ordering_key_is_refused_when_the_class_is_defined():
 def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(engine):
     # One key with 10,000 rows behind a head in flight, and 1,000 keys of 10 rows each, all due.  The claim steps
     # over the busy key once, as it steps over any key, and reads a batch's worth of heads from the order index.
-    from outboxkit.queries import ordered_claim_sql, queries_for
+    from outboxkit.storage.drain_queries import ordered_claim_sql, queries_for
 
     with engine.begin() as connection:
         connection.execute(text(

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from outboxkit.drain_record import OutcomeConnection
-from outboxkit.queries import OutboxQueries
+from outboxkit.drain.record import OutcomeConnection
+from outboxkit.storage.drain_queries import OutboxQueries
 from tests.support.models import SampleEvent
 
 

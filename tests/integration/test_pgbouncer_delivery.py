@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
-from outboxkit.election import ElectionState
+from outboxkit.leader.election import ElectionState
 from tests.support.database import sqlalchemy_url
 from tests.support.leadership import holder_count, wait_until
 from tests.support.models import SampleEvent

@@ -21,11 +21,11 @@ import psycopg
 import pytest
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
-from outboxkit.election import ElectionState, LeaderElection
-from outboxkit.leader_lock import key_predicate
-from outboxkit.notify import NotifyListener
-from outboxkit.sessions import TOKEN_SETTING, NotASessionError, SessionIdentity, end_stranded_backend
+from outboxkit.leader.election import ElectionState, LeaderElection
+from outboxkit.leader.lock import key_predicate
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
+from outboxkit.storage.notify import NotifyListener
+from outboxkit.storage.sessions import TOKEN_SETTING, NotASessionError, SessionIdentity, end_stranded_backend
 from tests.support.leadership import Recorder, holder_count, wait_until
 from tests.support.models import SampleEvent
 from tests.support.pgbouncer import PgBouncer
@@ -197,7 +197,7 @@ def fooled_proof(connection: psycopg.Connection, connect: object, *, purpose: st
 def test_a_leader_whose_lock_connection_moves_to_another_backend_demotes_on_its_tick_and_releases_the_lock(
     engine, database_url, transaction_pools, monkeypatch
 ):
-    monkeypatch.setattr("outboxkit.election.prove_session", fooled_proof)
+    monkeypatch.setattr("outboxkit.leader.election.prove_session", fooled_proof)
     url = transaction_pools[20].url_for(database_url)
     recorder = Recorder()
     pinned = psycopg.connect(url, autocommit=True)
@@ -273,7 +273,7 @@ def test_outside_production_a_refused_listen_connection_leaves_the_drain_loops_r
 def test_a_listener_whose_connection_moves_to_another_backend_stops_listening(
     database_url, transaction_pools, monkeypatch
 ):
-    monkeypatch.setattr("outboxkit.notify.prove_session", fooled_proof)
+    monkeypatch.setattr("outboxkit.storage.notify.prove_session", fooled_proof)
     url = transaction_pools[20].url_for(database_url)
     listener = NotifyListener(dsn=url, channels={"outboxkit_test": lambda: None}, session_check_seconds=0.1)
     listener.start()

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine
 
-from outboxkit import OutboxKit, OutboxKitSettings, pooler_checks
-from outboxkit.election import ElectionState
+from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit.drain import pooler_checks
+from outboxkit.leader.election import ElectionState
 from tests.support.models import SampleEvent
 
 
@@ -36,7 +37,7 @@ def test_a_database_that_does_not_answer_does_not_hold_up_the_start(silent_serve
     settings = OutboxKitSettings(environment="production", leader_tick_seconds=3600, standby_probe_seconds=3600)
     kit = OutboxKit(engine, [SampleEvent], settings=settings)
     try:
-        with caplog.at_level(logging.WARNING, logger="outboxkit.pooler_checks"):
+        with caplog.at_level(logging.WARNING, logger="outboxkit.drain.pooler_checks"):
             election = kit.scheduler.elect()  # returns: neither the engine nor the lock source could be checked
         assert election.state in (ElectionState.STANDBY, ElectionState.PROMOTING)
         gave_up = [record.getMessage() for record in caplog.records]

@@ -11,9 +11,9 @@ from exampleapp.models import WebhookOutbox
 from sqlalchemy import text
 
 from outboxkit.errors import MigrationRequired
-from outboxkit.notify import channel_for
 from outboxkit.operations.service import OperationsService
-from outboxkit.row_filter import RowFilter
+from outboxkit.storage.notify import channel_for
+from outboxkit.storage.row_filter import RowFilter
 from tests.support.admin import (  # noqa: F401  (fixtures)
     add_webhooks,
     admin,

@@ -1,4 +1,4 @@
-"""Retention of delivered rows (``outboxkit.retention``), against the real database.
+"""Retention of delivered rows (``outboxkit.leader.retention``), against the real database.
 
 Only ``done`` rows delivered before the cutoff go; pending and stuck rows stay
 whatever their timestamps say, and so do recent done rows.  Deletion runs in
@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
-from outboxkit.retention import RetentionLimits, delete_delivered_rows, retention_job_id
+from outboxkit.leader.retention import RetentionLimits, delete_delivered_rows, retention_job_id
 from tests.support.models import SampleEvent
 
 DAY = 86400.0

@@ -1,4 +1,4 @@
-"""The claim's rows become instances without a Session (outboxkit.row_instances): the same instances the ORM loads.
+"""The claim's rows become instances without a Session (outboxkit.storage.row_instances): the same instances the ORM loads.
 
 Real PostgreSQL: the claim itself returns the rows, and the ORM reads the
 same rows back to compare with.  A mapping whose loading the direct build
@@ -19,8 +19,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, reco
 from sqlalchemy.types import TypeDecorator
 
 from outboxkit import Delivery, Outbox, OutboxOptions
-from outboxkit.queries import queries_for
-from outboxkit.row_instances import RowInstances
+from outboxkit.storage.drain_queries import queries_for
+from outboxkit.storage.row_instances import RowInstances
 
 
 class Base(DeclarativeBase):

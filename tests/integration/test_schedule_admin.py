@@ -17,9 +17,9 @@ from outboxkit import ManualClock, OutboxKit, OutboxKitSettings
 from outboxkit.errors import InvalidScheduleError, InvalidValueError, UnknownScheduleError
 from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.schedule_schemas import ScheduleCreate, ScheduleFields
-from outboxkit.schedules import ScheduleTrigger
-from outboxkit.tables import job_runs, schedule_audit
-from outboxkit.tables import schedules as schedule_rows
+from outboxkit.schedules.definitions import ScheduleTrigger
+from outboxkit.storage.tables import job_runs, schedule_audit
+from outboxkit.storage.tables import schedules as schedule_rows
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, ScheduledCall
 from tests.support.schedules import ScheduleHarness, schedules  # noqa: F401  (fixture)

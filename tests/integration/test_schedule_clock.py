@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import text
 
 from outboxkit.clock import ManualClock
-from outboxkit.schedule_clock import CheckedClock
-from outboxkit.schedule_runner import ScheduleRunner
-from outboxkit.schedule_store import ScheduleStore
-from outboxkit.schedules import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.clock import CheckedClock
+from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.runner import ScheduleRunner
+from outboxkit.schedules.store import ScheduleStore
 from tests.support.clocks import OffsetClock
 from tests.support.schedules import FUTURE_TIMEOUT, JobCalls
 
@@ -41,7 +41,7 @@ def test_a_clock_an_hour_ahead_neither_fires_early_nor_records_misses(engine, ca
     due = store.get("tick").next_run_at
     runner = ScheduleRunner(engine, jobs=calls.functions(), clock=OffsetClock(HOUR))
     try:
-        with caplog.at_level(logging.WARNING, logger="outboxkit.schedule_runner"):
+        with caplog.at_level(logging.WARNING, logger="outboxkit.schedules.runner"):
             firing = runner.run_pending()
             assert runner.seconds_until_due() > 0  # it sleeps until the row is due by the server's clock
     finally:
@@ -75,7 +75,7 @@ def test_a_clock_an_hour_behind_renews_its_leases_by_the_servers_clock(engine):
 def test_a_clock_that_agrees_again_is_used_again(engine, caplog):
     clock = OffsetClock(HOUR)
     checked = CheckedClock(clock)
-    with engine.connect() as connection, caplog.at_level(logging.WARNING, logger="outboxkit.schedule_runner"):
+    with engine.connect() as connection, caplog.at_level(logging.WARNING, logger="outboxkit.schedules.runner"):
         stepped = checked.check(connection)
         clock.step(-HOUR)
         back = checked.check(connection)
@@ -106,7 +106,7 @@ class SteppingClock:
 
 def test_a_clock_that_steps_while_the_servers_is_read_decides_by_the_servers_time(engine, caplog):
     checked = CheckedClock(SteppingClock())
-    with engine.connect() as connection, caplog.at_level(logging.WARNING, logger="outboxkit.schedule_runner"):
+    with engine.connect() as connection, caplog.at_level(logging.WARNING, logger="outboxkit.schedules.runner"):
         decided = checked.check(connection)  # before the step, the server's time, after the step: inconclusive
         assert abs((decided - database_now(engine)).total_seconds()) < 2  # not the stepped clock's time
         assert checked.correction == timedelta(0)  # the reading measured no offset

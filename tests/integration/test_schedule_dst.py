@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
 from tests.support.schedules import finish, schedules  # noqa: F401  (fixtures)
 
 UTC = timezone.utc

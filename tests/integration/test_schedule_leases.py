@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from outboxkit.schedule_runner import Firing, ScheduleRunner
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
+from outboxkit.schedules.runner import Firing, ScheduleRunner
 from tests.support.schedules import FUTURE_TIMEOUT, ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
 
 UTC = timezone.utc

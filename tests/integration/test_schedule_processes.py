@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from outboxkit.schedule_claims import Firing
-from outboxkit.schedule_runner import ScheduleRunner
-from outboxkit.schedule_store import ScheduleStore
-from outboxkit.scheduled_jobs import JobContext
-from outboxkit.schedules import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.claims import Firing
+from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext
+from outboxkit.schedules.runner import ScheduleRunner
+from outboxkit.schedules.store import ScheduleStore
 from tests.support.database import sqlalchemy_url
 from tests.support.leadership import wait_until
 

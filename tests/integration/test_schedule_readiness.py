@@ -56,7 +56,7 @@ def test_the_apps_readiness_reports_a_crashed_schedule_loop(engine, caplog):
                 raise LoopCrash("a fault no turn handles")
 
             runner.fire_due = crash  # type: ignore[method-assign]
-            with caplog.at_level(logging.ERROR, logger="outboxkit.schedule_runner"):
+            with caplog.at_level(logging.ERROR, logger="outboxkit.schedules.runner"):
                 runner.wake()
                 wait_until(lambda: not runner.loop_alive, timeout=30, message="the loop's thread ends")
             assert probe(client) == (503, "not ready: the schedule loop has stopped\n")

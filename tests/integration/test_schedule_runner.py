@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import text
 
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
 from tests.support.leadership import wait_until
 from tests.support.schedules import finish, schedules  # noqa: F401  (fixtures)
 
@@ -90,7 +90,7 @@ def test_two_runners_fire_disjoint_occurrences_without_the_fence_stepping_in(sch
     for name in names:
         schedules.job_schedule(name, EVERY_MINUTE)
     runners = [schedules.runner(batch_size=3), schedules.runner(batch_size=3)]
-    caplog.set_level(logging.WARNING, logger="outboxkit.schedule_runner")
+    caplog.set_level(logging.WARNING, logger="outboxkit.schedules.runner")
     minutes = 5
     for _ in range(minutes):
         start = threading.Barrier(len(runners))

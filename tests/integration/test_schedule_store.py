@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select, text
 
 from outboxkit.errors import InvalidScheduleError, InvalidValueError, UnknownScheduleError
-from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
-from outboxkit.tables import schedules as schedule_table
+from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.storage.tables import schedules as schedule_table
 from tests.support.leadership import wait_until
 from tests.support.schedules import finish, schedules  # noqa: F401  (fixtures)
 

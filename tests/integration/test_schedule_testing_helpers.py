@@ -8,8 +8,8 @@ import pytest
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import UnknownScheduleError
-from outboxkit.scheduled_jobs import JobContext
-from outboxkit.schedules import HttpTarget, ScheduleTrigger
+from outboxkit.schedules.definitions import HttpTarget, ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, ScheduledCall
 from tests.support.schedules import ScheduleHarness, schedules  # noqa: F401  (fixtures)

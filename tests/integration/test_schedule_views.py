@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from outboxkit.errors import InvalidValueError
-from outboxkit.schedule_views import next_fire_times, schedule_history
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
+from outboxkit.schedules.views import next_fire_times, schedule_history
 from tests.support.schedules import ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
 
 UTC = timezone.utc

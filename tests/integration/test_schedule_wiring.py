@@ -21,10 +21,10 @@ from sqlalchemy.pool import NullPool
 
 from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError, InvalidScheduleError, LifecycleError, MigrationRequired
-from outboxkit.schedule_store import definition_values
-from outboxkit.scheduled_jobs import JobContext, every
-from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
-from outboxkit.tables import job_runs, schedule_audit, schedules
+from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext, every
+from outboxkit.schedules.store import definition_values
+from outboxkit.storage.tables import job_runs, schedule_audit, schedules
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, ScheduledCall
 from tests.support.worker_app import SCHEDULES_APP, worker_command
@@ -180,9 +180,9 @@ def test_shutdown_stops_the_loop_before_the_kit_closes_and_logs_no_error(engine,
         assert connection.execute(text("SELECT count(*) FROM outboxkit_schedule_leases")).scalar_one() == 0
     stopped = [r.getMessage() for r in caplog.records if getattr(r, "event_name", None) == "schedule.runner_stopped"]
     assert stopped == ["stopped firing schedule rows"]
-    schedule_loggers = {"outboxkit.schedules", "outboxkit.schedule_runner", "outboxkit.integration", "outboxkit.notify"}
+    schedule_loggers = ("outboxkit.schedules.", "outboxkit.integration", "outboxkit.storage.notify")
     problems = [r for r in caplog.records
-                if r.levelno >= logging.ERROR or (r.name in schedule_loggers and r.levelno >= logging.WARNING)]
+                if r.levelno >= logging.ERROR or (r.name.startswith(schedule_loggers) and r.levelno >= logging.WARNING)]
     assert problems == [], [r.getMessage() for r in problems]
 
 

@@ -12,8 +12,8 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
-from outboxkit.scheduled_jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
-from outboxkit.tables import job_runs
+from outboxkit.schedules.jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
+from outboxkit.storage.tables import job_runs
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 
@@ -327,7 +327,7 @@ def test_every_start_outside_production_warns_that_a_failed_election_runs_withou
     settings = QUIET.model_copy(update={"environment": environment, "leader_tick_seconds": 0.05})
     kit = OutboxKit(engine, [SampleEvent], settings=settings)
     try:
-        with caplog.at_level(logging.WARNING, logger="outboxkit.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="outboxkit.leader.scheduler"):
             kit.scheduler.elect()
             kit.scheduler.elect()  # idempotent: one start, one warning
             kit.scheduler.resign()

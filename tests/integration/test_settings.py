@@ -16,7 +16,7 @@ from outboxkit import (
     CallableTransport,
     OutboxKit,
 )
-from outboxkit.destinations import destination_of
+from outboxkit.breaker import destination_of
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 

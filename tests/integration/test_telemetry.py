@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from outboxkit.telemetry import Observer
+from outboxkit.telemetry.hooks import Observer
 from tests.support.receiver import Reply
 
 

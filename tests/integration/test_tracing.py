@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (outboxkit.tracing): spans in an in-memory exporter, headers at a real receiver.
+"""OpenTelemetry tracing (outboxkit.telemetry.tracing): spans in an in-memory exporter, headers at a real receiver.
 
 Real PostgreSQL and the real receiver on 127.0.0.1; the spans come from the
 OpenTelemetry SDK's in-memory exporter on a provider of the test's own (the
@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit import Delivery, Outbox, OutboxKit, OutboxKitSettings, OutboxOptions
 from outboxkit.errors import ConfigurationError
-from outboxkit.tracing import OutboxTracing, OutboxTracingMixin, current_trace_context
+from outboxkit.telemetry.tracing import OutboxTracing, OutboxTracingMixin, current_trace_context
 from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 from tests.unit.test_tracing import spans  # noqa: F401  (fixture)
@@ -245,7 +245,7 @@ def test_each_attempt_span_carries_the_outcome_the_rules_decide(kit, engine, rec
 
 
 def test_an_observer_whose_sent_takes_no_outcome_is_still_called(kit, engine, receiver):
-    from outboxkit.telemetry import Observer
+    from outboxkit.telemetry.hooks import Observer
 
     class Counting(Observer):
         def __init__(self) -> None:

@@ -35,7 +35,7 @@ from outboxkit import (
     OutboxOptions,
 )
 from outboxkit.settings import NON_SETTING_PREFIXES, NON_SETTING_VARIABLES
-from outboxkit.webhook_signing import SigningTransport, WebhookSecrets
+from outboxkit.transports.signing import SigningTransport, WebhookSecrets
 from tests.support.models import SampleEvent
 
 # The test vector published with the Standard Webhooks specification.

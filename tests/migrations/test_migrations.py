@@ -28,7 +28,7 @@ from sqlalchemy import Column, Connection, Engine, MetaData, Text, create_engine
 
 import outboxkit.migrations
 from alembic import command
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.tables import kit_metadata
 from tests.support.database import DatabaseFactory, sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[2]

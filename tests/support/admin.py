@@ -21,7 +21,7 @@ from psycopg import sql
 from sqlalchemy import Engine, create_engine, text
 
 from outboxkit import ManualClock, OutboxKit
-from outboxkit.notify import channel_for
+from outboxkit.storage.notify import channel_for
 from tests.support.database import libpq_url, sqlalchemy_url
 
 ADMIN_USER = "admin"

@@ -24,8 +24,8 @@ import psycopg
 from sqlalchemy import Engine, MetaData
 from sqlalchemy.engine import make_url
 
-from outboxkit.embedded import EmbeddedPostgres, default_data_dir
 from outboxkit.pytest_plugin import TemplateDatabase
+from outboxkit.storage.embedded import EmbeddedPostgres, default_data_dir
 
 LOCAL_URL = "postgresql://root@127.0.0.1:5432/test"
 # Clones kept ready for the next tests (DatabaseFactory).

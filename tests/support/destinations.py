@@ -7,8 +7,8 @@ from datetime import datetime
 from exampleapp.models import WebhookOutbox
 from sqlalchemy import Engine, text
 
-from outboxkit.destination_store import DestinationStore
-from outboxkit.destinations import BreakerOptions, DestinationState, Reading, Signal
+from outboxkit.breaker import BreakerOptions, DestinationState, Reading, Signal
+from outboxkit.destinations.store import DestinationStore
 
 DEAD = "http://127.0.0.1:9"  # the destination of add_webhooks' default target_url
 BREAKER = BreakerOptions(failures=3, cool_down=30, max_cool_down=600)

@@ -16,8 +16,8 @@ from pathlib import Path
 from sqlalchemy import Engine, MetaData
 
 from outboxkit.model import Outbox
-from outboxkit.notify import install_trigger_sql
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.notify import install_trigger_sql
+from outboxkit.storage.tables import kit_metadata
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # The receiver URL the pages show; tests replace it with their own receiver's.

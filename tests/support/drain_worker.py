@@ -43,7 +43,7 @@ from sqlalchemy import create_engine
 
 from outboxkit import HttpTransport, ManualClock, OutboxKit, OutboxKitSettings, SystemClock
 from outboxkit.policy import AttemptResult
-from outboxkit.transport import Delivery
+from outboxkit.transports.base import Delivery
 from tests.support.models import SampleEvent
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]

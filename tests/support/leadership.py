@@ -9,7 +9,7 @@ from collections.abc import Callable
 import psycopg
 from sqlalchemy import Engine
 
-from outboxkit.election import lock_holders
+from outboxkit.leader.election import lock_holders
 from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 
 

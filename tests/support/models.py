@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outboxkit import Delivery, Outbox, OutboxOptions
-from outboxkit.scheduled_requests import ScheduledRequestOutbox
+from outboxkit.schedules.requests import ScheduledRequestOutbox
 
 
 class SampleBase(DeclarativeBase):

@@ -14,8 +14,8 @@ import threading
 
 from sqlalchemy import create_engine, text
 
-from outboxkit.schedule_runner import ScheduleRunner
-from outboxkit.scheduled_jobs import JobContext
+from outboxkit.schedules.jobs import JobContext
+from outboxkit.schedules.runner import ScheduleRunner
 
 
 def slow(context: JobContext) -> None:

@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from outboxkit import ManualClock
-from outboxkit.schedule_runner import Firing, ScheduleRunner
-from outboxkit.schedule_store import ScheduleStore
-from outboxkit.scheduled_jobs import JobContext
-from outboxkit.schedules import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
-from outboxkit.tables import job_runs, schedule_leases
+from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext
+from outboxkit.schedules.runner import Firing, ScheduleRunner
+from outboxkit.schedules.store import ScheduleStore
+from outboxkit.storage.tables import job_runs, schedule_leases
 from tests.support.models import SampleEvent, ScheduledCall
 
 FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy

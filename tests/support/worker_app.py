@@ -15,8 +15,8 @@ import sys
 from sqlalchemy import create_engine
 
 from outboxkit import OutboxKit
-from outboxkit.scheduled_jobs import JobContext
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent, ScheduledCall
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from outboxkit.admin.charts import chart_svg
+from outboxkit.admin.chart_svg import chart_svg
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,

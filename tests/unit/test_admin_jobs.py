@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from outboxkit.operations.schedules import describe_trigger
-from outboxkit.scheduled_jobs import calendar_interval, cron, every, once
+from outboxkit.operations.trigger_words import describe_trigger
+from outboxkit.schedules.jobs import calendar_interval, cron, every, once
 from tests.support.admin import (  # noqa: F401  (fixtures)
     admin,
     admin_app,

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from outboxkit.array_literals import integer_array, text_array
+from outboxkit.storage.array_literals import integer_array, text_array
 
 
 def test_integers_and_nulls():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from outboxkit.cap_backlog import CapBacklog, Waiting
-from outboxkit.transport import Delivery
+from outboxkit.drain.cap_backlog import CapBacklog, Waiting
+from outboxkit.transports.base import Delivery
 from tests.support.models import SampleEvent
 
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from outboxkit import AttemptResult, ConfigurationError, FailureKind
-from outboxkit.destinations import (
+from outboxkit.breaker import (
     DISABLED_HOLD,
     BreakerOptions,
     DestinationState,

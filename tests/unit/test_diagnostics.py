@@ -5,7 +5,7 @@ The real schema errors are in tests/integration/test_diagnostics.py.
 
 from __future__ import annotations
 
-from outboxkit.diagnostics import describe_database_error
+from outboxkit.storage.diagnostics import describe_database_error
 from tests.support.models import SampleEvent
 
 

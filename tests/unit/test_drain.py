@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from outboxkit import ConfigurationError, queries
+from outboxkit import ConfigurationError
 from outboxkit.model import LEASE_MARGIN_SECONDS
+from outboxkit.storage import drain_queries as queries
 from tests.support.models import SampleEvent
 
 # -- claim ------------------------------------------------------------------------

@@ -24,9 +24,9 @@ import pytest
 import respx
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.http_transport import ERROR_BODY_LIMIT, HttpTransport
 from outboxkit.policy import FailureKind
-from outboxkit.transport import Delivery
+from outboxkit.transports.base import Delivery
+from outboxkit.transports.http import ERROR_BODY_LIMIT, HttpTransport
 from tests.support.receiver import Receiver, Reply
 
 URL = "http://receiver.test/events"

@@ -3,7 +3,7 @@ not yet answered, a multiple of the outbox's answers within ``after``), the boun
 
 from __future__ import annotations
 
-from outboxkit.hung_sends import (
+from outboxkit.drain.hung_sends import (
     ANSWER_MULTIPLE,
     ANSWERS_FORGOTTEN_AFTER_SECONDS,
     ANSWERS_KEPT,

@@ -24,7 +24,7 @@ import pytest
 from apscheduler.triggers.date import DateTrigger
 
 from outboxkit import ConfigurationError
-from outboxkit.scheduled_jobs import calendar_interval, cron, every, once
+from outboxkit.schedules.jobs import calendar_interval, cron, every, once
 
 UTC = timezone.utc
 BERLIN, NEW_YORK = ZoneInfo("Europe/Berlin"), ZoneInfo("America/New_York")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from outboxkit.misfires import MISSED_COUNT_LIMIT, plan_firing
-from outboxkit.schedules import ScheduleTrigger
+from outboxkit.schedules.definitions import ScheduleTrigger
+from outboxkit.schedules.misfires import MISSED_COUNT_LIMIT, plan_firing
 
 UTC = timezone.utc
 NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

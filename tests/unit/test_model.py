@@ -266,7 +266,7 @@ def test_a_kit_needs_mapped_outbox_classes(offline_engine, outboxes):
 
 
 def test_the_circuit_breaker_is_on_by_default_and_breaker_none_turns_it_off():
-    from outboxkit.destinations import BreakerOptions
+    from outboxkit.breaker import BreakerOptions
 
     assert OutboxOptions(job_name="on").breaker == BreakerOptions()
     assert OutboxOptions(job_name="off", breaker=None).breaker is None

@@ -1,4 +1,4 @@
-"""The bounds on grouped outcome commits (outboxkit.drain_pump.gather_group, outboxkit.drain_record.OutcomeGrouping).
+"""The bounds on grouped outcome commits (outboxkit.drain.pump.gather_group, outboxkit.drain.record.OutcomeGrouping).
 
 ``gather_group`` reads the pump's event queue; a queue that records each
 blocking read shows whether, and for how long at most, a group waited.
@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from outboxkit.drain_loop import STOP, WAKE
-from outboxkit.drain_pump import gather_group
-from outboxkit.drain_record import (
+from outboxkit.drain.loop import STOP, WAKE
+from outboxkit.drain.pump import gather_group
+from outboxkit.drain.record import (
     DEFAULT_GROUP_MAX_DELAY_SECONDS,
     DEFAULT_GROUP_MAX_ROWS,
     MAX_GROUP_DELAY_SECONDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outboxkit.recent_keys import RecentKeys
+from outboxkit.destinations.recent_keys import RecentKeys
 
 
 def never_busy(key: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from outboxkit import ConfigurationError, OutboxKitSettings
-from outboxkit.retention import RetentionLimits
+from outboxkit.leader.retention import RetentionLimits
 
 
 def test_an_override_that_is_not_a_number_is_refused_at_start_up(monkeypatch):

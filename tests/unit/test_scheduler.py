@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from outboxkit import ConfigurationError
-from outboxkit import scheduler as scheduler_module
-from outboxkit.scheduled_jobs import cron, every, once
+from outboxkit.leader import scheduler as scheduler_module
+from outboxkit.schedules.jobs import cron, every, once
 
 UTC = timezone.utc
 
@@ -33,7 +33,7 @@ def test_bad_schedules_are_refused_with_a_clear_message(build, message):
 
 def test_interval_jobs_registered_at_different_moments_agree_on_fire_times():
     # The fence dedups a fire time, so two schedulers must compute the same ones.
-    from outboxkit.scheduled_jobs import every
+    from outboxkit.schedules.jobs import every
 
     now = datetime(2030, 5, 17, 10, 0, 3, 250_000, tzinfo=timezone.utc)
     first, second = every(seconds=7), every(seconds=7)
@@ -45,7 +45,7 @@ def test_the_scheduler_overrides_no_private_apscheduler_method():
     from apscheduler.executors.base import BaseExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from outboxkit.scheduler import _OccurrenceScheduler
+    from outboxkit.leader.scheduler import _OccurrenceScheduler
 
     own = {name for name, value in vars(_OccurrenceScheduler).items() if name.startswith("_") and callable(value)}
     assert not {name for name in own if not name.startswith("__") and hasattr(BackgroundScheduler, name)}

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from outboxkit.drain.send_pool import SendPool
 from outboxkit.errors import KitClosedError
-from outboxkit.send_pool import SendPool
 from tests.support.leadership import wait_until
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.telemetry import Telemetry, outcome_name, status_class
+from outboxkit.telemetry.hooks import Telemetry, outcome_name, status_class
 
 
 def test_hooks_without_observers_do_nothing_and_hand_the_delivery_back_unchanged():
@@ -50,7 +50,7 @@ def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
 
 def test_attaching_something_that_is_not_an_observer_is_refused():
     telemetry = Telemetry()
-    with pytest.raises(ConfigurationError, match="is not an outboxkit.telemetry.Observer"):
+    with pytest.raises(ConfigurationError, match="is not an outboxkit.telemetry.hooks.Observer"):
         telemetry.attach(object())  # type: ignore[arg-type]
     assert not telemetry.enabled
 

@@ -10,7 +10,7 @@ import pytest
 
 from outboxkit import AttemptResult, ConfigurationError, Delivery, FailureKind
 from outboxkit.migrations.helpers import KIT_TABLES, include_name, include_object, install_notify_triggers
-from outboxkit.tables import kit_metadata
+from outboxkit.storage.tables import kit_metadata
 from outboxkit.testing import (
     RecordingTransport,
     UnexpectedSendError,

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outboxkit.tracing import current_trace_context
+from outboxkit.telemetry.tracing import current_trace_context
 
 
 @pytest.fixture

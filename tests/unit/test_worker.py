@@ -9,8 +9,8 @@ from __future__ import annotations
 def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next_due_time():
     from datetime import datetime, timedelta, timezone
 
-    from outboxkit.drain import DrainResult
-    from outboxkit.drain_loop import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, Background, PumpState
+    from outboxkit.drain.drainer import DrainResult
+    from outboxkit.drain.loop import RETRY_CLAIM_MAX_SECONDS, RETRY_CLAIM_SECONDS, Background, PumpState
 
     background = Background(DrainResult(job_name="sample-events"), poll_seconds=60.0)
     now = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -32,8 +32,8 @@ def test_the_loop_backs_off_while_due_rows_stay_locked_and_sleeps_until_the_next
 def test_a_claims_earliest_due_read_waits_for_an_outcome_at_most_its_short_delay():
     from datetime import datetime, timedelta, timezone
 
-    from outboxkit.drain import DrainResult
-    from outboxkit.drain_loop import DUE_READ_DELAY_SECONDS, Background, PumpState
+    from outboxkit.drain.drainer import DrainResult
+    from outboxkit.drain.loop import DUE_READ_DELAY_SECONDS, Background, PumpState
 
     background = Background(DrainResult(job_name="sample-events"), poll_seconds=60.0)
     now = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -48,8 +48,8 @@ def test_a_claims_earliest_due_read_waits_for_an_outcome_at_most_its_short_delay
 
 
 def test_the_loop_looks_for_hung_sends_only_while_a_send_out_can_still_become_hung():
-    from outboxkit.drain_loop import PumpState
-    from outboxkit.hung_sends import HungSends
+    from outboxkit.drain.hung_sends import HungSends
+    from outboxkit.drain.loop import PumpState
 
     on, off = HungSends(after=1.0, limit=4), HungSends(after=None, limit=4)
     state = PumpState(in_flight=2, hung=1, hung_check_at=100.0)

@@ -22,7 +22,7 @@ def modules_after(code: str) -> dict[str, object]:
 def test_the_worker_command_imports_no_output_library_and_not_httpx_command_line():
     result = modules_after(
         "import sys\n"
-        "import outboxkit, outboxkit.cli, outboxkit.worker, outboxkit.metrics, outboxkit.http_transport\n"
+        "import outboxkit, outboxkit.cli, outboxkit.drain.worker, outboxkit.metrics, outboxkit.transports.http\n"
         f"result = {{name: name in sys.modules for name in {NOT_NEEDED_TO_DRAIN!r}}}\n"
         "result['httpx'] = 'httpx' in sys.modules"
     )
@@ -56,16 +56,16 @@ def test_a_drainer_loads_neither_the_scheduler_nor_the_election_until_asked():
     result = modules_after(
         "import sys\n"
         "from sqlalchemy import create_engine\n"
-        "import outboxkit, outboxkit.cli, outboxkit.worker\n"
+        "import outboxkit, outboxkit.cli, outboxkit.drain.worker\n"
         "from tests.support.models import SampleEvent\n"
         "kit = outboxkit.OutboxKit(create_engine('postgresql+psycopg://nobody@127.0.0.1:9/none'), [SampleEvent])\n"
         "kit.drainer(SampleEvent), kit.worker\n"
-        "names = ('outboxkit.scheduler', 'outboxkit.election', 'apscheduler.schedulers.background')\n"
+        "names = ('outboxkit.leader.scheduler', 'outboxkit.leader.election', 'apscheduler.schedulers.background')\n"
         "result = {name: name in sys.modules for name in names}\n"
         "kit.scheduler\n"
         "result['after'] = all(name in sys.modules for name in names)"
     )
     assert result == {
-        "outboxkit.scheduler": False, "outboxkit.election": False, "apscheduler.schedulers.background": False,
+        "outboxkit.leader.scheduler": False, "outboxkit.leader.election": False, "apscheduler.schedulers.background": False,
         "after": True,
     }

@@ -3,7 +3,7 @@
 ``outboxkit_destinations`` holds one row per (outbox, destination): the
 breaker's status, its failure run, recent outcome counts, when it opened, the
 next probe, the hold its waiting rows carry, the last error
-(``outboxkit.destinations``, ``outboxkit.destination_store``).
+(``outboxkit.breaker``, ``outboxkit.destinations.store``).
 
 Revision ID: outboxkit_0005
 Revises: outboxkit_0004

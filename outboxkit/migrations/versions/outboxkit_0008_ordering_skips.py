@@ -1,7 +1,7 @@
 """outboxkit: the rows skipped at the head of their ordering key
 
 ``outboxkit_ordering_skips`` holds one row per (outbox, row id) that a person
-skipped at the head of its ordering key (``outboxkit.ordering``): the row
+skipped at the head of its ordering key (``outboxkit.storage.ordering``): the row
 stays ``stuck`` in its outbox, never deleted, and no longer holds back the
 rows of its key behind it.  The skip itself is audited in
 ``outboxkit_reset_audit`` (action ``skip``, allowed since ``outboxkit_0007``).

@@ -1,0 +1,10 @@
+"""Metrics and health endpoints.
+
+* ``prometheus``: ``OutboxMetrics``, the Prometheus metrics of one kit (lag, failures, the leader,
+  the jobs), and the worker's metrics server (``outboxkit[metrics]``);
+* ``destination_gauges``: each destination's state, rows waiting and time open, bounded per outbox;
+* ``health``: liveness, readiness and metrics over HTTP for a process without a web framework.
+"""
+
+from outboxkit.metrics.prometheus import *  # noqa: F403  (OutboxMetrics and the worker's server)
+from outboxkit.metrics.prometheus import __all__  # noqa: F401

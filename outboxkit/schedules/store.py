@@ -1,0 +1,417 @@
+"""The schedule rows: create, edit, enable, disable, run now, delete, and the sync of schedules defined in code.
+
+Each change is one short transaction that takes the row's lock
+(``FOR UPDATE``), so it waits for a claim that holds the row and then
+applies to the row as that claim left it (``next_run_at`` already
+advanced).  It writes who did what, with the row before and after, into
+``outboxkit_schedule_audit``, and ends with
+``pg_notify('outboxkit_schedules', name)``: every
+``ScheduleRunner`` listens on that channel and looks again at once, so an
+edit applies on every process within a second.
+
+``next_run_at`` is recomputed when a schedule is created (the first fire
+time at or after now), when its trigger changes and when it is enabled
+again (the first fire time after now);
+an edit that leaves the trigger alone keeps it, so an occurrence that is due
+stays due.  Occurrences that fell while a schedule was disabled are not
+misfires: they are skipped, as the operator asked.
+
+Schedules defined in code are written by ``sync_from_code`` when a process
+starts: a new one is inserted, a changed one updated (its ``enabled`` and,
+if its trigger is unchanged, its ``next_run_at`` kept), an unchanged one
+left alone; with ``remove_missing`` (what the kit's start does) a row
+defined in code that the code no longer defines is deleted.  So their state
+lives in the database, and a process that
+starts after a deploy finds an occurrence that fell during the deploy still
+due, and runs it within its misfire grace.
+
+Its length is one statement per operator action on one table; the trigger
+arithmetic, the claims, the leases and the runs are modules of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, update
+from sqlalchemy.dialects.postgresql import insert
+
+from outboxkit.clock import Clock, SystemClock
+from outboxkit.errors import InvalidScheduleError, UnknownScheduleError
+from outboxkit.model import Outbox
+from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.requests import ScheduledRequestOutbox
+from outboxkit.storage.tables import schedule_audit, schedules
+
+__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row"]
+
+CHANNEL = "outboxkit_schedules"
+_NOTIFY = text("SELECT pg_notify(:channel, :name)")
+
+
+class Transactions(Protocol):
+    """Where the store reads and writes: an ``Engine``, or the operator's ``OperatorDatabase`` (its time budget)."""
+
+    def connect(self) -> AbstractContextManager[Connection]: ...
+
+    def begin(self) -> AbstractContextManager[Connection]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """A schedule row as read: its definition, when it next fires, and who created and changed it."""
+
+    id: int
+    definition: ScheduleDefinition
+    next_run_at: datetime | None
+    defined_in: str  # "code" (synced at start) or "api"
+    created_at: datetime
+    created_by: str
+    changed_at: datetime
+    changed_by: str
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+
+def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+    """The row's columns that hold ``definition``."""
+    target = definition.target
+    values: dict[str, Any] = {
+        "name": definition.name,
+        "trigger_kind": definition.trigger.kind,
+        "trigger_fields": dict(definition.trigger.fields),
+        "timezone": definition.trigger.timezone,
+        "enabled": definition.enabled,
+        "misfire_grace_seconds": definition.misfire_grace_seconds,
+        "max_running": definition.max_running,
+        "rerun_if_abandoned": definition.rerun_if_abandoned,
+        "job": None,
+        "http_outbox": None,
+        "http_method": None,
+        "http_url": None,
+        "http_headers": {},
+        "http_body": None,
+    }
+    if isinstance(target, JobTarget):
+        values.update(target_kind="job", job=target.job)
+    else:
+        values.update(
+            target_kind="http",
+            http_outbox=target.outbox,
+            http_method=target.method,
+            http_url=target.url,
+            http_headers=dict(target.headers),
+            http_body=target.body,
+        )
+    return values
+
+
+def definition_from_row(row: RowMapping) -> ScheduleDefinition:
+    """The definition a row holds, validated again (a row edited by hand in SQL is checked too)."""
+    target: JobTarget | HttpTarget
+    if row["target_kind"] == "job":
+        target = JobTarget(job=row["job"])
+    else:
+        target = HttpTarget(
+            url=row["http_url"],
+            outbox=row["http_outbox"],
+            method=row["http_method"],
+            headers=row["http_headers"],
+            body=row["http_body"],
+        )
+    return ScheduleDefinition(
+        name=row["name"],
+        trigger=ScheduleTrigger(kind=row["trigger_kind"], fields=row["trigger_fields"], timezone=row["timezone"]),
+        target=target,
+        enabled=row["enabled"],
+        misfire_grace_seconds=row["misfire_grace_seconds"],
+        max_running=row["max_running"],
+        rerun_if_abandoned=row["rerun_if_abandoned"],
+    )
+
+
+def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
+    """A row as JSON for the audit (times as ISO 8601 strings)."""
+    if row is None:
+        return None
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items() if key != "id"}
+
+
+def _schedule(row: RowMapping) -> Schedule:
+    return Schedule(
+        id=row["id"],
+        definition=definition_from_row(row),
+        next_run_at=row["next_run_at"],
+        defined_in=row["defined_in"],
+        created_at=row["created_at"],
+        created_by=row["created_by"],
+        changed_at=row["changed_at"],
+        changed_by=row["changed_by"],
+    )
+
+
+class ScheduleStore:
+    """Reads and changes schedule rows.
+
+    ``engine`` is an ``Engine`` or anything with its ``connect()`` and
+    ``begin()`` (the admin and the CLI pass the kit's ``operator_database``,
+    so each change runs within the operator's time budget).
+
+    ``jobs`` are the names of the jobs registered in code and ``outboxes``
+    the outbox classes the kit knows: a schedule may only target those (a
+    job this code base cannot run, or an outbox that is not a
+    ``ScheduledRequestOutbox``, is refused with the field named).
+    ``reserved_names(name)`` says why a name may not be used, or None (the
+    kit's store: the elected scheduler's job ids, which share the run history).
+    """
+
+    def __init__(
+        self,
+        engine: Engine | Transactions,
+        *,
+        clock: Clock | None = None,
+        jobs: Collection[str] = (),
+        outboxes: Iterable[type[Outbox]] = (),
+        reserved_names: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.reserved_names = reserved_names
+        self.clock = clock or SystemClock()
+        self.jobs = frozenset(jobs)
+        self.request_outboxes = {
+            outbox.__outbox__.job_name: outbox for outbox in outboxes if issubclass(outbox, ScheduledRequestOutbox)
+        }
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, name: str) -> Schedule:
+        with self.engine.connect() as connection:
+            return _schedule(self._row(connection, name, lock=False))
+
+    def list(self) -> list[Schedule]:
+        """Every schedule, by name (``page`` reads them a page at a time)."""
+        with self.engine.connect() as connection:
+            rows = connection.execute(select(schedules).order_by(schedules.c.name)).mappings().all()
+        return [_schedule(row) for row in rows]
+
+    def page(self, *, after: str | None = None, before: str | None = None, limit: int) -> Sequence[Schedule]:
+        """Up to ``limit`` schedules in name order: the first ones, those after ``after`` or those before ``before``.
+
+        A keyset read on the unique index of ``name``: a page deep in the list
+        costs what the first one costs.  The rows come in name order either way.
+        """
+        statement = select(schedules)
+        if before is not None:
+            statement = statement.where(schedules.c.name < before).order_by(schedules.c.name.desc())
+        else:
+            if after is not None:
+                statement = statement.where(schedules.c.name > after)
+            statement = statement.order_by(schedules.c.name)
+        with self.engine.connect() as connection:
+            rows = connection.execute(statement.limit(limit)).mappings().all()
+        found = [_schedule(row) for row in rows]
+        return found[::-1] if before is not None else found
+
+    # -- changing ------------------------------------------------------------
+
+    def create(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
+        """Insert a new schedule; a name that exists is refused (``field == "name"``)."""
+        self._check(definition)
+        statement = (
+            insert(schedules)
+            .values(self._new_row(definition, defined_in="api", actor=actor))
+            .on_conflict_do_nothing(index_elements=["name"])
+            .returning(*schedules.c)
+        )
+        with self.engine.begin() as connection:
+            row = connection.execute(statement).mappings().first()
+            if row is None:
+                raise InvalidScheduleError("name", f"a schedule named {definition.name!r} exists; edit it instead")
+            self._changed(connection, "create", actor=actor, before=None, after=row)
+        return _schedule(row)
+
+    def replace(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
+        """Edit the schedule named ``definition.name`` to be ``definition``."""
+        self._check(definition)
+        with self.engine.begin() as connection:
+            current = self._row(connection, definition.name, lock=True)
+            row = self._write(connection, current, definition, actor=actor, action="edit")
+        return _schedule(row)
+
+    def set_enabled(self, name: str, enabled: bool, *, actor: str) -> Schedule:
+        """Enable or disable a schedule; enabling it again counts its next fire time from now."""
+        with self.engine.begin() as connection:
+            current = self._row(connection, name, lock=True)
+            definition = definition_from_row(current)
+            changed = replace(definition, enabled=enabled)
+            row = self._write(connection, current, changed, actor=actor, action="enable" if enabled else "disable")
+        return _schedule(row)
+
+    def run_now(self, name: str, *, actor: str) -> Schedule:
+        """Make the schedule due now: one occurrence at this instant, then its trigger's own."""
+        with self.engine.begin() as connection:
+            current = self._row(connection, name, lock=True)
+            now = self.clock.now()
+            statement = (
+                update(schedules)
+                .where(schedules.c.name == name)
+                .values(next_run_at=now, enabled=True, changed_at=now, changed_by=actor)
+                .returning(*schedules.c)
+            )
+            row = connection.execute(statement).mappings().one()
+            self._changed(connection, "run_now", actor=actor, before=current, after=row)
+        return _schedule(row)
+
+    def delete(self, name: str, *, actor: str) -> None:
+        """Delete a schedule; its run history stays.  A run in progress finishes and is recorded."""
+        with self.engine.begin() as connection:
+            current = self._row(connection, name, lock=True)
+            connection.execute(delete(schedules).where(schedules.c.name == name))
+            self._changed(connection, "delete", actor=actor, before=current, after=None)
+
+    def sync_from_code(
+        self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code", remove_missing: bool = False
+    ) -> dict[str, int]:
+        """Write the schedules defined in code: insert new ones, update changed ones, keep their state.
+
+        ``remove_missing`` also deletes every row defined in code that
+        ``definitions`` no longer holds (audited as ``sync``; its run history
+        stays); rows made through the API are never touched.  Returns how
+        many were inserted, updated, left unchanged and removed.
+        """
+        definitions = list(definitions)
+        counts = {"inserted": 0, "updated": 0, "unchanged": 0, "removed": 0}
+        for definition in definitions:
+            self._check(definition, past_allowed=True)
+            with self.engine.begin() as connection:
+                locked = select(schedules).where(schedules.c.name == definition.name).with_for_update()
+                current = connection.execute(locked).mappings().first()
+                if current is None:
+                    definition.check_not_past(self.clock.now())
+                    values = self._new_row(definition, defined_in="code", actor=actor)
+                    # Processes that start together sync the same new schedule: one inserts, the
+                    # others wait for its commit on the unique name and then compare with its row.
+                    statement = (
+                        insert(schedules).values(values).on_conflict_do_nothing(index_elements=["name"])
+                        .returning(*schedules.c)
+                    )
+                    row = connection.execute(statement).mappings().first()
+                    if row is not None:
+                        self._changed(connection, "sync", actor=actor, before=None, after=row)
+                        counts["inserted"] += 1
+                        continue
+                    current = connection.execute(locked).mappings().one()
+                # An operator's enable/disable outlives a deploy; the rest of the definition is the code's.
+                wanted = replace(definition, enabled=current["enabled"])
+                if wanted == definition_from_row(current) and current["defined_in"] == "code":
+                    counts["unchanged"] += 1
+                    continue
+                self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code")
+                counts["updated"] += 1
+        if remove_missing:
+            counts["removed"] = self._remove_code_rows_except({definition.name for definition in definitions}, actor=actor)
+        return counts
+
+    def _remove_code_rows_except(self, names: Collection[str], *, actor: str) -> int:
+        """Delete the rows defined in code whose names are not in ``names``, each audited; how many."""
+        statement = (
+            select(schedules)
+            .where(schedules.c.defined_in == "code", schedules.c.name.not_in(list(names)))
+            .order_by(schedules.c.name)  # every process locks them in one order: no deadlock between two syncs
+            .with_for_update()
+        )
+        with self.engine.begin() as connection:
+            rows = connection.execute(statement).mappings().all()
+            for row in rows:
+                connection.execute(delete(schedules).where(schedules.c.id == row["id"]))
+                self._changed(connection, "sync", actor=actor, before=row, after=None)
+        return len(rows)
+
+    # -- internals -----------------------------------------------------------
+
+    def _check(self, definition: ScheduleDefinition, *, past_allowed: bool = False) -> None:
+        reserved = self.reserved_names(definition.name) if self.reserved_names is not None else None
+        if reserved is not None:
+            raise InvalidScheduleError("name", reserved)
+        target = definition.target
+        if isinstance(target, JobTarget) and target.job not in self.jobs:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            raise InvalidScheduleError("target.job", f"no job {target.job!r} is registered in code (registered: {known})")
+        if isinstance(target, HttpTarget) and target.outbox not in self.request_outboxes:
+            known = ", ".join(sorted(self.request_outboxes)) or "none"
+            raise InvalidScheduleError(
+                "target.outbox", f"no ScheduledRequestOutbox with job_name {target.outbox!r} is registered (registered: {known})"
+            )
+        if not past_allowed:
+            definition.check_not_past(self.clock.now())
+
+    def _new_row(self, definition: ScheduleDefinition, *, defined_in: str, actor: str) -> dict[str, Any]:
+        now = self.clock.now()
+        return {
+            **definition_values(definition),
+            "next_run_at": definition.trigger.first_at_or_after(now),
+            "defined_in": defined_in,
+            "created_at": now,
+            "created_by": actor,
+            "changed_at": now,
+            "changed_by": actor,
+        }
+
+    def _row(self, connection: Connection, name: str, *, lock: bool) -> RowMapping:
+        statement = select(schedules).where(schedules.c.name == name)
+        row = connection.execute(statement.with_for_update() if lock else statement).mappings().first()
+        if row is None:
+            raise UnknownScheduleError(f"no schedule named {name!r}")
+        return row
+
+    def _write(
+        self,
+        connection: Connection,
+        current: RowMapping,
+        definition: ScheduleDefinition,
+        *,
+        actor: str,
+        action: str,
+        defined_in: str | None = None,
+    ) -> RowMapping:
+        """Overwrite the locked row ``current`` with ``definition``; recompute next_run_at if the trigger changed
+        or the schedule is enabled again."""
+        now = self.clock.now()
+        before = definition_from_row(current)
+        next_run_at = current["next_run_at"]
+        if before.trigger != definition.trigger or (definition.enabled and not before.enabled):
+            # Strictly after now: an occurrence at this very instant may have just been fired by the old trigger.
+            next_run_at = definition.trigger.first_after(now)
+        values = {
+            **definition_values(definition),
+            "next_run_at": next_run_at,
+            "changed_at": now,
+            "changed_by": actor,
+            "defined_in": defined_in or current["defined_in"],
+        }
+        statement = update(schedules).where(schedules.c.id == current["id"]).values(values).returning(*schedules.c)
+        row = connection.execute(statement).mappings().one()
+        self._changed(connection, action, actor=actor, before=current, after=row)
+        return row
+
+    def _changed(
+        self, connection: Connection, action: str, *, actor: str, before: RowMapping | None, after: RowMapping | None
+    ) -> None:
+        """Audit the change and wake every runner, in the change's transaction."""
+        name = (after or before)["name"]  # type: ignore[index]
+        audit = {
+            "at": self.clock.now(),
+            "actor": actor,
+            "schedule": name,
+            "action": action,
+            "before": _snapshot(before),
+            "after": _snapshot(after),
+        }
+        connection.execute(insert(schedule_audit).values(audit))
+        connection.execute(_NOTIFY, {"channel": CHANNEL, "name": name})

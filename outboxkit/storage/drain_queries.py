@@ -1,0 +1,447 @@
+"""The drain's SQL: every statement a drain runs against an outbox table.
+
+The claim (with the park of rows out of attempts), the outcome write and the
+earliest due time are here, so the rules a drain lives by (what "due" means,
+what a claim stamps, which write a lost claim drops) are written once.  The
+operator's statements (counts, pages, reset, retry-now, retention) are
+``outboxkit.storage.operator_queries``; the kit's own tables (run history, attempts,
+pauses, audit) are written by their modules.  Statements are plain SQL over
+the table's quoted name, compiled once per outbox class.
+
+The outcome write is the drain's hot path, so it skips SQLAlchemy's
+statement layer: it runs as one statement on the psycopg connection of an
+AUTOCOMMIT pooled connection (``outcome_connection``), which makes it one
+round trip and one transaction of its own, for one row (``record_outcome``)
+or for a group of outcomes that finished close together
+(``record_outcomes``, one WAL flush for the group).  It is a server-side
+prepared statement only when the operator opts in
+(``OutboxKitSettings.prepared_statements``): a transaction-mode pooler before
+PgBouncer 1.21 hands the next execution to a server connection that never
+saw the PREPARE (docs/operations.md, "PgBouncer and other poolers").
+
+The claim and the earliest-due read, on the idle wake-up's path (NOTIFY,
+claim, send), skip it too: they run on the psycopg connection of the
+connection they are given, prepared as the engine's ``prepare_threshold``
+says (as they were through SQLAlchemy), or always when the operator opts in,
+and the claim's rows become the model's instances without an ORM Session
+(``outboxkit.storage.row_instances``).
+
+Its length is the statements' prose: each one says which invariant its SQL
+keeps, and the drain's rules are meant to be read in one place.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
+from sqlalchemy.orm import Session
+
+from outboxkit.errors import InvalidValueError
+from outboxkit.model import LAST_ERROR_LIMIT, Outbox
+from outboxkit.storage.array_literals import integer_array, text_array
+from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
+from outboxkit.storage.per_outbox import PerOutbox
+from outboxkit.storage.row_instances import RowInstances
+
+__all__ = ["OutboxQueries", "queries_for"]
+
+# Oldest due first.  SKIP LOCKED makes concurrent claims disjoint: a row
+# another transaction is claiming right now is passed over, not waited for.
+# The claim stamps a lease (claimed_until) and a fresh token, counts the
+# attempt and moves next_attempt_at to the lease's end, so a row whose worker
+# dies comes due again by itself.
+# A due row that still carries a claim token was held by a worker that died
+# before recording its outcome, and may be the row that killed it.  Such a
+# row is claimed alone: otherwise it would be claimed again with the
+# batch-mates its crash took down (they share its lease end) and take them
+# down again until they too ran out of attempts.  The other candidates it
+# locked are left untouched and free again when the claim commits.
+# {asynchronous_commit} is, when synchronous commit is turned off, a joined
+# set_config() that is SET LOCAL synchronous_commit = off in the same round
+# trip: the claim's commit does not wait for the WAL flush (see COMMIT
+# DURABILITY below).
+# The claim's second half, shared with the ordered claim (outboxkit.storage.ordering), which finds its
+# candidates otherwise and returns one more column ({returning}).  {columns} is ``outbox.*``, or
+# (the drain's claim) every column named in the model's order, so the result's columns match
+# by position and SQLAlchemy builds the result's metadata once, not on every claim.
+_CLAIM_CANDIDATES = """, due AS (
+    SELECT id, false AS orphaned FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
+    UNION ALL
+    (SELECT id, true FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
+)
+UPDATE {table} AS outbox
+SET attempts = outbox.attempts + 1,
+    claim_token = :token,
+    claimed_until = :lease_until,
+    next_attempt_at = :lease_until,
+    updated_at = :now
+FROM due{asynchronous_commit}
+WHERE outbox.id = due.id
+RETURNING {columns}, due.orphaned AS outboxkit_orphaned{returning}
+"""
+# The drain's claim returns one more column: whether every stored destination
+# state of this outbox is quiet (healthy, no failure run, neither held nor
+# slowed), read in the claim's own round trip.  When it is, the destination
+# gate has nothing to read, since a quiet state admits rows exactly as an
+# absent one does (outboxkit.destinations.gate).  An uncorrelated subquery,
+# evaluated once per claim; ``:outbox`` is the outbox's job name.
+_QUIET_COLUMN = """,
+    NOT EXISTS (
+        SELECT FROM outboxkit_destinations AS state
+        WHERE state.outbox = :outbox
+          AND (state.status <> 'healthy' OR state.consecutive_failures <> 0
+               OR state.held_until IS NOT NULL OR state.slowed_until IS NOT NULL)
+    ) AS outboxkit_quiet"""
+CLAIM_DUE_ROWS = """
+WITH candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+    WHERE status = 'pending' AND next_attempt_at <= :now
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)""" + _CLAIM_CANDIDATES
+
+# A claimed row whose previous attempt never recorded an outcome (its worker
+# died) and which has no attempts left: park it instead of sending again.
+# The attempt counted by the claim is taken back, since none is made.
+PARK_EXHAUSTED = """
+UPDATE {table}
+SET status = 'stuck',
+    attempts = attempts - 1,
+    claim_token = NULL,
+    claimed_until = NULL,
+    last_error = :error,
+    updated_at = :now
+WHERE id = ANY(:ids) AND claim_token = :token
+"""
+
+# Guarded by the claim token: a row that was reset, or claimed again after
+# its lease ran out, is not overwritten by a late outcome.  It stores the
+# latest attempt's status code and error as they are (NULL when the attempt
+# had none): a delivered row keeps no stale error, and a connection error
+# leaves no stale status code.  Run alone in autocommit mode, the statement
+# is its own transaction.  Parameters are in psycopg's style, since this
+# statement bypasses SQLAlchemy.
+RECORD_OUTCOME = """
+UPDATE {table}
+SET status = %(status)s,
+    next_attempt_at = COALESCE(%(next_attempt_at)s, next_attempt_at),
+    delivered_at = %(delivered_at)s,
+    last_status_code = %(status_code)s,
+    last_error = %(error)s,
+    claim_token = NULL,
+    claimed_until = NULL,
+    updated_at = %(now)s
+{asynchronous_commit}WHERE id = %(id)s AND claim_token = %(token)s
+"""
+
+# A group of outcomes in one statement, so one transaction and one WAL flush
+# for the group (see outboxkit.drain.record).  Each row is still guarded by
+# its own claim token: a row that was reset or claimed again is left out of
+# the update and out of the ids returned, a lost claim for that row alone.
+# delivered_at is set for a delivered row only.  Parameters are array
+# literals (outboxkit.storage.array_literals), one element per outcome, in psycopg's
+# %(name)s style.
+RECORD_OUTCOMES = """
+UPDATE {table} AS outbox
+SET status = outcome.status,
+    next_attempt_at = COALESCE(outcome.next_attempt_at, outbox.next_attempt_at),
+    delivered_at = CASE WHEN outcome.status = 'done' THEN %(now)s ELSE NULL END,
+    last_status_code = outcome.status_code,
+    last_error = outcome.error,
+    claim_token = NULL,
+    claimed_until = NULL,
+    updated_at = %(now)s
+FROM unnest(
+    %(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[], %(next_attempts)s::timestamptz[],
+    %(status_codes)s::smallint[], %(errors)s::text[]
+) AS outcome(id, token, status, next_attempt_at, status_code, error){asynchronous_commit}
+WHERE outbox.id = outcome.id AND outbox.claim_token = outcome.token
+RETURNING outbox.id
+"""
+
+# Commit durability.  By default the claim and the outcome commit as the
+# server's synchronous_commit says (on, unless the server is set otherwise),
+# waiting for the WAL flush, so a server crash forgets neither and every
+# attempt sent is counted.  With ``OutboxKitSettings.synchronous_commit =
+# False`` each joins set_config('synchronous_commit', 'off', true), which is
+# SET LOCAL for that transaction only: its commit does not wait for the WAL
+# flush, at a cost measured in docs/performance.md.  It is
+# visible to every other session at once and survives any crash of the
+# drainer; only a crash of the PostgreSQL server (or a failover to a replica
+# that had not received it) within about three wal_writer_delay periods (600
+# ms by default) can forget it.  A forgotten claim leaves the row due again
+# with its attempt uncounted, so it is sent once more than ``attempts`` says;
+# a forgotten outcome leaves the row claimed until its lease ends, and it is
+# sent again.  Either way it is a redelivery with the same Idempotency-Key,
+# never a loss.
+# Joined to a FROM list (the claim, a group of outcomes), or as the FROM list (one outcome):
+_ASYNCHRONOUS_JOIN = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
+_ASYNCHRONOUS_OUTCOME = "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit\n"
+
+# The earliest due time of any pending row (a row in flight counts with its
+# lease end): the background loop sleeps until then.  One step of the due index.
+EARLIEST_DUE = "SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending'"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One row's outcome, ready to write."""
+
+    row_id: int
+    token: uuid.UUID
+    status: str
+    next_attempt_at: datetime | None
+    status_code: int | None
+    error: str | None
+
+
+def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False) -> str:
+    """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters).
+
+    ``columns`` is what it returns of each row; ``quiet`` adds the destinations' quiet column (``:outbox``)."""
+    return CLAIM_DUE_ROWS.format(
+        table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
+        returning=_QUIET_COLUMN if quiet else "",
+    )
+
+
+def ordered_claim_sql(
+    statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False
+) -> str:
+    """The claim of an outbox with an ordering key: its keys' heads (``storage.ordering``), then the claim's second half."""
+    return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
+        table=statements.table,
+        asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
+        columns=columns,
+        returning=(_QUIET_COLUMN if quiet else "") + ",\n    " + statements.walked_to_column(),
+    )
+
+
+def record_outcome_sql(table: str, *, synchronous_commit: bool = True) -> str:
+    """RECORD_OUTCOME for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
+    return RECORD_OUTCOME.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_OUTCOME)
+
+
+def record_outcomes_sql(table: str, *, synchronous_commit: bool = True) -> str:
+    """RECORD_OUTCOMES for a quoted table name, in the chosen commit mode (psycopg ``%(name)s`` parameters)."""
+    return RECORD_OUTCOMES.format(table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN)
+
+
+class OutboxQueries:
+    """The compiled statements for one outbox class.
+
+    ``synchronous_commit`` chooses whether the claim and the outcome commits
+    wait for the WAL flush (see "Commit durability" above).
+    """
+
+    def __init__(self, outbox: type[Outbox], *, synchronous_commit: bool = True, prepared_statements: bool = False) -> None:
+        self.outbox = outbox
+        self.job_name = outbox.__outbox__.job_name
+        self.synchronous_commit = synchronous_commit
+        self.prepared_statements = prepared_statements
+        table = outbox.__table__  # type: ignore[attr-defined]
+        quoted = quote_table(table)
+        self.table_name = quoted
+        self.ordered = ordered_statements(outbox, quoted)
+        # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.  Its
+        # columns are named in the model's order and declared positionally, so the result's metadata is built
+        # once and cached with the compiled statement, instead of matched by name on every claim.
+        returned = [*table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_quiet", Boolean)]
+        columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
+        if self.ordered is None:
+            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
+            earliest_due = text(EARLIEST_DUE.format(table=quoted))
+        else:  # an ordering key: the claim takes each key's head (outboxkit.storage.ordering)
+            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
+            returned.append(column("outboxkit_walked_to", Text))
+            earliest_due = text(self.ordered.earliest_due_sql())
+        self._claim: TextClause = text(sql)
+        # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
+        # SQLAlchemy's statement layer, and how the claim's rows become instances.
+        dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
+        self._claim_driver_sql = str(self._claim.compile(dialect=dialect))
+        self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
+        self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
+        self._instances = RowInstances(outbox)
+        self._width = len(table.c)
+        self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
+            self._claim.columns(*returned)
+        )
+        self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
+        self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
+        self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
+
+    def claim_due_rows(
+        self,
+        connection: Connection,
+        *,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        token: uuid.UUID,
+        cursor: KeyCursor | None = None,
+    ) -> tuple[list[Outbox], bool, bool]:
+        """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
+
+        Returns the rows as instances of the model, oldest due first,
+        whether the claim took a row alone because its last worker died
+        holding it, and whether every stored destination state of the outbox
+        was quiet at the claim (``outboxkit_quiet`` above; True when no row
+        was claimed).  Unless ``synchronous_commit``, the claim's commit does
+        not wait for the WAL flush (see "Commit durability" above).  An
+        outbox with an ordering key claims only its keys' heads, walking its
+        keys from ``cursor`` (which it then moves past the keys it visited).
+
+        The statement runs on the psycopg connection under ``connection``
+        and its rows become detached instances without a Session
+        (``outboxkit.storage.row_instances``), unless the model's mapping needs the
+        ORM's loading.  It is prepared as the engine's ``prepare_threshold``
+        says, or always with ``prepared_statements``.  A connection that
+        broke is invalidated before the error is raised.
+        """
+        params: dict[str, Any] = {
+            "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
+        }
+        if self.ordered is not None:
+            cursor = cursor if cursor is not None else KeyCursor()
+            params["after"] = cursor.after
+        if self._instances.plain:
+            result = self._driver_execute(connection, self._claim_driver_sql, params)
+            claimed = result.fetchall()
+            described = result.pgresult
+            codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
+            rows = self._instances.load(connection.dialect, codes, claimed)
+            extras = [tuple(values[self._width:]) for values in claimed]
+        else:  # a mapping the ORM must load (outboxkit.storage.row_instances)
+            with Session(connection, expire_on_commit=False, autoflush=False) as session:
+                loaded = session.execute(self._claim_statement, params).all()
+            rows = [values[0] for values in loaded]
+            extras = [tuple(values[1:]) for values in loaded]
+        if self.ordered is not None and extras:
+            assert cursor is not None
+            cursor.after = extras[0][2]
+        order = sorted(range(len(rows)), key=lambda index: (rows[index].next_attempt_at, rows[index].id))
+        return [rows[index] for index in order], any(each[0] for each in extras), all(each[1] for each in extras)
+
+    def park_exhausted(
+        self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime, error: str
+    ) -> int:
+        result = connection.execute(
+            self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]}
+        )
+        return result.rowcount
+
+    def earliest_due(self, connection: Connection) -> datetime | None:
+        """The earliest ``next_attempt_at`` of any pending row a claim could take, or None when there is none.
+
+        With an ordering key, a row waiting behind its key's head is not one of them.
+        """
+        params = None if self.ordered is None else {"outbox": self.job_name}
+        found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
+        return None if found is None else found[0]
+
+    def _driver_execute(self, connection: Connection, sql: str, params: dict[str, Any] | None) -> Any:
+        """``sql`` on the psycopg connection under ``connection`` (a broken one is invalidated); the cursor.
+
+        Prepared as the engine's ``prepare_threshold`` says, as through
+        SQLAlchemy, or always with ``prepared_statements``.
+        """
+        driver = connection.connection.driver_connection
+        try:
+            return driver.execute(sql, params, prepare=self._prepare)  # type: ignore[union-attr]
+        except Exception:
+            if driver is None or driver.broken or driver.closed:
+                connection.invalidate()
+            raise
+
+    @staticmethod
+    @contextmanager
+    def outcome_connection(engine: Engine) -> Iterator[Connection]:
+        """A pooled connection in AUTOCOMMIT mode, for the claim, the outcomes and the earliest-due read; returned on exit."""
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            yield connection
+
+    def record_outcome(self, connection: Connection, outcome: Outcome, *, now: datetime) -> bool:
+        """Write one outcome in its own transaction; False if the claim was lost meanwhile.
+
+        ``connection`` comes from ``outcome_connection`` (AUTOCOMMIT), so the
+        single statement is its own transaction; anything else is refused
+        rather than left in an open transaction.
+        """
+        driver = _autocommit_driver(connection, "record_outcome")
+        params: dict[str, Any] = {
+            "id": outcome.row_id,
+            "token": outcome.token,
+            "status": outcome.status,
+            "next_attempt_at": outcome.next_attempt_at,
+            "delivered_at": now if outcome.status == "done" else None,
+            "status_code": outcome.status_code,
+            "error": outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None,
+            "now": now,
+        }
+        cursor = driver.execute(self._record, params, prepare=self.prepared_statements)
+        return bool(cursor.rowcount == 1)
+
+    def record_outcomes(self, connection: Connection, outcomes: list[Outcome], *, now: datetime) -> set[int]:
+        """Write a group of outcomes in one statement, so one transaction; returns the ids written.
+
+        Each row is guarded by its own claim token: an id missing from the
+        result was reset or claimed again meanwhile (a lost claim for that
+        row only).  If the statement fails, none of the group is written.
+        ``connection`` comes from ``outcome_connection`` (AUTOCOMMIT), as
+        for ``record_outcome``.
+        """
+        driver = _autocommit_driver(connection, "record_outcomes")
+        params: dict[str, Any] = {  # array literals written at once (outboxkit.storage.array_literals)
+            "ids": integer_array(outcome.row_id for outcome in outcomes),
+            "tokens": text_array(outcome.token for outcome in outcomes),
+            "statuses": text_array(outcome.status for outcome in outcomes),
+            "next_attempts": text_array(outcome.next_attempt_at for outcome in outcomes),
+            "status_codes": integer_array(outcome.status_code for outcome in outcomes),
+            "errors": text_array(outcome.error[:LAST_ERROR_LIMIT] if outcome.error else None for outcome in outcomes),
+            "now": now,
+        }
+        cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
+        return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def _autocommit_driver(connection: Connection, method: str) -> Any:
+    """The psycopg connection under ``connection``, refused unless it is in AUTOCOMMIT mode.
+
+    Anything else would leave the outcome write in an open transaction.
+    """
+    driver = connection.connection.driver_connection
+    if driver is None or not driver.autocommit:
+        raise InvalidValueError(f"{method} needs a connection from OutboxQueries.outcome_connection (AUTOCOMMIT)")
+    return driver
+
+
+def _quote_name(name: str) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    return str(postgresql.dialect().identifier_preparer.quote(name))  # type: ignore[no-untyped-call]
+
+
+def quote_table(table: Any) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    preparer = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+    return str(preparer.format_table(table))
+
+
+_COMPILED: PerOutbox[tuple[type[Outbox], bool, bool], OutboxQueries] = PerOutbox(
+    lambda key: OutboxQueries(key[0], synchronous_commit=key[1], prepared_statements=key[2])
+)
+
+
+def queries_for(outbox: type[Outbox], *, synchronous_commit: bool = True, prepared_statements: bool = False) -> OutboxQueries:
+    """The statements for ``outbox``, compiled once per class, commit mode and prepare mode."""
+    return _COMPILED((outbox, synchronous_commit, prepared_statements))

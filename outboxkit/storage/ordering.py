@@ -1,0 +1,293 @@
+"""Ordered delivery by key: the statements of an outbox that declares ``OutboxOptions.ordering_key``.
+
+Rows sharing a key are delivered one at a time, in ``id`` order: a row is
+claimable only when it is its key's *head*, the first row of the key (by
+``id``) that is not ``done`` and not skipped by a person.  So a row in flight
+or in backoff holds the rows behind it (they are not due until it is
+``done``), and a ``stuck`` head blocks its key until an operator retries it
+(reset, retry now) or skips it.  A skipped row stays ``stuck`` and is never
+deleted; it is listed in ``outboxkit_ordering_skips`` and no longer counts in
+its key's order (reset later, it is delivered again as its key's head, if it
+is the first row left).  Rows whose key is NULL are unordered and are claimed
+from their own due index, as an outbox without a key claims.
+
+The claim does not read the rows waiting behind a head.  It walks the keys
+that have undelivered rows, in key order, on the index ``(key, id) WHERE
+status <> 'done'``: for each key one step finds the next key and one reads
+its head; it stops once it has a batch of claimable heads (pending and due),
+or has gone round every key.  The next claim starts after the last key this
+one visited, so keys are served in turn: a key with a long backlog gets one
+row per round, like a key with one row, and a key that is blocked (its head in
+flight, in backoff or stuck) costs one step, not one per waiting row.  A
+claim's cost grows with the keys it steps over before it has a batch, never
+with the rows waiting behind heads.  The heads and the due unkeyed rows then
+compete oldest due first for the batch, and are locked with ``FOR UPDATE SKIP
+LOCKED`` as the unordered claim locks, so concurrent claims stay disjoint: a
+head another drain is claiming is skipped, and one claimed and committed
+meanwhile no longer passes the re-check (it is no longer due).
+
+Order is ``id`` order among committed rows.  Two transactions that insert
+rows of one key at once may commit in the other order than their ids; if the
+later id is claimed before the earlier one commits, it is delivered first.
+An application that inserts rows of one key from concurrent transactions
+serializes them (e.g. by locking the entity the key names before the insert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from outboxkit.storage.tables import ordering_skips
+
+__all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
+
+SKIPS = ordering_skips.name
+
+# A key's head: its first row that is not done, passing over rows a person skipped while they are stuck.
+_HEAD = """
+    SELECT head.id, head.status, head.next_attempt_at FROM {table} AS head
+    WHERE head.{key} = {current} AND head.status <> 'done'
+      AND NOT (head.status = 'stuck' AND EXISTS (
+          SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = head.id))
+    ORDER BY head.id LIMIT 1
+"""
+
+# The first key after {current} with a row not done, or the first key of all once past the last one.
+_NEXT_KEY = """COALESCE(
+    (SELECT {key} FROM {table} WHERE {key} > {current} AND status <> 'done' ORDER BY {key} LIMIT 1),
+    (SELECT {key} FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1))"""
+
+# The walk: one row per key visited, with its head, whether the head is claimable, and how many
+# claimable heads were found so far; it stops at :limit of them, or back at the key it started from.
+ORDERED_CANDIDATES = """
+WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS (
+    SELECT start.key, head.id, COALESCE(head.claimable, false), false, start.key,
+           CASE WHEN head.claimable THEN 1 ELSE 0 END, 1
+    FROM (SELECT {first_key} AS key) AS start
+    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AS claimable FROM ({head_of_start}) AS h)
+        AS head ON true
+    WHERE start.key IS NOT NULL
+  UNION ALL
+    SELECT next.key, head.id, COALESCE(head.claimable, false), next.wrapped, walk.start_key,
+           walk.found + CASE WHEN head.claimable THEN 1 ELSE 0 END, walk.step + 1
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT candidate.key, walk.wrapped OR candidate.key <= walk.key AS wrapped
+        FROM (SELECT {next_key} AS key) AS candidate
+    ) AS next
+    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AS claimable FROM ({head_of_next}) AS h)
+        AS head ON true
+    WHERE walk.found < :limit AND next.key IS NOT NULL AND NOT (next.wrapped AND next.key >= walk.start_key)
+), unkeyed AS (
+    SELECT id FROM {table}
+    WHERE status = 'pending' AND next_attempt_at <= :now AND {key} IS NULL
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+), candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+    WHERE id IN (SELECT head_id FROM walk WHERE claimable UNION ALL SELECT id FROM unkeyed)
+      AND status = 'pending' AND next_attempt_at <= :now
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)"""
+# The claim's second half (the orphan rule, the UPDATE) is the unordered claim's: outboxkit.storage.drain_queries adds it,
+# returning as well where the walk stopped (WALKED_TO), where the next claim starts.
+WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
+
+# The earliest due time of a row that a claim could take: an unkeyed pending row, or a key's head
+# that is pending (a head in flight counts with its lease end).  Rows waiting behind a head are not
+# due, whatever their next_attempt_at says: the background loop must not wake for them.
+EARLIEST_ORDERED_DUE = """
+WITH RECURSIVE keys(key) AS (
+    (SELECT {key} FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
+  UNION ALL
+    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1)
+    FROM keys WHERE keys.key IS NOT NULL
+)
+SELECT min(due) FROM (
+    SELECT min(next_attempt_at) AS due FROM {table} WHERE status = 'pending' AND {key} IS NULL
+  UNION ALL
+    SELECT head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
+    WHERE keys.key IS NOT NULL AND head.status = 'pending'
+) AS dues
+"""
+
+
+# -- the backlog as the overview, the metrics and the minute sample count it ----------------------
+
+# At most this many keys are walked to count the backlog; past them, the rest is bounded, not counted.
+BACKLOG_KEY_LIMIT = 1_000
+
+# What is really due in an ordered outbox: the due unkeyed rows and the due pending heads.  The rows
+# behind a head are held by order, whatever their next_attempt_at says, and are not counted as due.
+# The walk visits the first :key_limit keys with undelivered rows (one step and one head read per key,
+# as EARLIEST_ORDERED_DUE does), never the rows behind the heads.  Past :key_limit keys (more_keys),
+# the keys not visited count no head, and their oldest due row, held or not, stands in for their oldest
+# due head (beyond_oldest_due, looked for among the :cap oldest due rows): the lag is not understated
+# for want of a walk, and the held count is an upper bound.
+# Unkeyed rows are counted on ix_<table>_due_unkeyed, up to :cap; the due ones only :with_due (the
+# overview's counts need the pending ones, "drain now" and the minute sample the due ones).
+ORDERED_BACKLOG = """
+WITH RECURSIVE keys(key, step) AS (
+    (SELECT {key}, 1 FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
+  UNION ALL
+    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1), keys.step + 1
+    FROM keys WHERE keys.key IS NOT NULL AND keys.step <= :key_limit
+), heads AS (
+    SELECT head.status, head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
+    WHERE keys.key IS NOT NULL AND keys.step <= :key_limit
+), last_visited AS (
+    SELECT key FROM keys WHERE step = :key_limit
+       AND EXISTS (SELECT FROM keys AS more WHERE more.step = :key_limit + 1 AND more.key IS NOT NULL)
+)
+SELECT
+    (SELECT count(*) FROM heads) AS keys_visited,
+    EXISTS (SELECT FROM last_visited) AS more_keys,
+    (SELECT count(*) FROM heads WHERE status = 'pending') AS pending_heads,
+    (SELECT count(*) FROM heads WHERE status = 'pending' AND next_attempt_at <= :now) AS due_heads,
+    (SELECT min(next_attempt_at) FROM heads WHERE status = 'pending' AND next_attempt_at <= :now) AS oldest_due_head,
+    (SELECT beyond.next_attempt_at FROM last_visited CROSS JOIN LATERAL (
+         SELECT oldest.next_attempt_at FROM (
+             SELECT next_attempt_at, id, {key} AS key FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now
+             ORDER BY next_attempt_at, id LIMIT :cap) AS oldest
+         WHERE oldest.key > last_visited.key ORDER BY oldest.next_attempt_at, oldest.id LIMIT 1) AS beyond
+    ) AS beyond_oldest_due,
+    (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND {key} IS NULL
+                           ORDER BY next_attempt_at, id LIMIT :cap) AS capped) AS pending_unkeyed,
+    CASE WHEN :with_due THEN
+        (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending' AND {key} IS NULL AND next_attempt_at <= :now
+                               ORDER BY next_attempt_at, id LIMIT :cap) AS capped)
+    END AS due_unkeyed,
+    (SELECT min(next_attempt_at) FROM {table}
+     WHERE status = 'pending' AND {key} IS NULL AND next_attempt_at <= :now) AS oldest_due_unkeyed
+"""
+
+# -- the operator's statements (outboxkit.operations.ordered_keys) ------------------------------
+
+# Rows behind a head are counted up to a cap, so a key with a huge backlog costs a bounded read.
+WAITING_CAP = 10_000
+
+# One row's place in its key's order: its key, whether a person skipped it, its key's head, and the rows
+# behind it that are not done (counted up to WAITING_CAP + 1).
+ROW_ORDERING = """
+SELECT target.{key}::text AS key,
+       EXISTS (SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = target.id) AS skipped,
+       (SELECT h.id FROM ({head_of_row}) AS h) AS head_id,
+       (SELECT count(*) FROM (
+            SELECT FROM {table} AS behind
+            WHERE behind.{key} = target.{key} AND behind.id > target.id AND behind.status <> 'done'
+            LIMIT {cap_plus_one}) AS counted) AS waiting
+FROM {table} AS target
+WHERE target.id = :id
+"""
+
+# The stuck heads: each blocks its key.  Read from the stuck index, first :limit by id, with the rows behind each.
+STUCK_HEADS = """
+SELECT target.id, target.{key}::text AS key, target.attempts, target.last_status_code, target.last_error, target.updated_at,
+       (SELECT count(*) FROM (
+            SELECT FROM {table} AS behind
+            WHERE behind.{key} = target.{key} AND behind.id > target.id AND behind.status <> 'done'
+            LIMIT {cap_plus_one}) AS counted) AS waiting
+FROM {table} AS target
+WHERE target.status = 'stuck' AND target.{key} IS NOT NULL AND target.id > :after
+  AND NOT EXISTS (SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = target.id)
+  AND (SELECT h.id FROM ({head_of_row}) AS h) = target.id
+ORDER BY target.id
+LIMIT :limit
+"""
+
+# Rows that may be skipped: stuck, with a key, not skipped yet (locked, so a reset cannot race the skip).
+SKIPPABLE_ROWS = """
+SELECT target.id, target.status, target.{key} IS NOT NULL AS keyed,
+       EXISTS (SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = target.id) AS skipped
+FROM {table} AS target
+WHERE target.id = ANY(:ids)
+ORDER BY target.id
+FOR UPDATE
+"""
+
+SKIP_ROWS = f"""
+INSERT INTO {SKIPS} (outbox, row_id, skipped_by, skipped_at)
+SELECT :outbox, id, :actor, :now FROM unnest(CAST(:ids AS bigint[])) AS id
+ON CONFLICT DO NOTHING
+RETURNING row_id
+"""
+
+
+@dataclass(slots=True)
+class KeyCursor:
+    """Where one drainer's next ordered claim starts its walk: after the last key the previous claim visited.
+
+    ``after`` is the key as text (NULL: from the first key); it is cast back to the key's type in SQL.
+    """
+
+    after: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderedStatements:
+    """The ordered claim and earliest-due statements of one outbox table (plain SQL, SQLAlchemy ``:name`` parameters)."""
+
+    table: str  # quoted
+    key: str  # the key column's quoted name
+    key_type: str  # its SQL type, to cast the cursor back
+
+    def candidates_sql(self) -> str:
+        """The ordered claim's first half: the walk and the candidates it locks (``storage.drain_queries`` adds the rest)."""
+        after = f"CAST(:after AS {self.key_type})"
+        first_key = _NEXT_KEY.format(key=self.key, table=self.table, current=after)
+        # With no cursor, "the first key after NULL" is NULL and COALESCE falls back to the first key.
+        return ORDERED_CANDIDATES.format(
+            table=self.table,
+            key=self.key,
+            first_key=first_key,
+            next_key=_NEXT_KEY.format(key=self.key, table=self.table, current="walk.key"),
+            head_of_start=self._head("start.key"),
+            head_of_next=self._head("next.key"),
+        )
+
+    def walked_to_column(self) -> str:
+        return WALKED_TO
+
+    def earliest_due_sql(self) -> str:
+        return EARLIEST_ORDERED_DUE.format(table=self.table, key=self.key, head_of_keys=self._head("keys.key"))
+
+    def backlog_sql(self) -> str:
+        """The due and held-by-order figures (``ORDERED_BACKLOG``; parameters now, outbox, key_limit, cap, with_due)."""
+        return ORDERED_BACKLOG.format(table=self.table, key=self.key, head_of_keys=self._head("keys.key"))
+
+    def row_ordering_sql(self) -> str:
+        return self._operator(ROW_ORDERING)
+
+    def skip_rows_sql(self) -> str:
+        return SKIP_ROWS
+
+    def stuck_heads_sql(self) -> str:
+        return self._operator(STUCK_HEADS)
+
+    def skippable_rows_sql(self) -> str:
+        return self._operator(SKIPPABLE_ROWS)
+
+    def _operator(self, statement: str) -> str:
+        return statement.format(
+            table=self.table, key=self.key, skips=SKIPS, head_of_row=self._head("target." + self.key),
+            cap_plus_one=WAITING_CAP + 1,
+        )
+
+    def _head(self, current: str) -> str:
+        return _HEAD.format(table=self.table, key=self.key, current=current, skips=SKIPS)
+
+
+def ordered_statements(outbox: Any, table: str) -> OrderedStatements | None:
+    """The ordered statements of an outbox class (None when it declares no ``ordering_key``)."""
+    from sqlalchemy.dialects import postgresql
+
+    key = outbox.__outbox__.ordering_key
+    if key is None:
+        return None
+    column = outbox.__mapper__.attrs[key].columns[0]
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    quoted = str(dialect.identifier_preparer.quote(column.name))
+    return OrderedStatements(table=table, key=quoted, key_type=str(column.type.compile(dialect=dialect)))
