@@ -69,7 +69,7 @@ from sqlalchemy import Engine, create_engine, func, insert, select, text  # noqa
 
 from bench.ceilings import scratch_database  # noqa: E402
 from bench.drain_throughput import ReceiverProcess  # noqa: E402
-from bench.ordered_delivery import ordered_vs_unordered  # noqa: E402
+from bench.ordered_delivery import ordered_vs_unordered, run_ordered_only  # noqa: E402
 from bench.signing import SECRETS, delivery_of, microseconds_per_row  # noqa: E402
 from outboxkit import Drainer, HttpTransport  # noqa: E402
 from outboxkit.breaker import BreakerOptions  # noqa: E402
@@ -422,21 +422,6 @@ def add_ordered_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ordered-only", action="store_true", help="only the ordered-vs-unordered measurement")
     parser.add_argument("--no-ordered", action="store_true", help="leave the ordered-vs-unordered measurement out")
     parser.add_argument("--ordered-repeat", type=int, default=1, help="interleaved ordered/unordered pairs; medians")
-
-
-def run_ordered_only(*, repeat: int = 1) -> dict[str, object]:
-    """The ordered-vs-unordered figures alone, on a scratch database of their own."""
-    scratch = scratch_database()
-    with psycopg.connect(scratch.server_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{scratch.name}"')
-    engine = create_engine(scratch.sqlalchemy_url, pool_size=10)
-    try:
-        kit_metadata.create_all(engine)
-        return ordered_vs_unordered(engine, repeat=repeat)
-    finally:
-        engine.dispose()
-        with psycopg.connect(scratch.server_url, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -45,11 +45,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
 import httpx  # noqa: E402
-from sqlalchemy import Engine, String, Text, func, insert, select, text  # noqa: E402
+import psycopg  # noqa: E402
+from sqlalchemy import Engine, String, Text, create_engine, func, insert, select, text  # noqa: E402
 from sqlalchemy.dialects.postgresql import JSONB  # noqa: E402
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column  # noqa: E402
 
+from bench.ceilings import scratch_database  # noqa: E402
 from outboxkit import Delivery, Drainer, HttpTransport, Outbox, OutboxOptions  # noqa: E402
+from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 ROWS = 20_000
 KEYS = 1_000
@@ -227,6 +230,21 @@ def ordered_vs_unordered(engine: Engine, *, repeat: int = 1) -> dict[str, object
     }
 
 
+def run_ordered_only(*, repeat: int = 1) -> dict[str, object]:
+    """The ordered-vs-unordered figures alone, on a scratch database of their own."""
+    scratch = scratch_database()
+    with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{scratch.name}"')
+    engine = create_engine(scratch.sqlalchemy_url, pool_size=10)
+    try:
+        kit_metadata.create_all(engine)
+        return ordered_vs_unordered(engine, repeat=repeat)
+    finally:
+        engine.dispose()
+        with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the receiver's process
@@ -234,8 +252,6 @@ def main() -> None:
     if options.serve:
         asyncio.run(_serve(FAILURE_RATE, seed=17))
         return
-    from bench.destinations import run_ordered_only
-
     print(json.dumps(run_ordered_only()))
 
 
