@@ -21,11 +21,6 @@ last error...), a CHECK on ``status`` and the partial indexes the kit reads
 through (see ``outbox_table_args``).  The application adds its own columns and
 says what to send for one row.  A row inserted with ``next_attempt_at`` in the
 future is a scheduled one-shot send.
-
-Its length is the one concept's: the mixin, its options and the checks a
-subclass gets at class creation (``build_delivery``'s base body only raises, and
-``__init_subclass__`` refuses a concrete subclass that does not override it, so
-it never runs).
 """
 
 from __future__ import annotations

@@ -54,10 +54,6 @@ those are allowed (``NON_SETTING_VARIABLES`` and ``NON_SETTING_PREFIXES``):
 ``OUTBOXKIT_APP`` (the CLI's ``--app``), and ``OUTBOXKIT_TEST_*``,
 ``OUTBOXKIT_BENCH_*`` and ``OUTBOXKIT_FAULT_*`` (the test suite, the
 benchmarks and the fault tests).
-
-Its length is the settings' own: one field per setting with its documented
-meaning, and the per-outbox overrides (``OutboxOverride``, rate limit included)
-that the same environment parsing must validate together.
 """
 
 from __future__ import annotations

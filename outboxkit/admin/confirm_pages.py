@@ -3,8 +3,8 @@
 Each is a page that says what the action will do (with the outbox's counts,
 or the ids it will touch) and changes nothing; its form, CSRF-protected like
 every other, posts the action itself.  They work without JavaScript: the
-button that used to act now opens the page (a GET form, or for the page's
-ids a ``formaction`` to the POST that renders it).
+action's button opens the page (a GET form, or for the page's ids a
+``formaction`` to the POST that renders it).
 """
 
 

@@ -1,8 +1,5 @@
 """Leader election: exactly one process runs the schedule.
 
-(This module runs a little past 400 lines on purpose: the state machine and
-the prose that says which invariant each step protects belong together.)
-
 Many processes run the application (uvicorn ``--workers N``, several hosts);
 each runs one ``LeaderElection``.  The one that holds a PostgreSQL session
 advisory lock leads and runs the scheduler; the others stand by.  The state
@@ -71,10 +68,6 @@ up retransmitting it (many minutes with Linux defaults).
 Nothing here raises into the application: callbacks that fail are logged,
 and a scheduler that cannot start gives the lock back so another process can
 lead.
-
-Its length is the election protocol's: campaign, tick,
-demotion and hand-over share one state machine; the lock's statements live in
-``leader_lock``.
 """
 
 from __future__ import annotations

@@ -43,9 +43,6 @@ or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
 process-wide default), so two kits in one process do not collide.  Names and
 labels are listed in docs/operations.md; the alert rules in docs/alerts.yml
 and the dashboard in docs/grafana-dashboard.json use them.
-
-Its length is one metric family after another on one registry; each family is a
-few lines, and prometheus-client stays in this one module (the import contract).
 """
 
 from __future__ import annotations
