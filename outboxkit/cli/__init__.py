@@ -21,8 +21,8 @@
 
 Built on typer (commands, options, help, shell completion) and rich (tables).
 Commands that act on an application's outboxes find its kit by an import
-path (``--app module:attribute`` or ``$OUTBOXKIT_APP``); the attribute is an
-``OutboxKit`` or a function returning one.  Output is a table for people
+path (``--app module:attribute`` or ``$OUTBOXKIT_APP``, before or after the
+command); the attribute is an ``OutboxKit`` or a function returning one.  Output is a table for people
 (coloured on a terminal unless ``NO_COLOR`` is set; plain, unwrapped text when
 piped) and ``--json`` for scripts, before or after the command.  Exit codes:
 0 done, 1 failed (one ``outboxkit: ...`` line on stderr), 2 usage error.
@@ -57,7 +57,7 @@ from outboxkit.errors import RowsHeld, RowsNotFound
 if TYPE_CHECKING:
     from outboxkit.operations.schemas import RowFilter
 
-__all__ = ["app", "main"]
+__all__ = ["app", "app_option_first", "main"]
 
 MAX_ROW_ID = 2**63 - 1
 
@@ -312,10 +312,30 @@ def demo(context: typer.Context) -> None:
     raise typer.Exit(int(example.main(list(context.args))))
 
 
+def app_option_first(args: Sequence[str]) -> list[str]:
+    """``args`` with every ``--app`` given after the command moved before it, where the command line reads it.
+
+    ``--app`` names the application for every command, so ``outboxkit worker --app myapp:kit`` means what
+    ``outboxkit --app myapp:kit worker`` means; nothing after a ``--`` is touched.
+    """
+    words, moved = list(args), []
+    index = 0
+    while index < len(words) and words[index] != "--":
+        word = words[index]
+        if word == "--app" and index + 1 < len(words):
+            moved += words[index:index + 2]
+            del words[index:index + 2]
+        elif word.startswith("--app="):
+            moved.append(words.pop(index))
+        else:
+            index += 1
+    return moved + words
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); the exit code: 0 ok, 1 failure, 2 usage."""
     try:
-        app(args=list(sys.argv[1:] if argv is None else argv), prog_name="outboxkit")
+        app(args=app_option_first(sys.argv[1:] if argv is None else argv), prog_name="outboxkit")
     except SystemExit as exit_request:  # typer ends every run with one; hand its code back to the caller
         code = exit_request.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -41,3 +41,20 @@ def test_shell_completion_is_installed_through_the_standard_options():
                                env={**os.environ, "_OUTBOXKIT_COMPLETE": "complete_bash",
                                     "COMP_WORDS": "outboxkit st", "COMP_CWORD": "1"}, timeout=60)
     assert completed.stdout.split() == ["status", "stuck"]
+
+
+def test_app_is_accepted_after_the_command_too(monkeypatch, capsys):
+    """``outboxkit worker --app myapp:kit`` reads as ``outboxkit --app myapp:kit worker``."""
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://root@127.0.0.1:9/nothing")
+    assert main(["status", *APP]) == 1
+    assert "cannot reach the database" in capsys.readouterr().err
+    assert main(["status", "--app=exampleapp.app:kit_from_environment"]) == 1
+    assert "cannot reach the database" in capsys.readouterr().err
+
+
+def test_only_app_moves_and_nothing_after_a_double_dash():
+    from outboxkit.cli import app_option_first
+
+    assert app_option_first(["worker", "--app", "a:b", "--json"]) == ["--app", "a:b", "worker", "--json"]
+    assert app_option_first(["demo", "--", "--app", "x"]) == ["demo", "--", "--app", "x"]
+    assert app_option_first(["--app", "a:b", "status"]) == ["--app", "a:b", "status"]
