@@ -207,7 +207,7 @@ class ScheduleAdmin:
         return self._result("disable", self._store().set_enabled(name, False, actor=actor[:ACTOR_LENGTH]))
 
     def run_now(self, name: str, *, actor: str) -> ScheduleActionResult:
-        """One occurrence at this instant (enabling the schedule), then its trigger's own."""
+        """One occurrence at this instant, then its trigger's own; a disabled schedule runs it and stays disabled."""
         return self._result("run_now", self._store().run_now(name, actor=actor[:ACTOR_LENGTH]))
 
     def delete(self, name: str, *, actor: str) -> ScheduleActionResult:

@@ -44,8 +44,9 @@ __all__ = ["Firing", "ScheduleClaims"]
 
 logger = logging.getLogger(__name__)
 
+# A disabled row is claimed only for the one occurrence "run now" asked for (run_now_pending).
 _CLAIMABLE = """
-    enabled AND next_run_at IS NOT NULL
+    (enabled OR run_now_pending) AND next_run_at IS NOT NULL
     AND ((target_kind = 'job' AND job IN :jobs) OR (target_kind = 'http' AND http_outbox IN :outboxes))
 """
 # A job's row whose max_running runs hold live leases waits, due and unclaimed, until a slot frees (the run
@@ -71,7 +72,7 @@ _NEAREST = text(
            clock_timestamp()
     """
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True))
-_ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at WHERE id = :id")
+_ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at, run_now_pending = false WHERE id = :id")
 _RECORD = text(
     """
     INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, error, leader)

@@ -6,7 +6,7 @@ threads, renewals and outcomes in ``outboxkit.schedules.runs``.)
 No leader is needed.  Each step of the loop protects one invariant:
 
 1. **Claim** (``fire_due``).  A short transaction selects the due rows
-   (``enabled AND next_run_at <= now``, of jobs this process registers or
+   (``next_run_at <= now``, enabled or with a "run now" pending, of jobs this process registers or
    outboxes it knows) ``FOR UPDATE SKIP LOCKED``, decides for each which
    occurrence runs and which are missed (``outboxkit.schedules.misfires``), writes
    that, advances ``next_run_at`` and commits.  Two processes therefore take

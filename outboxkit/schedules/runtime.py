@@ -72,6 +72,12 @@ logger = logging.getLogger(__name__)
 
 SCHEDULE_TABLES = ("outboxkit_schedules", "outboxkit_schedule_leases")
 _MISSING_TABLES = text("SELECT name FROM unnest(CAST(:names AS text[])) AS name WHERE to_regclass(name) IS NULL")
+# The newest schedule column (migration outboxkit_0010): a database without it cannot claim.
+_NEWEST_COLUMN = text(
+    "SELECT count(*) FROM information_schema.columns "
+    "WHERE table_name = 'outboxkit_schedules' AND column_name = 'run_now_pending' "
+    "AND table_schema = ANY(current_schemas(false))"
+)
 
 
 class KitSchedules:
@@ -239,9 +245,11 @@ class KitSchedules:
         """Raise ``MigrationRequired`` when the database's kit migration predates the schedule tables."""
         with self.kit.engine.connect() as connection:
             missing = list(connection.execute(_MISSING_TABLES, {"names": list(SCHEDULE_TABLES)}).scalars())
+            if not missing and not connection.execute(_NEWEST_COLUMN).scalar_one():
+                missing = ["outboxkit_schedules.run_now_pending"]
         if missing:
             raise MigrationRequired(
-                f"schedules as rows need the kit's migration outboxkit_0006 ({', '.join(missing)} missing): "
+                f"schedules as rows need the kit's migration outboxkit_0010 ({', '.join(missing)} missing): "
                 "run `alembic upgrade heads` with outboxkit:migrations/versions in version_locations, "
                 "or set OUTBOXKIT_SCHEDULES_ENABLED=false to run without them"
             )

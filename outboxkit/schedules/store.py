@@ -254,14 +254,19 @@ class ScheduleStore:
         return _schedule(row)
 
     def run_now(self, name: str, *, actor: str) -> Schedule:
-        """Make the schedule due now: one occurrence at this instant, then its trigger's own."""
+        """Make the schedule due now: one occurrence at this instant, then its trigger's own.
+
+        ``enabled`` is left as it is: a disabled schedule runs this one
+        occurrence (``run_now_pending`` lets the claim take it) and stays
+        disabled.
+        """
         with self.engine.begin() as connection:
             current = self._row(connection, name, lock=True)
             now = self.clock.now()
             statement = (
                 update(schedules)
                 .where(schedules.c.name == name)
-                .values(next_run_at=now, enabled=True, changed_at=now, changed_by=actor)
+                .values(next_run_at=now, run_now_pending=True, changed_at=now, changed_by=actor)
                 .returning(*schedules.c)
             )
             row = connection.execute(statement).mappings().one()
@@ -395,6 +400,8 @@ class ScheduleStore:
             "changed_by": actor,
             "defined_in": defined_in or current["defined_in"],
         }
+        if action == "disable":  # the operator's latest word: a "run now" not fired yet is cancelled too
+            values["run_now_pending"] = False
         statement = update(schedules).where(schedules.c.id == current["id"]).values(values).returning(*schedules.c)
         row = connection.execute(statement).mappings().one()
         self._changed(connection, action, actor=actor, before=current, after=row)

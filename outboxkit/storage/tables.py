@@ -250,6 +250,8 @@ schedules = Table(
     Column("http_body", JSONB),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("next_run_at", DateTime(timezone=True)),
+    # Added by migration outboxkit_0010_run_now_pending: "run now" asked; the next claim fires once, enabled or not.
+    Column("run_now_pending", Boolean, nullable=False, server_default=text("false")),
     Column("misfire_grace_seconds", Integer, nullable=False, server_default=text("300")),
     Column("max_running", Integer, nullable=False, server_default=text("1")),
     Column("rerun_if_abandoned", Boolean, nullable=False, server_default=text("false")),
@@ -271,7 +273,11 @@ schedules = Table(
     CheckConstraint("misfire_grace_seconds >= 0", name="ck_outboxkit_schedules_grace"),
     CheckConstraint("max_running >= 1", name="ck_outboxkit_schedules_max_running"),
     CheckConstraint("defined_in IN ('code', 'api')", name="ck_outboxkit_schedules_defined_in"),
-    Index("ix_outboxkit_schedules_due", "next_run_at", postgresql_where=text("enabled AND next_run_at IS NOT NULL")),
+    Index(
+        "ix_outboxkit_schedules_due",
+        "next_run_at",
+        postgresql_where=text("(enabled OR run_now_pending) AND next_run_at IS NOT NULL"),
+    ),
 )
 
 schedule_leases = Table(

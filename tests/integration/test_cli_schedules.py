@@ -54,7 +54,7 @@ def test_create_from_flags_list_show_and_every_action_audited_as_the_cli(cli, en
     assert cli("schedules", "enable", "partner.heartbeat")[0] == 0
     assert cli("schedules", "disable", "partner.heartbeat")[0] == 0
     code, out, _ = cli("--json", "schedules", "run-now", "partner.heartbeat")
-    assert code == 0 and json.loads(out)["schedule"]["definition"]["enabled"] is True
+    assert code == 0 and json.loads(out)["schedule"]["definition"]["enabled"] is False  # run now leaves it disabled
 
     code, out, _ = cli("--json", "schedules", "show", "partner.heartbeat")
     shown = json.loads(out)

@@ -136,6 +136,6 @@ def test_the_worker_port_reports_a_schedule_loop_that_did_not_start(database_url
     with engine.begin() as connection:  # a database behind the kit's migration: no schedule tables
         connection.execute(text("DROP TABLE outboxkit_schedule_leases"))
     readyz_of_a_worker((503, "not ready: the schedule loop did not start: schedules as rows need the kit's migration "
-                             "outboxkit_0006 (outboxkit_schedule_leases missing): run `alembic upgrade heads` with "
+                             "outboxkit_0010 (outboxkit_schedule_leases missing): run `alembic upgrade heads` with "
                              "outboxkit:migrations/versions in version_locations, or set "
                              "OUTBOXKIT_SCHEDULES_ENABLED=false to run without them\n"))

@@ -220,7 +220,8 @@ def test_the_loop_is_woken_by_a_change_and_fires_it_at_once(schedules, clock):
     schedules.store.run_now("hourly", actor="alice")  # NOTIFY outboxkit_schedules
 
     wait_until(lambda: schedules.jobs.calls, timeout=30, message="the run after the edit")
-    assert schedules.jobs.calls == [("hourly", NOON + timedelta(minutes=1))]
+    assert schedules.jobs.calls == [("hourly", NOON + timedelta(minutes=1))]  # the first run now was cancelled
+    assert schedules.store.get("hourly").definition.enabled is False
 
 
 def test_the_loop_sleeps_until_the_nearest_due_row(schedules, clock):

@@ -164,6 +164,33 @@ def test_a_disabled_schedule_does_not_fire_and_enabling_counts_from_now(schedule
     assert schedules.history("tick") == [(NOON + timedelta(minutes=6), "ok")]  # no misfire for the disabled time
 
 
+def test_run_now_on_a_disabled_schedule_runs_one_occurrence_and_leaves_it_disabled(schedules, clock):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    runner = schedules.runner()
+    schedules.store.set_enabled("tick", False, actor="carol")
+    clock.advance(seconds=30)
+    asked = clock.now()
+    assert schedules.store.run_now("tick", actor="carol").definition.enabled is False
+    assert finish(runner.fire_due()) == ["ok"]
+    assert schedules.store.get("tick").definition.enabled is False
+    clock.advance(minutes=5)
+    assert runner.fire_due().runs == []  # no further occurrence: the schedule is still disabled
+    assert schedules.history("tick") == [(asked, "ok")]
+
+
+def test_run_now_on_an_enabled_schedule_runs_at_once_and_then_keeps_the_trigger(schedules, clock):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    runner = schedules.runner()
+    clock.advance(seconds=30)
+    asked = clock.now()
+    schedules.store.run_now("tick", actor="carol")
+    assert finish(runner.fire_due()) == ["ok"]
+    assert schedules.store.get("tick").next_run_at == NOON + timedelta(minutes=1)
+    clock.advance(seconds=30)
+    assert finish(runner.fire_due()) == ["ok"]
+    assert schedules.history("tick") == [(asked, "ok"), (NOON + timedelta(minutes=1), "ok")]
+
+
 def test_a_deleted_schedule_stops_firing_and_keeps_its_history(schedules, clock):
     schedules.job_schedule("tick", EVERY_MINUTE)
     runner = schedules.runner()

@@ -186,6 +186,16 @@ def test_shutdown_stops_the_loop_before_the_kit_closes_and_logs_no_error(engine,
     assert problems == [], [r.getMessage() for r in problems]
 
 
+def test_a_database_without_the_run_now_column_is_refused_naming_the_migration(engine):
+    with engine.begin() as connection:  # as a database whose kit migration is at outboxkit_0009
+        connection.execute(text("ALTER TABLE outboxkit_schedules DROP COLUMN run_now_pending"))
+    kit = make_kit(engine, scheduler_enabled=False)
+    kit.schedules.add_job("shop.tick", record, EVERY_SECOND)
+    with pytest.raises(MigrationRequired, match="outboxkit_0010 .*run_now_pending missing"):
+        kit.schedules.start()
+    assert not kit.schedules.running
+
+
 def test_a_database_behind_the_schedule_migration_is_said_in_one_line_and_the_rest_starts(engine, receiver, caplog):
     with engine.begin() as connection:  # as a database whose kit migration is at outboxkit_0005
         connection.execute(text("DROP TABLE outboxkit_schedule_leases, outboxkit_schedule_audit, outboxkit_schedules"))
@@ -193,7 +203,7 @@ def test_a_database_behind_the_schedule_migration_is_said_in_one_line_and_the_re
     kit.schedules.add_job("shop.tick", record, EVERY_SECOND)
     caplog.set_level(logging.INFO, logger="outboxkit")
 
-    with pytest.raises(MigrationRequired, match="outboxkit_0006 .*OUTBOXKIT_SCHEDULES_ENABLED=false"):
+    with pytest.raises(MigrationRequired, match="outboxkit_0010 .*OUTBOXKIT_SCHEDULES_ENABLED=false"):
         kit.schedules.start()
     assert not kit.schedules.running and kit_threads() == []
     caplog.clear()
@@ -209,7 +219,7 @@ def test_a_database_behind_the_schedule_migration_is_said_in_one_line_and_the_re
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [r.event_name for r in errors] == ["schedule.needs_migration"]
     message = errors[0].getMessage()
-    assert "outboxkit_0006" in message and "alembic upgrade heads" in message and "goes on without it" in message
+    assert "outboxkit_0010" in message and "alembic upgrade heads" in message and "goes on without it" in message
     assert errors[0].exc_info is None  # one line, no traceback
 
 
