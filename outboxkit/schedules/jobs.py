@@ -24,7 +24,8 @@ Every run goes through ``JobRunner.run``, which
 * never lets an exception escape into APScheduler: it is logged with its
   traceback and recorded as the run's ``error``;
 * records the run's end, outcome and counts, then trims the job's history to
-  the newest ``history_limit`` runs, so the admin can show a heartbeat;
+  the newest ``history_limit`` finished runs (a run still in progress, and
+  so its fence, is never trimmed), so the admin can show a heartbeat;
 * logs only when something happened (a non-zero count, an error, a skip).
 
 A run whose scheduler died mid-run stays ``running``; the next scheduler to
@@ -188,12 +189,14 @@ _RECORD_UNFENCED = text(
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
     """
 )
-# Keeps the newest :keep runs of one job (the cut-off is the :keep-th newest); served by (job_id, started_at).
+# Keeps the newest :keep finished runs of one job (the cut-off is the :keep-th newest) and every run still in
+# progress: a running row is its occurrence's fence, and its outcome is written into it when it ends.
+# Served by (job_id, started_at).
 _TRIM = text(
     """
     DELETE FROM outboxkit_job_runs
-    WHERE job_id = :job_id AND started_at < (
-        SELECT started_at FROM outboxkit_job_runs WHERE job_id = :job_id
+    WHERE job_id = :job_id AND outcome <> 'running' AND started_at < (
+        SELECT started_at FROM outboxkit_job_runs WHERE job_id = :job_id AND outcome <> 'running'
         ORDER BY started_at DESC OFFSET :keep - 1 LIMIT 1
     )
     """
@@ -313,7 +316,8 @@ class JobRunner:
         return len(abandoned)
 
     def trim_history(self, connection: Connection, job_id: str) -> None:
-        """Keep the newest ``history_limit`` runs of ``job_id``, in the caller's transaction."""
+        """Keep the newest ``history_limit`` finished runs of ``job_id`` and its runs in progress, in the caller's
+        transaction."""
         connection.execute(_TRIM, {"job_id": job_id, "keep": self.history_limit})
 
     def call(

@@ -47,8 +47,10 @@ logger = logging.getLogger(__name__)
 # Release the lease, record the outcome, trim the schedule's history: one statement.  A run that a re-run
 # took over (the record names another holder, or another lease holds it) keeps the re-run's record; an
 # abandoned run that nobody re-ran records its real outcome when it returns.  ``released`` is 0 when the
-# lease was gone already (it expired and was swept).  The trim keeps the newest :keep runs (every CTE sees
-# the snapshot from before the statement, so the run recorded here is among them).
+# lease was gone already (it expired and was swept).  The trim keeps the newest :keep finished runs and
+# every run in progress: a running row is the fence of an occurrence still going, which its outcome (or the
+# sweep's 'abandoned') updates later.  Every CTE sees the snapshot from before the statement, where the run
+# recorded here is still 'running': it is counted among the finished ones and never trimmed.
 _RECORD_OUTCOME = text(
     """
     WITH released AS (
@@ -61,8 +63,8 @@ _RECORD_OUTCOME = text(
         RETURNING id
     ), trimmed AS (
         DELETE FROM outboxkit_job_runs
-        WHERE job_id = :name AND started_at < (
-            SELECT started_at FROM outboxkit_job_runs WHERE job_id = :name
+        WHERE job_id = :name AND outcome <> 'running' AND started_at < (
+            SELECT started_at FROM outboxkit_job_runs WHERE job_id = :name AND (outcome <> 'running' OR id = :run_id)
             ORDER BY started_at DESC OFFSET :keep - 1 LIMIT 1)
         AND id <> :run_id
         RETURNING id

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from outboxkit.schedules.definitions import ScheduleTrigger
 from tests.support.leadership import wait_until
-from tests.support.schedules import finish, schedules  # noqa: F401  (fixtures)
+from tests.support.schedules import FUTURE_TIMEOUT, finish, schedules  # noqa: F401  (fixtures)
 
 UTC = timezone.utc
 NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -251,6 +251,31 @@ def test_a_busy_runner_claims_no_more_than_it_can_start_and_leaves_the_rest_to_a
     schedules.jobs.gate.set()
     assert finish(first) + finish(second) == ["ok"] * 3
     assert sorted(name for name, _ in schedules.jobs.calls) == ["a", "b", "c"]
+
+
+def test_the_trim_keeps_a_run_in_progress_and_its_outcome_is_recorded_when_it_ends(schedules, clock, request):
+    first_may_end = threading.Event()
+    request.addfinalizer(first_may_end.set)
+
+    def slow_first(context):  # the 12:00 run goes on while later ones start, end and trim the history
+        if context.scheduled_for == NOON and not first_may_end.wait(FUTURE_TIMEOUT):
+            raise AssertionError("the test never let the first run end")
+        return {"calls": 1}
+
+    schedules.job_schedule("overlapping", EVERY_MINUTE, job="blocking", max_running=3)
+    runner = schedules.runner(history_limit=2, jobs={**schedules.jobs.functions(), "blocking": slow_first})
+    first = runner.fire_due()
+    for _ in range(3):
+        clock.advance(minutes=1)
+        assert finish(runner.fire_due()) == ["ok"]
+    assert (NOON, "running") in schedules.history("overlapping")  # the cap counts finished runs only
+
+    first_may_end.set()
+    assert finish(first) == ["ok"]
+    assert schedules.history("overlapping")[0] == (NOON, "ok")  # recorded, not lost with a trimmed fence
+    clock.advance(minutes=1)
+    assert finish(runner.fire_due()) == ["ok"]
+    assert schedules.history("overlapping") == [(NOON + timedelta(minutes=minute), "ok") for minute in (3, 4)]
 
 
 def test_a_run_records_its_outcome_and_trims_the_history_to_the_newest_runs(schedules, clock):

@@ -158,6 +158,20 @@ def test_history_is_trimmed_to_the_limit_per_job(kit, engine):
     assert len(runs(engine, "test.other")) == 1
 
 
+def test_history_trim_keeps_a_run_still_in_progress(kit, engine):
+    kit.scheduler.add_job("test.counter", lambda context: {"ticks": 1}, every(minutes=1))
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    with engine.begin() as connection:  # another scheduler's run of 00:00, still going (its fence)
+        connection.execute(job_runs.insert().values(
+            job_id="test.counter", job_name="test.counter", scheduled_for=start, outcome="running",
+            started_at=datetime.now(UTC) - timedelta(hours=1), leader="other:1"))
+    for minute in range(1, 15):
+        kit.scheduler.run_job("test.counter", scheduled_for=start + timedelta(minutes=minute))
+    kept = runs(engine, "test.counter")
+    assert kept[0]["scheduled_for"] == start and kept[0]["outcome"] == "running"
+    assert len([run for run in kept if run["outcome"] != "running"]) == QUIET.job_history_limit
+
+
 def test_registry_accepts_each_trigger_kind_and_lists_next_runs(kit):
     tomorrow = datetime.now(UTC) + timedelta(days=1)
     kit.scheduler.add_job("test.cron", lambda context: None, cron(timezone="Europe/Berlin", hour=3, minute=30))
