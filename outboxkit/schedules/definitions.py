@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.base import BaseTrigger
 
@@ -46,6 +45,13 @@ CALENDAR_FIELDS = ("years", "months", "weeks", "days", "hour", "minute", "second
 ONCE_FIELDS = ("at",)
 KIND_FIELDS = {"cron": CRON_FIELDS, "every": EVERY_FIELDS, "calendar_interval": CALENDAR_FIELDS, "once": ONCE_FIELDS}
 _TIME_LIMITS = {"hour": 23, "minute": 59, "second": 59}
+# What each count of a calendar interval may be at most: a step is at most 100 years.
+_COUNT_LIMITS = {"years": 100, "months": triggers.MAX_CALENDAR_MONTHS, "weeks": triggers.MAX_CALENDAR_DAYS // 7,
+                 "days": triggers.MAX_CALENDAR_DAYS}
+# How many of each unit of ``every`` make the longest interval (100 years).
+_EVERY_LIMITS = {
+    unit: triggers.MAX_INTERVAL // timedelta(**{unit: 1}) for unit in ("days", "hours", "minutes", "seconds")
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
 MAX_RUNNING_LIMIT = 1000
 
@@ -117,11 +123,9 @@ class ScheduleTrigger:
                     f"trigger.fields.{name}", f"is not a field of {self.kind}; expected {', '.join(KIND_FIELDS[self.kind])}"
                 )
         try:
-            ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
-            raise InvalidScheduleError(
-                "trigger.timezone", f"unknown IANA timezone {self.timezone!r} (e.g. 'Europe/Berlin', 'UTC')"
-            ) from None
+            triggers.iana_zone(self.timezone)
+        except ConfigurationError as exc:
+            raise InvalidScheduleError("trigger.timezone", str(exc)) from None
         object.__setattr__(self, "fields", dict(self.fields))
         if self.kind == "once":
             object.__setattr__(self, "_at", _aware_instant("trigger.fields.at", self.fields.get("at")))
@@ -149,7 +153,14 @@ class ScheduleTrigger:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InvalidScheduleError(f"trigger.fields.{name}", f"must be a number >= 0; got {value!r}")
+            if value > _EVERY_LIMITS[name]:
+                raise InvalidScheduleError(
+                    f"trigger.fields.{name}",
+                    f"must be at most {_EVERY_LIMITS[name]:,} (an interval is at most 100 years); got {value!r}",
+                )
             seconds += timedelta(**{name: value}).total_seconds()
+        if seconds > triggers.MAX_INTERVAL.total_seconds():
+            raise InvalidScheduleError("trigger.fields", "the interval must be at most 100 years in all")
         if seconds <= 0:
             named = [name for name in self.fields if name != "start"]
             where = f"trigger.fields.{named[0]}" if len(named) == 1 else "trigger.fields"
@@ -163,10 +174,12 @@ class ScheduleTrigger:
         for name, value in self.fields.items():
             if name == "start":
                 continue
-            if not _is_whole(value) or value < 0 or value > _TIME_LIMITS.get(name, 10_000):  # type: ignore[operator]
-                limit = _TIME_LIMITS.get(name)
-                expected = f"a whole number from 0 to {limit}" if limit is not None else "a whole number >= 0"
-                raise InvalidScheduleError(f"trigger.fields.{name}", f"must be {expected}; got {value!r}")
+            limit = _TIME_LIMITS.get(name) or _COUNT_LIMITS[name]
+            if not _is_whole(value) or value < 0 or value > limit:  # type: ignore[operator]
+                why = "" if name in _TIME_LIMITS else " (a step is at most 100 years)"
+                raise InvalidScheduleError(
+                    f"trigger.fields.{name}", f"must be a whole number from 0 to {limit}{why}; got {value!r}"
+                )
             counts[name] = value  # type: ignore[assignment]
         start: date | None = None
         if "start" in self.fields:
@@ -188,7 +201,10 @@ class ScheduleTrigger:
         if self._at is not None:
             return self._at if self._at >= moment else None
         assert self._built is not None
-        fire_time = self._built.get_next_fire_time(None, moment)
+        try:
+            fire_time = self._built.get_next_fire_time(None, moment)
+        except OverflowError:  # past year 9999: no fire time a datetime can hold
+            return None
         return fire_time.astimezone(timezone.utc) if fire_time is not None else None
 
     def first_after(self, moment: datetime) -> datetime | None:
@@ -200,7 +216,10 @@ class ScheduleTrigger:
         if self._at is not None:
             return self._at if self._at > fire_time else None
         assert self._built is not None
-        following = self._built.get_next_fire_time(fire_time, fire_time)
+        try:
+            following = self._built.get_next_fire_time(fire_time, fire_time)
+        except OverflowError:  # past year 9999
+            return None
         return following.astimezone(timezone.utc) if following is not None else None
 
     def latest_at_or_before(self, moment: datetime, *, not_before: datetime) -> datetime | None:
@@ -337,6 +356,14 @@ class ScheduleDefinition:
         return timedelta(seconds=self.misfire_grace_seconds)
 
     def check_not_past(self, now: datetime) -> None:
-        """Refuse a ``once`` whose instant has passed: it would never fire."""
-        if self.trigger.kind == "once" and self.trigger.first_at_or_after(now) is None:
+        """Refuse a trigger with no fire time at or after ``now``: a ``once`` in the past, a cron no date matches
+        (31 February, a year gone by), an interval whose next step lies past year 9999."""
+        if self.trigger.first_at_or_after(now) is not None:
+            return
+        if self.trigger.kind == "once":
             raise InvalidScheduleError("trigger.fields.at", f"{self.trigger.fields['at']} is in the past (now {now.isoformat()})")
+        raise InvalidScheduleError(
+            "trigger.fields",
+            f"never fires: no fire time at or after {now.isoformat()} up to the year 9999 "
+            "(a date that does not exist, such as day 31 of February, or one that has passed)",
+        )

@@ -14,6 +14,10 @@ What each does when the clocks change (a skipped wall time, a repeated one)
 is described in docs/election.md ("Triggers and daylight saving") and
 pinned by tests/unit/test_jobs_triggers.py.
 ``outboxkit.schedules.jobs`` re-exports the four builders; import them from either.
+
+Every builder refuses (``ConfigurationError``) a timezone whose rules depend
+on the host (``iana_zone``) and a step longer than 100 years
+(``MAX_INTERVAL``): past that, fire times leave the calendar a datetime holds.
 """
 
 from __future__ import annotations
@@ -31,19 +35,53 @@ from outboxkit.errors import ConfigurationError
 
 __all__ = [
     "INTERVAL_ANCHOR",
+    "MAX_CALENDAR_DAYS",
+    "MAX_CALENDAR_MONTHS",
+    "MAX_INTERVAL",
     "AnchoredCalendarTrigger",
     "WallClockCronTrigger",
     "calendar_interval",
     "cron",
     "every",
+    "iana_zone",
     "once",
 ]
 
-def _zone(name: str) -> ZoneInfo:
+# The longest step a trigger may take: 100 years.  Longer ones reach past year 9999, the end of the calendar
+# the arithmetic can count in, within a few steps of the anchor (or at once).
+MAX_INTERVAL = timedelta(days=36_525)
+MAX_CALENDAR_MONTHS = 1200
+MAX_CALENDAR_DAYS = 36_525
+# Directories of the system's zone files that hold copies of the IANA zones with other rules (POSIX
+# fallbacks, leap seconds counted into the time): the same name without the prefix is the zone to use.
+_ZONE_COPIES = ("posix/", "right/")
+
+
+def iana_zone(name: str) -> ZoneInfo:
+    """The zone named ``name``: an IANA ``Area/Location`` name (``Europe/Berlin``, ``Etc/GMT+5``) or ``UTC``.
+
+    Every process must compute the same fire times, so a name whose rules
+    depend on the host is refused: ``localtime`` (the host's own zone),
+    the legacy one-word zones (``EST5EDT``, ``CET``, ``Japan``...) and the
+    ``posix/`` and ``right/`` copies.  Raises ``ConfigurationError`` saying so.
+    """
+    if not isinstance(name, str):
+        raise ConfigurationError(f"a timezone is an IANA name such as 'Europe/Berlin' or 'UTC', not {name!r}")
+    if name != "UTC" and ("/" not in name or name.startswith(_ZONE_COPIES)):
+        why = (
+            "it is this host's own zone, which differs from host to host" if name == "localtime"
+            else "a host-dependent copy of a zone" if name.startswith(_ZONE_COPIES)
+            else "a legacy zone name"
+        )
+        raise ConfigurationError(
+            f"{name[:64]!r} is not an IANA Area/Location timezone name ({why}); "
+            "name the zone, e.g. 'America/New_York', 'Europe/Berlin' or 'UTC'"
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ConfigurationError(f"unknown IANA timezone {name!r} (e.g. 'Europe/Berlin', 'UTC')") from None
+        raise ConfigurationError(f"unknown IANA timezone {name[:64]!r} (e.g. 'Europe/Berlin', 'UTC')") from None
+
 
 
 def _second_pass(moment: datetime) -> bool:
@@ -116,7 +154,7 @@ def cron(*, timezone: str, **fields: int | str) -> CronTrigger:
     hour is ``*``.
     """
     try:
-        return WallClockCronTrigger(timezone=_zone(timezone), **fields)
+        return WallClockCronTrigger(timezone=iana_zone(timezone), **fields)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"bad cron schedule {fields!r}: {exc}") from None
 
@@ -136,9 +174,14 @@ def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, start: da
     knows no daylight saving: ``every(hours=24)`` keeps its UTC time and moves
     by an hour on the local clock when the clocks change.
     """
-    period = timedelta(seconds=seconds, minutes=minutes, hours=hours)
+    try:
+        period = timedelta(seconds=seconds, minutes=minutes, hours=hours)
+    except OverflowError:
+        period = MAX_INTERVAL * 2
     if period <= timedelta(0):
         raise ConfigurationError("every() needs a positive interval, e.g. every(minutes=5)")
+    if period > MAX_INTERVAL:
+        raise ConfigurationError(f"every() takes an interval of at most 100 years ({MAX_INTERVAL.days} days)")
     return IntervalTrigger(seconds=period.total_seconds(), start_date=start or INTERVAL_ANCHOR, timezone=timezone.utc)
 
 
@@ -171,11 +214,21 @@ class AnchoredCalendarTrigger(BaseTrigger):
         # In UTC: Python compares two datetimes of one zone by wall time, blind to the fold.
         after = (previous_fire_time or now - timedelta(microseconds=1)).astimezone(timezone.utc)
         index = self._index_before(after.astimezone(self.timezone).date())
-        while True:  # ends: the start's own month recurs at least every 12 steps (every 8 years for 29 Feb)
+        # Ends: the start's own month recurs at least every 12 steps (every 8 years for 29 Feb), and an
+        # occurrence past the calendar's last year means there is no next one.
+        while not self._past_the_calendar(index):
             fire_time = self._occurrence(index)
             if fire_time is not None and fire_time.astimezone(timezone.utc) > after:
                 return fire_time
             index += 1
+        return None
+
+    def _past_the_calendar(self, index: int) -> bool:
+        """Whether occurrence ``index`` would fall after the last day a date can hold (9999-12-31), or the day before
+        (its wall time may lie in the next UTC day)."""
+        if self.days:
+            return (date.max - self.start).days - 1 < index * self.days
+        return self.start.year + (self.start.month - 1 + index * self.months) // 12 >= date.max.year
 
     def _index_before(self, day: date) -> int:
         """An occurrence index at least one step before ``day``, so none after it is passed over."""
@@ -232,11 +285,16 @@ def calendar_interval(
     a literal date, never ``date.today()``.  Give either years/months or
     weeks/days: a mixed step has no fixed grid.
     """
-    zone = _zone(timezone)
+    zone = iana_zone(timezone)
     counts = {"years": years, "months": months, "weeks": weeks, "days": days}
     if not all(isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in counts.values()):
         raise ConfigurationError(f"bad calendar interval {counts!r}: years, months, weeks and days are whole numbers >= 0")
     total_months, total_days = years * 12 + months, weeks * 7 + days
+    if total_months > MAX_CALENDAR_MONTHS or total_days > MAX_CALENDAR_DAYS:
+        raise ConfigurationError(
+            f"bad calendar interval {counts!r}: a step is at most 100 years "
+            f"({MAX_CALENDAR_MONTHS} months or {MAX_CALENDAR_DAYS} days)"
+        )
     if bool(total_months) == bool(total_days):
         raise ConfigurationError(
             f"bad calendar interval {counts!r}: give years/months or weeks/days (not both, not none), "

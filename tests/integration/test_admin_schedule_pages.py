@@ -66,6 +66,13 @@ def rows(pages: ScheduleAdminApp) -> list[tuple[object, ...]]:
         ({"max_running": "two"}, "max_running", "whole number"),
         ({"name": "has space"}, "name", "name"),
         ({"trigger_fields": "minute"}, "trigger_fields", "name=value"),
+        ({"trigger_kind": "every", "trigger_fields": "seconds=300000000000"}, "trigger_fields", "at most"),
+        ({"trigger_kind": "every", "trigger_fields": "seconds=18446744073709551616"}, "trigger_fields", "must be a number"),
+        ({"trigger_kind": "every", "trigger_fields": "days=999999999999"}, "trigger_fields", "at most"),
+        ({"trigger_kind": "calendar_interval", "trigger_fields": "years=9000"}, "trigger_fields", "at most"),
+        ({"trigger_fields": "month=2\nday=31"}, "trigger_fields", "never fires"),
+        ({"timezone": "localtime"}, "timezone", "not an IANA"),
+        ({"timezone": "EST5EDT"}, "timezone", "not an IANA"),
     ],
 )
 def test_a_refused_form_comes_back_with_the_error_next_to_its_field_and_nothing_changes(pages, change, input_name, says):

@@ -71,6 +71,15 @@ def test_create_list_and_read_one_with_fire_times_in_two_zones(api: ScheduleAdmi
         ({"max_running": "1"}, ["body", "max_running"]),
         ({"enabled": "yes"}, ["body", "enabled"]),
         ({"name": "has space"}, ["body", "name"]),
+        ({"trigger": {"kind": "every", "fields": {"seconds": 3e11}}}, ["body", "trigger", "fields", "seconds"]),
+        ({"trigger": {"kind": "every", "fields": {"seconds": 8e13}}}, ["body", "trigger", "fields", "seconds"]),
+        ({"trigger": {"kind": "every", "fields": {"seconds": 2**64}}}, ["body", "trigger", "fields", "seconds"]),
+        ({"trigger": {"kind": "every", "fields": {"seconds": 1e18}}}, ["body", "trigger", "fields", "seconds"]),
+        ({"trigger": {"kind": "every", "fields": {"days": 1e12}}}, ["body", "trigger", "fields", "days"]),
+        ({"trigger": {"kind": "calendar_interval", "fields": {"years": 9000}}}, ["body", "trigger", "fields", "years"]),
+        ({"trigger": {"kind": "cron", "fields": {"month": 2, "day": 31}}}, ["body", "trigger", "fields"]),
+        ({"trigger": {"kind": "cron", "fields": {"hour": 3}, "timezone": "localtime"}}, ["body", "trigger", "timezone"]),
+        ({"trigger": {"kind": "cron", "fields": {"hour": 3}, "timezone": "EST5EDT"}}, ["body", "trigger", "timezone"]),
     ],
 )
 def test_a_refused_create_is_a_422_naming_the_field_and_changes_nothing(api: ScheduleAdminApp, change, loc):

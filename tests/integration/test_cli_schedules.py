@@ -80,6 +80,12 @@ def test_create_from_flags_list_show_and_every_action_audited_as_the_cli(cli, en
         ([*EVERY_FIVE, "--url", "ftp://127.0.0.1/x", "--outbox", "scheduled-calls"], "target.url"),
         ([*EVERY_FIVE, "--job", "unknown-job"], "target.job: no job 'unknown-job' is registered"),
         ([*HEARTBEAT, "--max-running", "0"], "max_running"),
+        (["--trigger", "every", "--field", "seconds=1000000000000000000", *CALL], "trigger.fields.seconds: must be at most"),
+        (["--trigger", "every", "--field", "days=1000000000000", *CALL], "trigger.fields.days: must be at most"),
+        (["--trigger", "calendar_interval", "--field", "years=9000", *CALL], "trigger.fields.years: must be"),
+        (["--trigger", "cron", "--field", "month=2", "--field", "day=31", *CALL], "trigger.fields: never fires"),
+        (["--timezone", "EST5EDT", "--trigger", "cron", "--field", "hour=3", *CALL], "trigger.timezone: 'EST5EDT'"),
+        (["--timezone", "localtime", "--trigger", "cron", "--field", "hour=3", *CALL], "trigger.timezone: 'localtime'"),
     ],
 )
 def test_a_refused_create_names_the_field_and_writes_nothing(cli, engine, flags, says):

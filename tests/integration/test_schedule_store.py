@@ -38,10 +38,21 @@ BAD_TRIGGERS = [
     ({"kind": "calendar_interval", "fields": {"months": 1, "hour": 24}}, "trigger.fields.hour"),
     ({"kind": "calendar_interval", "fields": {"days": 1, "start": "1 March"}}, "trigger.fields.start"),
     ({"kind": "once", "fields": {"at": "2030-01-01T06:00"}}, "trigger.fields.at"),
+    ({"kind": "every", "fields": {"seconds": 3e11}}, "trigger.fields.seconds"),
+    ({"kind": "every", "fields": {"seconds": 8e13}}, "trigger.fields.seconds"),
+    ({"kind": "every", "fields": {"seconds": 2**64}}, "trigger.fields.seconds"),
+    ({"kind": "every", "fields": {"seconds": 1e18}}, "trigger.fields.seconds"),
+    ({"kind": "every", "fields": {"days": 1e12}}, "trigger.fields.days"),
+    ({"kind": "every", "fields": {"days": 36_000, "hours": 36_000}}, "trigger.fields"),
+    ({"kind": "calendar_interval", "fields": {"years": 9000}}, "trigger.fields.years"),
+    ({"kind": "calendar_interval", "fields": {"years": 90, "months": 200}}, "trigger.fields"),
+    ({"kind": "cron", "fields": {"hour": 3}, "timezone": "localtime"}, "trigger.timezone"),
+    ({"kind": "cron", "fields": {"hour": 3}, "timezone": "EST5EDT"}, "trigger.timezone"),
+    ({"kind": "cron", "fields": {"hour": 3}, "timezone": "posix/Europe/Berlin"}, "trigger.timezone"),
 ]
 
 
-@pytest.mark.parametrize(("arguments", "field"), BAD_TRIGGERS, ids=[field for _, field in BAD_TRIGGERS])
+@pytest.mark.parametrize(("arguments", "field"), BAD_TRIGGERS, ids=[repr(arguments) for arguments, _ in BAD_TRIGGERS])
 def test_a_bad_trigger_is_refused_naming_its_field(arguments, field):
     with pytest.raises(InvalidScheduleError) as raised:
         ScheduleTrigger(**arguments)
@@ -95,8 +106,15 @@ def count_rows(engine) -> int:
         (ScheduleDefinition(name="nobody", trigger=EVERY_MINUTE, target=JobTarget(job="not-registered")), "target.job"),
         (ScheduleDefinition(name="plain", trigger=EVERY_MINUTE, target=HttpTarget(url=URL, outbox="sample-events")),
          "target.outbox"),
+        (ScheduleDefinition(name="feb31", trigger=ScheduleTrigger.cron(month=2, day=31), target=JobTarget(job="record")),
+         "trigger.fields"),
+        (ScheduleDefinition(name="bygone", trigger=ScheduleTrigger.cron(year=2029, hour=3), target=JobTarget(job="record")),
+         "trigger.fields"),
+        (ScheduleDefinition(name="far", trigger=ScheduleTrigger.calendar_interval(days=1, start="9999-12-31"),
+                            target=JobTarget(job="record")), "trigger.fields"),
     ],
-    ids=["once in the past", "unknown job", "not a request outbox"],
+    ids=["once in the past", "unknown job", "not a request outbox", "31 February", "a cron in a past year",
+         "a calendar interval with one occurrence"],
 )
 def test_the_store_refuses_what_cannot_fire_and_changes_nothing(schedules, engine, definition, field):
     with pytest.raises(InvalidScheduleError) as raised:

@@ -229,3 +229,26 @@ def test_cron_fire_times_always_move_forward_through_the_repeated_hour(zone, fal
     # (in UTC: Python compares two datetimes of one zone by wall time, blind to the fold)
     assert all(earlier < later for earlier, later in zip(fired, fired[1:], strict=False))
     assert fired[-1] > since + timedelta(hours=3)  # got through the repeated hour
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: cron(timezone="localtime", hour=3),
+        lambda: cron(timezone="EST5EDT", hour=3),
+        lambda: calendar_interval(timezone="right/Europe/Berlin", days=1),
+        lambda: every(seconds=1e18),
+        lambda: every(hours=2**64),
+        lambda: calendar_interval(timezone="UTC", years=9000),
+    ],
+    ids=["localtime", "EST5EDT", "right/", "every 1e18 s", "every 2**64 h", "9000 years"],
+)
+def test_a_host_dependent_zone_or_a_step_past_100_years_is_a_configuration_error(build):
+    with pytest.raises(ConfigurationError):
+        build()
+
+
+def test_a_calendar_interval_ends_at_the_last_year_instead_of_looping():
+    trigger = calendar_interval(timezone="UTC", days=1, start=date(9999, 12, 1))
+    last = datetime(9999, 12, 30, tzinfo=timezone.utc)
+    assert trigger.get_next_fire_time(last, last) is None
