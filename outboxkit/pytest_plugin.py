@@ -269,8 +269,9 @@ def outboxkit_database_url(outboxkit_template: TemplateDatabase) -> Iterator[str
 
 @pytest.fixture
 def outboxkit_engine(outboxkit_database_url: str) -> Iterator[Engine]:
-    """An engine on this test's database."""
-    engine = create_engine(outboxkit_database_url)
+    """An engine on this test's database; it pings a pooled connection before handing it out (a test may restart
+    or terminate the server's sessions)."""
+    engine = create_engine(outboxkit_database_url, pool_pre_ping=True)
     yield engine
     engine.dispose()
 

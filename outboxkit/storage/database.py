@@ -15,8 +15,9 @@ An ``AsyncEngine`` (``create_async_engine``, with psycopg or asyncpg) is
 accepted too.  The kit drains
 in threads, so it needs a sync engine: it builds its own psycopg engine on the
 same database (``database_url`` of the async engine's URL) with the same pool
-class, size, overflow, timeout, recycle, pre-ping and echo, and disposes it
-when the kit closes.  Its psycopg connections prepare no statements
+class, size, overflow, timeout, recycle and echo, and disposes it when the
+kit closes.  It always pings a pooled connection before handing it out
+(``pool_pre_ping``), so its first call after a server restart succeeds.  Its psycopg connections prepare no statements
 (``prepare_threshold=None``, safe behind any pooler) unless
 ``OUTBOXKIT_PREPARED_STATEMENTS`` is on.  ``connect_args``, a ``creator``, event listeners and
 ``isolation_level`` given to ``create_async_engine`` do not carry over; if you
@@ -127,7 +128,7 @@ def _sync_twin(engine: Engine, *, prepared_statements: bool) -> Engine:
     options: dict[str, object] = {
         "connect_args": {} if prepared_statements else {"prepare_threshold": None},
         "echo": engine.echo,
-        "pool_pre_ping": getattr(pool, "_pre_ping", False),
+        "pool_pre_ping": True,  # whatever the async engine says: the kit's calls survive a server restart
         "pool_recycle": getattr(pool, "_recycle", -1),
     }
     if isinstance(pool, NullPool):

@@ -19,8 +19,9 @@ engine's URL with a pool of its own:
   filter"); its changes are rolled back.  The same ``SET LOCAL`` turns off
   parallel query workers, so one admin scan takes one server process, not three.
 
-The engine is built from the URL alone (with the kit engine's echo, pre-ping
-and recycle): a ``creator``, ``connect_args`` or connect events of the kit's
+The engine is built from the URL alone (with the kit engine's echo and
+recycle), and it always pings a pooled connection before handing it out, so
+the first call after a server restart succeeds: a ``creator``, ``connect_args`` or connect events of the kit's
 engine do not carry over, as for the sync twin of an ``AsyncEngine``
 (``outboxkit.storage.database``).  Its sessions are named ``outboxkit-admin`` in
 ``pg_stat_activity``.
@@ -62,7 +63,7 @@ class OperatorDatabase:
             pool_size=self.pool_size,
             max_overflow=0,
             pool_timeout=self.pool_timeout_seconds,
-            pool_pre_ping=getattr(engine.pool, "_pre_ping", False),
+            pool_pre_ping=True,  # a connection a server restart ended is replaced, not handed to an operator's call
             pool_recycle=getattr(engine.pool, "_recycle", -1),
             echo=engine.echo,
             connect_args={"application_name": APPLICATION_NAME},
