@@ -47,6 +47,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               stayed in use for OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS
     ├── UnknownScheduleError        (also LookupError) a name that matches no
     │                               schedule row
+    ├── ScheduleDeclaredInCode      (operator) an edit or delete of a schedule declared in
+    │                               code; the message says where; nothing was changed
     ├── UnknownDestinationError     (also LookupError; operator) a destination name with
     │                               no state in that outbox; nothing was changed
     ├── LifecycleError              (also RuntimeError) an object used out of order:
@@ -98,6 +100,7 @@ __all__ = [
     "PageInputError",
     "RowsHeld",
     "RowsNotFound",
+    "ScheduleDeclaredInCode",
     "UnexpectedSendError",
     "UnknownJobError",
     "UnknownOutboxError",
@@ -155,6 +158,24 @@ class UnknownJobError(OutboxKitError, LookupError):
 
 class UnknownScheduleError(OutboxKitError, LookupError):
     """No schedule row has the given name."""
+
+
+class ScheduleDeclaredInCode(OutboxKitError):
+    """An edit or delete of a schedule declared in code: the code writes it again at every start, so it is changed
+    there.  ``declared_at`` is where (``module:line``), when the row knows it; enable, disable and run now work."""
+
+    def __init__(self, name: str, declared_at: str | None, *, action: str) -> None:
+        self.name = name
+        self.declared_at = declared_at
+        where = f"at {declared_at}" if declared_at else "(kit.schedules.add_job or add_http)"
+        change = (
+            "remove its declaration there and deploy to delete it, or disable it here" if action == "delete"
+            else "change it there and deploy"
+        )
+        super().__init__(
+            f"schedule {name!r} is declared in code {where} and written again from the code at every start: "
+            f"{change}; nothing was changed. Enable, disable and run now work here."
+        )
 
 
 class UnknownDestinationError(OutboxKitError, LookupError):

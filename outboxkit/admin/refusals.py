@@ -23,6 +23,7 @@ from outboxkit.errors import (
     PageInputError,
     RowsHeld,
     RowsNotFound,
+    ScheduleDeclaredInCode,
     UnknownDestinationError,
     UnknownJobError,
     UnknownOutboxError,
@@ -39,6 +40,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     RowsNotFound: 404,
     RowsHeld: 409,
     OutboxPaused: 409,
+    ScheduleDeclaredInCode: 409,  # changed in the application's code, not here
     InvalidCursor: 400,
     BodyTooLarge: 413,
     PageInputError: 422,

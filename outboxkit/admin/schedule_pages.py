@@ -190,7 +190,7 @@ def add_schedule_form(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
     @routes.router.get("/schedules/{name}/edit", name="outboxkit_admin_schedule_edit")
     def edit(request: Request, name: ScheduleName, who: Actor) -> Response:
         return frame.guarded(
-            request, who, lambda: render_form(request, who, ScheduleForm.of(schedules.schedule(name)), name=name)
+            request, who, lambda: render_form(request, who, ScheduleForm.of(schedules.editable(name)), name=name)
         )
 
     @routes.router.post("/schedules/{name}/edit", name="outboxkit_admin_schedule_edit_apply")
@@ -227,15 +227,14 @@ def add_schedule_delete(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
     @routes.router.get("/schedules/{name}/delete", name="outboxkit_admin_schedule_delete_confirm")
     def delete_confirm(request: Request, name: ScheduleName, who: Actor) -> Response:
         def build() -> Response:
-            entry = schedules.schedule(name)
+            entry = schedules.editable(name, action="delete")
             return render_confirm(
                 frame, request, who,
                 heading=f"Delete the schedule {entry.name}?",
                 explanation=[
                     f"It fires {entry.description}; after the delete no process fires it again. Its run history and "
                     "its audit stay; a run in progress finishes and is recorded.",
-                    "Schedules defined in code come back at the next start of a process that defines them."
-                    if entry.defined_in == "code" else "It was created through the admin or the API: it does not come back.",
+                    "It was created through the admin or the API: it does not come back.",
                 ],
                 action=frame.url(request, "schedule_delete", name=name),
                 fields=[],

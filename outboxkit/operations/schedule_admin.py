@@ -11,6 +11,10 @@ call ``ScheduleAdmin``; it calls ``outboxkit.schedules.store`` and
 budget on every transaction (``OperatorQueryTimeout`` past it, nothing
 changed).
 
+A schedule declared in code is edited in the code: its edit and delete are
+refused (``ScheduleDeclaredInCode``, 409 in the admin, saying where the code
+declares it); enable, disable and run now work on every row.
+
 Every change is the store's: one transaction that locks the row, writes the
 row and an entry in ``outboxkit_schedule_audit`` (action, actor, the row
 before and after) and sends ``NOTIFY outboxkit_schedules``, which wakes
@@ -35,7 +39,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, select
 
-from outboxkit.errors import InvalidValueError
+from outboxkit.errors import InvalidValueError, ScheduleDeclaredInCode
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.cursor import InvalidCursor, decode_name_cursor, encode_cursor
 from outboxkit.operations.job_status import JobRun, last_runs
@@ -155,6 +159,14 @@ class ScheduleAdmin:
             run = last_runs(connection, [name]).get(name)
         return self._model(row, run, viewer_timezone)
 
+    def editable(self, name: str, *, action: str = "edit") -> ScheduleModel:
+        """One schedule that may be edited (or deleted, ``action="delete"``) here; one declared in code raises
+        ``ScheduleDeclaredInCode`` saying where, as the change itself would."""
+        model = self.schedule(name)
+        if model.defined_in == "code":
+            raise ScheduleDeclaredInCode(name, model.declared_at, action=action)
+        return model
+
     def history(
         self, name: str, *, outcomes: Collection[str] | None = None, before: datetime | None = None, limit: int = 50
     ) -> ScheduleHistoryPage:
@@ -245,6 +257,7 @@ class ScheduleAdmin:
             viewer_timezone=viewer_timezone,
             last_run=_run_model(run),
             defined_in=schedule.defined_in,
+            declared_at=schedule.declared_at,
             created_at=schedule.created_at,
             created_by=schedule.created_by,
             changed_at=schedule.changed_at,

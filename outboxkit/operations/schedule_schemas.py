@@ -192,7 +192,13 @@ class ScheduleModel(_Model):
     next_fire_times: list[FireTimeModel] = Field(description="The next five fire times; none while disabled.")
     viewer_timezone: str
     last_run: ScheduleRunModel | None
-    defined_in: str = Field(description="code (synced at start: an edit lasts until the next start) or api")
+    defined_in: str = Field(
+        description="code (declared in the application's code and synced at every start: edit and delete are refused "
+        "with 409, change it in the code; enable, disable and run now work) or api"
+    )
+    declared_at: str | None = Field(
+        default=None, description="For a schedule defined in code: where the code declares it (module:line)."
+    )
     created_at: datetime
     created_by: str
     changed_at: datetime

@@ -48,9 +48,11 @@ hand on the kit's (manual) clock, after syncing the declared schedules.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Collection
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
@@ -93,6 +95,7 @@ class KitSchedules:
         self._lock = threading.RLock()
         self._jobs: dict[str, JobFunction] = {}
         self._definitions: dict[str, ScheduleDefinition] = {}
+        self._origins: dict[str, str] = {}  # where the code declares each schedule ("module:line")
         self._runner: ScheduleRunner | None = None  # built from the registry; rebuilt after it changes
         self._running = False
         self._synced = False
@@ -139,7 +142,7 @@ class KitSchedules:
         )
         check_job_function(name, function)
         with self._lock:
-            self._declare(definition)
+            self._declare(definition, _declaration_site())
             self._jobs[name] = function
             self._changed()
         return definition
@@ -159,7 +162,7 @@ class KitSchedules:
         """
         definition = ScheduleDefinition(name=name, trigger=trigger, target=target, misfire_grace_seconds=misfire_grace_seconds)
         with self._lock:
-            self._declare(definition)
+            self._declare(definition, _declaration_site())
             self._changed()
         return definition
 
@@ -260,7 +263,9 @@ class KitSchedules:
         Returns how many were inserted, updated, unchanged and removed.
         """
         self.check_tables()
-        counts = self.store.sync_from_code(self.definitions, remove_missing=True)
+        with self._lock:
+            origins = dict(self._origins)
+        counts = self.store.sync_from_code(self.definitions, remove_missing=True, origins=origins)
         with self._lock:
             self._synced = True
         if counts["inserted"] or counts["updated"] or counts["removed"]:
@@ -403,7 +408,7 @@ class KitSchedules:
             )
         return None
 
-    def _declare(self, definition: ScheduleDefinition) -> None:
+    def _declare(self, definition: ScheduleDefinition, origin: str) -> None:
         name = definition.name
         self._refuse_while_running(f"declare the schedule {name!r}")
         if name in self._definitions:
@@ -412,6 +417,7 @@ class KitSchedules:
         if reserved is not None:
             raise ConfigurationError(reserved)
         self._definitions[name] = definition
+        self._origins[name] = origin
 
     def _changed(self) -> None:
         """The registry changed: the next sync and runner see it."""
@@ -438,3 +444,15 @@ class KitSchedules:
             synced = self._synced
         if not synced:
             self.sync()
+
+
+def _declaration_site() -> str:
+    """Where the application's code called ``add_job`` or ``add_http``: ``module:line`` of the first frame outside
+    outboxkit (a script's file name for ``__main__``), the same in every process that runs that code."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "outboxkit":
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "")
+    if not module or module == "__main__":
+        module = Path(frame.f_code.co_filename).name
+    return f"{module}:{frame.f_lineno}"

@@ -25,13 +25,19 @@ lives in the database, and a process that
 starts after a deploy finds an occurrence that fell during the deploy still
 due, and runs it within its misfire grace.
 
+The code is the one source of a declared schedule's definition: ``replace``
+and ``delete`` refuse such a row (``ScheduleDeclaredInCode``, saying where
+the code declares it), since the next start would write the code's
+definition back.  Enabling, disabling and "run now" are the operator's and
+apply to every row; a disable outlives a deploy.
+
 Its length is one statement per operator action on one table; the trigger
 arithmetic, the claims, the leases and the runs are modules of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -41,7 +47,7 @@ from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, upd
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.errors import InvalidScheduleError, UnknownScheduleError
+from outboxkit.errors import InvalidScheduleError, ScheduleDeclaredInCode, UnknownScheduleError
 from outboxkit.model import Outbox
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.requests import ScheduledRequestOutbox
@@ -69,6 +75,7 @@ class Schedule:
     definition: ScheduleDefinition
     next_run_at: datetime | None
     defined_in: str  # "code" (synced at start) or "api"
+    declared_at: str | None  # for a schedule defined in code: where the code declares it ("module:line"), if known
     created_at: datetime
     created_by: str
     changed_at: datetime
@@ -149,6 +156,7 @@ def _schedule(row: RowMapping) -> Schedule:
         definition=definition_from_row(row),
         next_run_at=row["next_run_at"],
         defined_in=row["defined_in"],
+        declared_at=row["declared_at"],
         created_at=row["created_at"],
         created_by=row["created_by"],
         changed_at=row["changed_at"],
@@ -237,10 +245,12 @@ class ScheduleStore:
         return _schedule(row)
 
     def replace(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
-        """Edit the schedule named ``definition.name`` to be ``definition``."""
+        """Edit the schedule named ``definition.name`` to be ``definition``; one declared in code is refused
+        (``ScheduleDeclaredInCode``): change it in the code."""
         self._check(definition)
         with self.engine.begin() as connection:
             current = self._row(connection, definition.name, lock=True)
+            self._refuse_if_declared_in_code(current, action="edit")
             row = self._write(connection, current, definition, actor=actor, action="edit")
         return _schedule(row)
 
@@ -274,23 +284,35 @@ class ScheduleStore:
         return _schedule(row)
 
     def delete(self, name: str, *, actor: str) -> None:
-        """Delete a schedule; its run history stays.  A run in progress finishes and is recorded."""
+        """Delete a schedule; its run history stays.  A run in progress finishes and is recorded.
+
+        One declared in code is refused (``ScheduleDeclaredInCode``): remove its declaration, or disable it.
+        """
         with self.engine.begin() as connection:
             current = self._row(connection, name, lock=True)
+            self._refuse_if_declared_in_code(current, action="delete")
             connection.execute(delete(schedules).where(schedules.c.name == name))
             self._changed(connection, "delete", actor=actor, before=current, after=None)
 
     def sync_from_code(
-        self, definitions: Iterable[ScheduleDefinition], *, actor: str = "code", remove_missing: bool = False
+        self,
+        definitions: Iterable[ScheduleDefinition],
+        *,
+        actor: str = "code",
+        remove_missing: bool = False,
+        origins: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
         """Write the schedules defined in code: insert new ones, update changed ones, keep their state.
 
+        ``origins`` says where the code declares each one (``module:line``
+        by name; the kit's start passes it), shown when an edit is refused.
         ``remove_missing`` also deletes every row defined in code that
         ``definitions`` no longer holds (audited as ``sync``; its run history
         stays); rows made through the API are never touched.  Returns how
         many were inserted, updated, left unchanged and removed.
         """
         definitions = list(definitions)
+        origins = origins or {}
         counts = {"inserted": 0, "updated": 0, "unchanged": 0, "removed": 0}
         for definition in definitions:
             self._check(definition, past_allowed=True)
@@ -300,6 +322,7 @@ class ScheduleStore:
                 if current is None:
                     definition.check_not_past(self.clock.now())
                     values = self._new_row(definition, defined_in="code", actor=actor)
+                    values["declared_at"] = origins.get(definition.name)
                     # Processes that start together sync the same new schedule: one inserts, the
                     # others wait for its commit on the unique name and then compare with its row.
                     statement = (
@@ -314,10 +337,12 @@ class ScheduleStore:
                     current = connection.execute(locked).mappings().one()
                 # An operator's enable/disable outlives a deploy; the rest of the definition is the code's.
                 wanted = replace(definition, enabled=current["enabled"])
-                if wanted == definition_from_row(current) and current["defined_in"] == "code":
+                origin = origins.get(definition.name)
+                if (wanted == definition_from_row(current) and current["defined_in"] == "code"
+                        and current["declared_at"] == origin):
                     counts["unchanged"] += 1
                     continue
-                self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code")
+                self._write(connection, current, wanted, actor=actor, action="sync", defined_in="code", declared_at=origin)
                 counts["updated"] += 1
         if remove_missing:
             counts["removed"] = self._remove_code_rows_except({definition.name for definition in definitions}, actor=actor)
@@ -356,6 +381,11 @@ class ScheduleStore:
         if not past_allowed:
             definition.check_not_past(self.clock.now())
 
+    @staticmethod
+    def _refuse_if_declared_in_code(current: RowMapping, *, action: str) -> None:
+        if current["defined_in"] == "code":
+            raise ScheduleDeclaredInCode(current["name"], current["declared_at"], action=action)
+
     def _new_row(self, definition: ScheduleDefinition, *, defined_in: str, actor: str) -> dict[str, Any]:
         now = self.clock.now()
         return {
@@ -384,9 +414,10 @@ class ScheduleStore:
         actor: str,
         action: str,
         defined_in: str | None = None,
+        declared_at: str | None = None,
     ) -> RowMapping:
         """Overwrite the locked row ``current`` with ``definition``; recompute next_run_at if the trigger changed
-        or the schedule is enabled again."""
+        or the schedule is enabled again.  ``defined_in`` (the sync) also sets where the code declares it."""
         now = self.clock.now()
         before = definition_from_row(current)
         next_run_at = current["next_run_at"]
@@ -400,6 +431,8 @@ class ScheduleStore:
             "changed_by": actor,
             "defined_in": defined_in or current["defined_in"],
         }
+        if defined_in is not None:
+            values["declared_at"] = declared_at
         if action == "disable":  # the operator's latest word: a "run now" not fired yet is cancelled too
             values["run_now_pending"] = False
         statement = update(schedules).where(schedules.c.id == current["id"]).values(values).returning(*schedules.c)

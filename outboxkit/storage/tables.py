@@ -250,12 +250,14 @@ schedules = Table(
     Column("http_body", JSONB),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("next_run_at", DateTime(timezone=True)),
-    # Added by migration outboxkit_0010_run_now_pending: "run now" asked; the next claim fires once, enabled or not.
+    # Added by migration outboxkit_0010: "run now" asked; the next claim fires once, enabled or not.
     Column("run_now_pending", Boolean, nullable=False, server_default=text("false")),
     Column("misfire_grace_seconds", Integer, nullable=False, server_default=text("300")),
     Column("max_running", Integer, nullable=False, server_default=text("1")),
     Column("rerun_if_abandoned", Boolean, nullable=False, server_default=text("false")),
     Column("defined_in", String(8), nullable=False, server_default=text("'api'")),
+    # Added by migration outboxkit_0010: where the code declares a schedule defined in code ("module:line").
+    Column("declared_at", String(300)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("created_by", String(300), nullable=False),
     Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

@@ -121,3 +121,27 @@ def test_the_viewer_timezone_comes_from_tz_and_an_unknown_one_is_refused(pages):
     assert refused.status_code == 422 and "unknown IANA timezone" in refused.text
     assert pages.client.get("/admin/schedules/nope").status_code == 404
     assert pages.client.get("/admin/schedules/tick", params={"outcome": "exploded"}).status_code == 422
+
+
+def test_the_page_of_a_schedule_declared_in_code_says_where_and_offers_no_edit_or_delete(pages):
+    from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+    from outboxkit.schedules.store import ScheduleStore
+
+    declared = ScheduleDefinition(name="nightly", trigger=ScheduleTrigger.cron(hour=3), target=JobTarget(job="record"))
+    ScheduleStore(pages.engine, clock=pages.kit.clock, jobs=["record"]).sync_from_code(
+        [declared], origins={"nightly": "shop.schedules:12"})
+    page = html.unescape(pages.client.get("/admin/schedules/nightly").text)
+    words = re.sub(r"<[^>]+>", "", page)
+    assert "declared in code at shop.schedules:12; change it there" in words
+    assert "/admin/schedules/nightly/edit" not in page and "/admin/schedules/nightly/delete" not in page
+    assert 'data-action="run_now"' in page and 'data-action="disable"' in page
+    listing = html.unescape(pages.client.get("/admin/schedules").text)
+    assert "/admin/schedules/nightly/edit" not in listing
+
+    before = rows(pages)
+    for refused in (pages.client.get("/admin/schedules/nightly/edit"),
+                    pages.client.post("/admin/schedules/nightly/edit", data={**FORM, "csrf_token": token(pages)}),
+                    pages.client.get("/admin/schedules/nightly/delete"),
+                    pages.client.post("/admin/schedules/nightly/delete", data={"csrf_token": token(pages)})):
+        assert refused.status_code == 409 and "declared in code at shop.schedules:12" in html.unescape(refused.text)
+    assert rows(pages) == before

@@ -155,3 +155,23 @@ def test_the_history_is_paged_newest_first_and_filtered_by_outcome(api: Schedule
     ).json()
     assert [run["outcome"] for run in trouble["runs"]] == ["abandoned", "missed"]
     assert api.client.get("/admin/api/schedules").json()["schedules"][0]["last_run"]["outcome"] == "abandoned"
+
+
+def test_a_schedule_declared_in_code_is_not_edited_or_deleted_here_and_says_where(api: ScheduleAdminApp):
+    from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+    from outboxkit.schedules.store import ScheduleStore
+
+    declared = ScheduleDefinition(name="billing.nightly", trigger=ScheduleTrigger.cron(hour=3), target=JobTarget(job="record"))
+    ScheduleStore(api.kit.engine, clock=api.kit.clock, jobs=["record"]).sync_from_code(
+        [declared], origins={"billing.nightly": "shop.schedules:12"})
+    shown = api.client.get("/admin/api/schedules/billing.nightly").json()
+    assert (shown["defined_in"], shown["declared_at"]) == ("code", "shop.schedules:12")
+    before = state(api)
+
+    edited = {"trigger": {"kind": "cron", "fields": {"hour": 4}}, "target": {"kind": "job", "job": "record"}}
+    for path, body in (("edit", edited), ("delete", {})):
+        answer = api.client.post(f"/admin/api/schedules/billing.nightly/{path}", json=body)
+        assert answer.status_code == 409, answer.text
+        assert "declared in code at shop.schedules:12" in answer.json()["detail"]
+    assert state(api) == before
+    assert api.client.post("/admin/api/schedules/billing.nightly/disable", json={}).status_code == 200

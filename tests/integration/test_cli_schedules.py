@@ -115,3 +115,16 @@ def test_create_from_a_json_file_and_unknown_names(cli, engine, tmp_path):
         assert code == 1 and "no schedule named 'nope'" in err
     code, _, err = cli("schedules", "list", "--tz", "Mars/Olympus")
     assert code == 1 and "unknown IANA timezone" in err
+
+
+def test_a_schedule_declared_in_code_is_not_edited_or_deleted_from_the_cli(cli, engine):
+    from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+    from outboxkit.schedules.store import ScheduleStore
+
+    declared = ScheduleDefinition(name="nightly", trigger=ScheduleTrigger.cron(hour=3), target=JobTarget(job="record"))
+    ScheduleStore(engine, jobs=["record"]).sync_from_code([declared], origins={"nightly": "shop.schedules:12"})
+    for command in (["edit", "nightly", "--field", "hour=4"], ["delete", "nightly", "--yes"]):
+        code, _, err = cli("schedules", *command)
+        assert code == 1 and "declared in code at shop.schedules:12" in err.replace("\n", " "), err
+    assert schedule_rows(engine)[0][:3] == ("nightly", "cron", {"hour": 3})
+    assert cli("schedules", "disable", "nightly")[0] == 0

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from sqlalchemy import func, select, text
 
-from outboxkit.errors import InvalidScheduleError, InvalidValueError, UnknownScheduleError
+from outboxkit.errors import InvalidScheduleError, InvalidValueError, ScheduleDeclaredInCode, UnknownScheduleError
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.storage.tables import schedules as schedule_table
 from tests.support.leadership import wait_until
@@ -251,6 +251,30 @@ def test_the_sync_from_code_inserts_updates_and_keeps_the_rows_state(schedules, 
     assert (synced.defined_in, synced.changed_by) == ("code", "code")
     assert finish(schedules.runner().fire_due()) == ["ok"]  # the occurrence that fell into the deploy runs, late
     assert schedules.jobs.calls == [("tick", NOON + timedelta(minutes=3))]
+
+
+def test_a_schedule_declared_in_code_refuses_an_edit_or_a_delete_saying_where_and_keeps_its_controls(schedules, engine):
+    nightly = ScheduleDefinition(name="nightly", trigger=ScheduleTrigger.cron(hour=3), target=JobTarget(job="record"))
+    origin = {"nightly": "shop.schedules:12"}
+    schedules.store.sync_from_code([nightly], origins=origin)
+    assert schedules.store.get("nightly").declared_at == "shop.schedules:12"
+    with engine.connect() as connection:
+        audited = connection.execute(text("SELECT count(*) FROM outboxkit_schedule_audit")).scalar_one()
+
+    edited = ScheduleDefinition(**{**nightly.__dict__, "misfire_grace_seconds": 60})
+    for change in (lambda: schedules.store.replace(edited, actor="bob"), lambda: schedules.store.delete("nightly", actor="bob")):
+        with pytest.raises(ScheduleDeclaredInCode, match=r"'nightly' is declared in code at shop\.schedules:12"):
+            change()
+    assert schedules.store.get("nightly").definition == nightly
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM outboxkit_schedule_audit")).scalar_one() == audited
+
+    schedules.store.set_enabled("nightly", False, actor="carol")  # the operator's controls stay
+    schedules.store.run_now("nightly", actor="carol")
+    assert schedules.store.sync_from_code([nightly], origins=origin) == {
+        "inserted": 0, "updated": 0, "unchanged": 1, "removed": 0,
+    }
+    assert schedules.store.get("nightly").definition.enabled is False
 
 
 # -- an edit and a disable racing a claim -----------------------------------------------------------

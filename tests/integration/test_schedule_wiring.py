@@ -6,6 +6,7 @@ on it), a real receiver for the HTTP target, the real CLI in a subprocess.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -184,6 +185,14 @@ def test_shutdown_stops_the_loop_before_the_kit_closes_and_logs_no_error(engine,
     problems = [r for r in caplog.records
                 if r.levelno >= logging.ERROR or (r.name.startswith(schedule_loggers) and r.levelno >= logging.WARNING)]
     assert problems == [], [r.getMessage() for r in problems]
+
+
+def test_a_declared_schedule_records_where_the_code_declares_it(engine):
+    kit = make_kit(engine, scheduler_enabled=False)
+    declared_on = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+    kit.schedules.add_job("shop.tick", record, EVERY_SECOND)
+    kit.schedules.sync()
+    assert kit.schedules.store.get("shop.tick").declared_at == f"{__name__}:{declared_on}"
 
 
 def test_a_database_without_the_run_now_column_is_refused_naming_the_migration(engine):

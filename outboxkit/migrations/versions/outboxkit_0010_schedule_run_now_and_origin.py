@@ -1,9 +1,12 @@
-"""outboxkit: "run now" fires one occurrence without enabling a schedule
+"""outboxkit: "run now" fires one occurrence without enabling a schedule; where a schedule is declared in code
 
 ``outboxkit_schedules.run_now_pending`` is set by "run now" and cleared by
 the claim that fires the occurrence; a row with it set is claimed when due
 even while it is disabled, and stays disabled.  The partial index of due
 rows covers such rows too.
+
+``outboxkit_schedules.declared_at`` holds where the code declares a schedule
+defined in code (``module:line``), so a refused edit can say where to make it.
 
 Revision ID: outboxkit_0010
 Revises: outboxkit_0009
@@ -33,9 +36,11 @@ def upgrade() -> None:
         "outboxkit_schedules",
         sa.Column("run_now_pending", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     )
+    op.add_column("outboxkit_schedules", sa.Column("declared_at", sa.String(300)))
     _due_index("(enabled OR run_now_pending) AND next_run_at IS NOT NULL")
 
 
 def downgrade() -> None:
     _due_index("enabled AND next_run_at IS NOT NULL")
+    op.drop_column("outboxkit_schedules", "declared_at")
     op.drop_column("outboxkit_schedules", "run_now_pending")
