@@ -75,7 +75,7 @@ class Schedule:
     definition: ScheduleDefinition
     next_run_at: datetime | None
     defined_in: str  # "code" (synced at start) or "api"
-    declared_at: str | None  # for a schedule defined in code: where the code declares it ("module:line"), if known
+    declared_at: str | None = None  # for a schedule defined in code: where the code declares it ("module:line"), if known
     created_at: datetime
     created_by: str
     changed_at: datetime
