@@ -23,6 +23,7 @@ The admin (see docs/admin.md)::
 
     OUTBOXKIT_ADMIN_MAX_BODY_BYTES=65536        # larger POST bodies get 413
     OUTBOXKIT_ADMIN_CSRF_TOKEN_SECONDS=7200     # lifetime of a page's form token
+    OUTBOXKIT_ADMIN_SECRET=...                 # signs the admin's form tokens; unset: one generated key kept in the database
     OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS=5 # time limit of each admin transaction (then "narrow the filter")
     OUTBOXKIT_ADMIN_POOL_SIZE=1                 # the admin's own connections (none taken from the application's pool)
     OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS=3      # how long a request waits for one of them (then 503)
@@ -233,6 +234,9 @@ class OutboxKitSettings(BaseSettings):
     # How long a CSRF token of the admin's pages is valid; a page always hands
     # out one with at least half of this left.
     admin_csrf_token_seconds: int = Field(default=2 * 3600, ge=60, le=7 * 86_400)
+    # The key that signs the admin's form tokens and notices (at least 16 characters).  Unset, the kit keeps
+    # one generated key in its own table (outboxkit_secrets), shared by every process and host.
+    admin_secret: SecretStr | None = Field(default=None, min_length=16)
     # The admin (and the CLI's row commands) run on their own small pool, built
     # from the kit engine's URL, so no admin request can take a connection the
     # application needs.  Each of their transactions, its wait for a connection

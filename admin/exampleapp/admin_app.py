@@ -100,15 +100,14 @@ def mount_admin(
 ) -> None:
     """Mount the outboxkit admin under ``/admin`` behind HTTP Basic auth.
 
-    With several workers, pass the same ``csrf_secret`` to each (or set
-    ``EXAMPLE_ADMIN_CSRF_SECRET``), so a form served by one worker is accepted
-    by another.
+    Every worker signs the admin's forms with the key the kit keeps in the database, so a form served by
+    one worker is accepted by another; ``csrf_secret`` overrides it.
     """
     router = create_admin_router(
         kit,
         dependencies=[Depends(require_admin(admin_user, admin_password))],
         job_source=job_source,
-        csrf_secret=csrf_secret or os.environ.get("EXAMPLE_ADMIN_CSRF_SECRET"),
+        csrf_secret=csrf_secret,
     )
     app.include_router(router, prefix="/admin")
 

@@ -193,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
             "DATABASE_URL": psycopg_url(database_url),
             "EXAMPLE_RECEIVER_URL": f"http://127.0.0.1:{receiver_port}",
             "EXAMPLE_ADMIN_PASSWORD": token,
-            "EXAMPLE_ADMIN_CSRF_SECRET": secrets.token_urlsafe(32),  # shared by both workers
             # The demo runs on one machine, often against an embedded PostgreSQL: fail open
             # (a failed election still drains) rather than the service's own production default.
             "OUTBOXKIT_ENVIRONMENT": "development",

@@ -23,9 +23,10 @@ The cookie is scoped to the admin's mount path (``Path=/admin``) and named
 path, so two admins on one host (other prefixes, other ports) keep separate
 cookies.
 
-The secret is per router.  With several worker processes, pass the same
-``csrf_secret`` to every worker, or a form rendered by one worker is refused
-by another.
+The key is shared by every worker and host of the application: by default
+one the kit generates once and keeps in the database (see
+``outboxkit.admin.router.signing_key``), so a form rendered by one process
+is accepted by any other.
 
 The JSON API does not use this token: its POST routes accept only
 ``Content-Type: application/json``, which a cross-site form or a no-CORS
@@ -73,6 +74,18 @@ class CsrfTokens:
             return False
         assert token is not None
         return self._signer.expires_at(token) - self._clock.now().timestamp() >= self.lifetime_seconds / 2
+
+    def ready(self) -> None:
+        """Fetch the signing key now (it may come from the database): call it off the event loop."""
+        self._signer.ready()
+
+    def has_key(self) -> bool:
+        """Whether the signing key is at hand (fetched, or given): pages rendered without it carry no token."""
+        return self._signer.has_key()
+
+    def refusal_hint(self) -> str:
+        """Why a genuine form may be refused here, when there is a cause the person can act on; else ``""``."""
+        return str(getattr(self._signer.source, "hint", ""))
 
     def accepts(self, *, cookie: str | None, submitted: str | None, actor: str, mount_path: str) -> bool:
         """A POST is genuine: the form's token is the cookie's, ours, for this actor, and not expired."""

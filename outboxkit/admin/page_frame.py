@@ -95,6 +95,8 @@ class PageFrame:
 
     def render(self, request: Request, who: str, template: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
         csrf, flashes = self.csrf, self.flashes
+        if not csrf.has_key():  # the database that keeps the key is away: a page whose forms carry no token
+            return HTMLResponse(self._html(request, template, csrf_token="", notice=None, **context), status_code=status_code)
         mount = self.mount_path(request)
         csrf_cookie = csrf.cookie_name(mount)
         token = request.cookies.get(csrf_cookie)
@@ -134,6 +136,7 @@ class PageFrame:
     def guarded(self, request: Request, who: str, build: Callable[[], Response]) -> Response:
         """Answer the service's refusals, and a database that is away, with an error page instead of a stack trace."""
         try:
+            self.csrf.ready()  # the forms' signing key, from the database the first time
             return build()
         except REFUSALS as exc:
             return self.error_page(request, who, refusal_status(exc), str(exc))
@@ -150,6 +153,10 @@ class PageFrame:
     async def post_action(self, request: Request, who: str, act: Callable[[FormData], Response]) -> Response:
         """Read the form (capped), check the CSRF token; then act in a worker thread, refusals as error pages."""
         try:
+            await run_in_threadpool(self.csrf.ready)  # the forms' signing key, from the database the first time
+        except DATABASE_UNAVAILABLE_ERRORS as exc:
+            return self.error_page(request, who, 503, report_database_unavailable(exc), heading="Database unreachable")
+        try:
             form = await request.form(max_fields=2 * MAX_BULK_IDS + 10)  # ids and page_ids
         except BodyTooLarge as exc:
             return self.error_page(request, who, 413, str(exc))
@@ -158,6 +165,7 @@ class PageFrame:
         if not self.csrf.accepts(cookie=cookie, submitted=form_text(form, CSRF_FIELD), actor=who, mount_path=mount):
             message = (
                 "The form's security token is missing, invalid or expired; nothing was changed. Reload the page and try again."
+                + self.csrf.refusal_hint()
             )
             return self.error_page(request, who, 403, message)
         return await run_in_threadpool(self.guarded, request, who, lambda: act(form))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -18,11 +19,12 @@ from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
 from outboxkit.admin.schedule_pages import schedule_pages_router
 from outboxkit.admin.signed_values import Signer
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, MigrationRequired
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.job_status import JobSource
 from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.service import OperationsService
+from outboxkit.operations.shared_secrets import ADMIN_SIGNING_KEY, shared_secret
 from outboxkit.telemetry.log_events import log_fields
 
 __all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
@@ -36,6 +38,40 @@ def actor_from_request_state(request: Request) -> str:
     """The default actor: what the application's auth dependency stored in ``request.state.outboxkit_actor``."""
     value = getattr(request.state, ACTOR_STATE_ATTRIBUTE, None)
     return str(value) if value else "unknown"
+
+
+class SharedSigningKey:
+    """The admin's signing key kept in the kit's database, so every worker and host signs with the same one.
+
+    Fetched on first use (``Signer.ready``).  Without the kit's table it falls back to a key of this process
+    alone, says so in the log once, and ``hint`` makes a refused form say why.
+    """
+
+    def __init__(self, kit: OutboxKit) -> None:
+        self.kit = kit
+        self.hint = ""
+
+    def __call__(self) -> bytes:
+        try:
+            return shared_secret(self.kit, ADMIN_SIGNING_KEY)
+        except MigrationRequired as exc:
+            self.hint = (
+                " This process signs forms with a key of its own, because the kit's table outboxkit_secrets is "
+                "missing: a form rendered by another worker is refused until `alembic upgrade heads` runs or "
+                "OUTBOXKIT_ADMIN_SECRET is set."
+            )
+            logger.error("%s; until then each process signs the admin's forms with a key of its own, so a form "
+                         "rendered by one worker is refused by another", exc, extra=log_fields("admin.signing_key_local"))
+            return secrets.token_bytes(32)
+
+
+def signing_key(kit: OutboxKit, csrf_secret: str | bytes | None) -> str | bytes | SharedSigningKey:
+    """``csrf_secret`` if given, else ``OUTBOXKIT_ADMIN_SECRET``, else the key every process reads from the database."""
+    if csrf_secret is not None:
+        return csrf_secret
+    if kit.settings.admin_secret is not None:
+        return kit.settings.admin_secret.get_secret_value()
+    return SharedSigningKey(kit)
 
 
 def _insecure_actor() -> str:
@@ -77,9 +113,11 @@ def create_admin_router(
     without it the jobs page lists jobs seen in the run history.
 
     ``csrf_secret`` signs the pages' form tokens and flash notices, and names
-    their cookies; give every worker process the same one (at least 16
-    bytes), or a form from one worker fails at another.  Without it a random
-    per-process secret is used.
+    their cookies (at least 16 bytes).  Without it the kit's setting
+    ``admin_secret`` (``OUTBOXKIT_ADMIN_SECRET``) is used, and without that a
+    key the kit generates once and keeps in its table ``outboxkit_secrets``:
+    every worker and host reads the same one, so a form rendered by one
+    process is accepted by any other with no configuration.
 
     From the kit's settings: ``admin_max_body_bytes`` caps every POST body
     (413 above it; bodies are read only after ``dependencies`` admitted the
@@ -126,7 +164,7 @@ def create_admin_router(
     if isinstance(schedule_jobs, str) or not all(isinstance(job, str) for job in schedule_jobs):
         raise ConfigurationError(f"schedule_jobs must be a collection of job names, got {schedule_jobs!r}")
     try:
-        signer = Signer(csrf_secret)
+        signer = Signer(signing_key(kit, csrf_secret))
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     csrf = CsrfTokens(signer, clock=kit.clock, lifetime_seconds=kit.settings.admin_csrf_token_seconds)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 __all__ = ["Signer"]
@@ -26,22 +27,46 @@ __all__ = ["Signer"]
 MAX_SIGNED_LENGTH = 400
 
 
-class Signer:
-    """Signs and checks values with one secret (at least 16 bytes; random when ``None``)."""
+def _checked(secret: str | bytes) -> bytes:
+    key = secret.encode() if isinstance(secret, str) else secret
+    if len(key) < 16:
+        raise ValueError("csrf_secret must be at least 16 bytes long")
+    return key
 
-    def __init__(self, secret: str | bytes | None = None) -> None:
-        if secret is None:
-            secret = secrets.token_bytes(32)
-        elif isinstance(secret, str):
-            secret = secret.encode()
-        if len(secret) < 16:
-            raise ValueError("csrf_secret must be at least 16 bytes long")
-        self._secret = secret
+
+class Signer:
+    """Signs and checks values with one key of at least 16 bytes.
+
+    The key is given, or ``None`` for a random one, or a function that returns it: called on first use (from
+    a worker thread: ``ready``), and again on the next use if it raised, so a database that is down when the
+    first page is asked for costs that page, not the process.
+    """
+
+    def __init__(self, secret: str | bytes | Callable[[], bytes] | None = None) -> None:
+        self.source: Callable[[], bytes] | None = None
+        self._secret: bytes | None = None
+        self._lock = threading.Lock()
+        if callable(secret):
+            self.source = secret
+        else:
+            self._secret = _checked(secrets.token_bytes(32) if secret is None else secret)
+
+    def has_key(self) -> bool:
+        return self._secret is not None
+
+    def ready(self) -> bytes:
+        """The key, fetched first if it comes from a function."""
+        if self._secret is None:
+            with self._lock:
+                if self._secret is None:
+                    assert self.source is not None
+                    self._secret = _checked(self.source())
+        return self._secret
 
     def _signature(self, purpose: str, binding: Sequence[str], fields: Sequence[str]) -> str:
         # Length-prefixed parts, so no choice of actor or field can shift into another part.
         message = "".join(f"{len(part)}:{part};" for part in (purpose, *binding, *fields))
-        return hmac.new(self._secret, message.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        return hmac.new(self.ready(), message.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
     def sign(self, purpose: str, *, binding: Sequence[str], fields: Sequence[str], expires: datetime) -> str:
         if any("." in field for field in fields):

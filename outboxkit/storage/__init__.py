@@ -11,7 +11,7 @@ Connections:
 
 Tables and statements:
 * ``tables``: the kit's own tables (run history, reset audit, attempts, pauses, destination state,
-  schedules), the metadata of its Alembic branch;
+  schedules, shared secrets), the metadata of its Alembic branch;
 * ``drain_queries``: the drain's SQL on one outbox (claim, outcome, park, earliest due), cached per outbox;
 * ``ordering``: the statements of an outbox with an ordering key (a key's head, the skip);
 * ``row_instances``: a claim's rows as detached model instances, without an ORM Session;

@@ -10,7 +10,9 @@ from typing import Annotated
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
+from outboxkit import OutboxKitSettings
 from outboxkit.admin import ACTOR_STATE_ATTRIBUTE, CSRF_COOKIE, create_admin_router
 from outboxkit.admin.flash import FLASH_COOKIE, FLASH_SECONDS
 from tests.support.admin import (  # noqa: F401  (fixtures)
@@ -18,7 +20,9 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     admin,
     admin_app,
     admin_database_url,
+    admin_harness,
     cookie_named,
+    empty_tables,
     row_of,
     snapshot,
 )
@@ -45,6 +49,15 @@ def admin_app_for(kit, prefix: str = "/ops") -> FastAPI:
 def two_user_client(kit) -> Iterator[TestClient]:
     with TestClient(admin_app_for(kit), follow_redirects=False) as client:
         yield client
+
+
+@contextmanager
+def engine_for(url: str):
+    engine = create_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def _notice(page) -> str | None:
@@ -199,3 +212,51 @@ def test_a_flash_issued_to_one_actor_does_not_show_to_another(admin):
         )
         assert reset.status_code == 303
         assert _notice(client.get(reset.headers["location"], headers={"x-user": "bob"})) is None
+
+
+# -- several workers ------------------------------------------------------------------
+
+
+def test_a_form_rendered_by_one_worker_is_accepted_by_another_with_no_secret_configured(admin_database_url):
+    """Two workers (two kits, two routers, no csrf_secret): each signs with the key kept in the database."""
+    empty_tables(admin_database_url)
+    with admin_harness(admin_database_url) as one, admin_harness(admin_database_url) as other:
+        (row_id,) = add_webhooks(one.engine, 1, status="stuck")
+        page = one.client.get(f"/admin/outboxes/webhooks/rows/{row_id}")
+        other.client.cookies.update(one.client.cookies)  # the same browser, sent to the other worker
+        response = other.client.post(f"/admin/outboxes/webhooks/rows/{row_id}/reset", data={"csrf_token": _token(page)})
+        assert response.status_code == 303, response.text
+        assert row_of(one.engine, row_id)["status"] == "pending"
+
+
+def test_without_the_kits_secret_table_a_refused_form_says_why(admin_database_url):
+    empty_tables(admin_database_url)
+    with engine_for(admin_database_url) as engine, engine.begin() as connection:
+        connection.execute(text("ALTER TABLE outboxkit_secrets RENAME TO outboxkit_secrets_away"))
+    try:
+        with admin_harness(admin_database_url) as one, admin_harness(admin_database_url) as other:
+            (row_id,) = add_webhooks(one.engine, 1, status="stuck")
+            page = one.client.get(f"/admin/outboxes/webhooks/rows/{row_id}")
+            other.client.cookies.update(one.client.cookies)
+            before = snapshot(one.engine)
+            response = other.client.post(f"/admin/outboxes/webhooks/rows/{row_id}/reset", data={"csrf_token": _token(page)})
+            assert response.status_code == 403
+            assert "outboxkit_secrets is missing" in response.text and "OUTBOXKIT_ADMIN_SECRET" in response.text
+            assert snapshot(one.engine) == before
+    finally:
+        with engine_for(admin_database_url) as engine, engine.begin() as connection:
+            connection.execute(text("ALTER TABLE outboxkit_secrets_away RENAME TO outboxkit_secrets"))
+
+
+def test_the_admin_secret_setting_signs_for_every_worker(admin_database_url):
+    empty_tables(admin_database_url)
+    settings = OutboxKitSettings(admin_secret="a key the operator chose, long enough")
+    with admin_harness(admin_database_url, settings=settings) as one, \
+            admin_harness(admin_database_url, settings=settings) as other:
+        (row_id,) = add_webhooks(one.engine, 1, status="stuck")
+        page = one.client.get(f"/admin/outboxes/webhooks/rows/{row_id}")
+        other.client.cookies.update(one.client.cookies)
+        response = other.client.post(f"/admin/outboxes/webhooks/rows/{row_id}/reset", data={"csrf_token": _token(page)})
+        assert response.status_code == 303
+    with engine_for(admin_database_url) as engine, engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM outboxkit_secrets")).scalar_one() == 0  # none generated

@@ -39,6 +39,7 @@ TABLES = (
     "outboxkit_outbox_pauses",
     "outboxkit_outbox_minutes",
     "outboxkit_destinations",
+    "outboxkit_secrets",
 )
 
 

@@ -172,6 +172,7 @@ def test_the_include_filters_leave_out_exactly_the_kits_tables():
         "outboxkit_schedules",
         "outboxkit_schedule_leases",
         "outboxkit_schedule_audit",
+        "outboxkit_secrets",
     }
     assert not include_name("outboxkit_job_runs", "table", {"schema_name": None})
     assert include_name("sample_event_outbox", "table", {"schema_name": None})
