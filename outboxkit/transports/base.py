@@ -67,6 +67,24 @@ _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
 # RFC 9110 token characters for names; visible ASCII, space and tab for values.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+# Headers that frame or route the request, or belong to one hop of it: the
+# transport sets Host and Content-Length itself, and a second framing in a
+# delivery's headers would let a keep-alive receiver read part of the body as
+# another request.  Any ``Proxy-*`` header is refused too.
+FRAMING_HEADERS = frozenset(
+    {"transfer-encoding", "content-length", "connection", "upgrade", "host", "keep-alive", "te", "trailer"}
+)
+
+
+def framing_header_problem(name: str) -> str | None:
+    """Why ``name`` may not be set by a delivery, or None (the kit's rule for every header it is handed)."""
+    lowered = name.lower()
+    if lowered in FRAMING_HEADERS or lowered.startswith("proxy-"):
+        return (
+            f"may not set {name!r}: it frames or routes the request (Host, Content-Length and the hop-by-hop headers "
+            "Transfer-Encoding, Connection, Upgrade, Keep-Alive, TE, Trailer, Proxy-* are the transport's)"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,7 +94,10 @@ class Delivery:
     ``json`` is encoded once, here, by the rules in this module's docstring
     (aware datetimes as ISO 8601, Decimal as an exact string, Enum by value;
     anything else is refused with its field named); ``headers`` are added
-    to every attempt.  ``Idempotency-Key`` is set by the kit and cannot be
+    to every attempt, except those that frame or route the request
+    (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection``,
+    ``Upgrade``, ``Keep-Alive``, ``TE``, ``Trailer``, ``Proxy-*``), which
+    are refused.  ``Idempotency-Key`` is set by the kit and cannot be
     overridden here, so every attempt of a row carries the same key.
     """
 
@@ -104,6 +125,9 @@ class Delivery:
                 raise InvalidDeliveryError(
                     f"Delivery.headers has an invalid HTTP header (ASCII, no line breaks): {name!r}: {value!r}"
                 )
+            framing = framing_header_problem(name)
+            if framing is not None:
+                raise InvalidDeliveryError(f"Delivery.headers {framing}")
             if name.lower() == "idempotency-key":
                 raise InvalidDeliveryError("Idempotency-Key is set by outboxkit from the row; do not pass it in headers")
         # A private copy: the caller's dict could change after validation.

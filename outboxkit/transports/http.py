@@ -49,7 +49,7 @@ import httpcore
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import AttemptResult, FailureKind
-from outboxkit.transports.base import Delivery, validate_timeout
+from outboxkit.transports.base import Delivery, framing_header_problem, validate_timeout
 from outboxkit.transports.deadline import DeadlineBackend
 
 # httpx's package import also imports httpx's own command line (``httpx._main``:
@@ -137,6 +137,9 @@ class HttpTransport:
                 raise ConfigurationError(f"HttpTransport headers must map str to str; header {name!r} is not")
             if not (name + value).isascii() or any(character in name + value for character in "\r\n\0"):
                 raise ConfigurationError(f"HttpTransport header {name!r} must be ASCII without line breaks")
+            framing = framing_header_problem(name)
+            if framing is not None:
+                raise ConfigurationError(f"HttpTransport headers {framing}")
         self._default_headers = [(name, value, name.lower()) for name, value in default_headers.items()]
         self._max_connections = max_connections
         self._tls = ssl_context if ssl_context is not None else httpx.create_ssl_context()
@@ -182,16 +185,16 @@ class HttpTransport:
         target = _target(delivery.url)
         own = delivery.headers
         present = {name.lower() for name in own}
-        headers: list[tuple[str, str] | tuple[bytes, bytes]] = []
-        if "host" not in present:
-            headers.append((b"Host", target.host_header))
+        # A delivery's headers never frame or route the request (outboxkit.transports.base refuses those): the
+        # Host and Content-Length sent are always these.
+        headers: list[tuple[str, str] | tuple[bytes, bytes]] = [(b"Host", target.host_header)]
         headers.extend((name, value) for name, value, lowered in self._default_headers if lowered not in present)
         headers.extend(own.items())
         headers.append(("Idempotency-Key", idempotency_key))
         body = delivery.body()
         if body is not None and "content-type" not in present:
             headers.append(("Content-Type", "application/json"))
-        if "content-length" not in present and (body is not None or delivery.method in _METHODS_WITH_BODY):
+        if body is not None or delivery.method in _METHODS_WITH_BODY:
             headers.append(("Content-Length", str(len(body)) if body is not None else "0"))
         request = httpcore.Request(
             delivery.method,
