@@ -138,7 +138,8 @@ class Reading:
 def signal_of(attempt: AttemptResult, *, now: datetime) -> Reading | None:
     """What ``attempt`` says about its destination; None when it says nothing (``build_delivery`` raised)."""
     if attempt.failure is not None:
-        return None if attempt.failure is FailureKind.BUILD else Reading(Signal.FAILURE)
+        # Nothing was sent: a build failure or a refusal says nothing about the destination.
+        return None if attempt.failure in (FailureKind.BUILD, FailureKind.REFUSED) else Reading(Signal.FAILURE)
     code = attempt.status_code
     assert code is not None
     if code == 410:

@@ -17,6 +17,9 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │   │                           JSON body outboxkit cannot encode (the field is named)
     │   ├── InvalidScheduleError    a schedule with a bad trigger, target or limit;
     │   │                           ``field`` names it (``trigger.timezone``...)
+    │   ├── UnsafeUrlError          a URL that does not come from code may not be sent to:
+    │   │                           not http(s), credentials in it, or a non-public address
+    │   │                           outside OUTBOXKIT_URL_ALLOW_LIST (outboxkit.url_guard)
     │   └── NotOrderedError         (operator) skip or blocked keys asked of an outbox
     │                               without an ordering key; nothing was changed
     ├── InvalidSearch               (also ValueError; operator) a search that is neither
@@ -105,6 +108,7 @@ __all__ = [
     "UnknownJobError",
     "UnknownOutboxError",
     "UnknownScheduleError",
+    "UnsafeUrlError",
 ]
 
 
@@ -134,6 +138,10 @@ class InvalidScheduleError(InvalidValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class UnsafeUrlError(InvalidValueError):
+    """A URL that does not come from the application's code may not be sent to (``outboxkit.url_guard``)."""
 
 
 class NotOrderedError(InvalidValueError):

@@ -10,6 +10,9 @@ rules are pinned by known-answer tests without a network or a database.
   receiver's ``Retry-After`` asks for longer.
 * Any other status (other 4xx, 3xx, 1xx): ``stuck`` at once; the receiver
   rejected the request and sending it again cannot help.
+* A send refused before it left (``refused``: a URL the guard of
+  ``outboxkit.url_guard`` does not let through, a secret the settings lack):
+  ``stuck`` at once; nothing was sent, and the same row would be refused again.
 * ``attempts >= max_attempts`` after a failed attempt: ``stuck``.
 """
 
@@ -46,6 +49,7 @@ class FailureKind(str, enum.Enum):
     CONNECTION = "connection"  # refused, reset, DNS, protocol error
     BUILD = "build"  # the application's build_delivery raised
     TRANSPORT = "transport"  # any other error inside the transport
+    REFUSED = "refused"  # refused before sending (outboxkit.transports.guarded); never retried
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,7 +148,7 @@ class RetryPolicy:
 
     def is_retryable(self, result: AttemptResult) -> bool:
         if result.failure is not None:
-            return True
+            return result.failure is not FailureKind.REFUSED
         code = result.status_code
         assert code is not None
         return code in RETRYABLE_STATUS_CODES or 500 <= code <= 599
@@ -163,6 +167,8 @@ class RetryPolicy:
         if status == "done":
             return Decision("done", reason=f"HTTP {result.status_code}")
         if status == "stuck":
+            if result.failure is FailureKind.REFUSED:
+                return Decision("stuck", reason="refused before sending; not retried")
             if not self.is_retryable(result):
                 return Decision("stuck", reason="rejected by the receiver; not retried")
             return Decision("stuck", reason=f"max attempts ({self.max_attempts}) reached")

@@ -39,6 +39,9 @@ The election and the scheduler (see docs/election.md)::
 Schedules as rows (see docs/schedules.md)::
 
     OUTBOXKIT_SCHEDULES_ENABLED=true    # this process syncs the schedules declared in code and fires due rows
+    OUTBOXKIT_URL_ALLOW_LIST=10.20.0.0/16,hooks.internal  # non-public networks/hosts a schedule may send to
+    OUTBOXKIT_SCHEDULE_ERROR_BODY_CHARS=0                 # characters of an error answer's body kept in last_error
+    OUTBOXKIT_SCHEDULE_RUN_NOW_PER_MINUTE=6               # "run now" calls one person may make per minute
 
 Drain work (see docs/operations.md, "Drains and workers")::
 
@@ -68,9 +71,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError, InvalidValueError
+from outboxkit.url_guard import AllowList
 
 __all__ = [
     "DEFAULT_ADVISORY_LOCK_KEY",
@@ -296,6 +300,15 @@ class OutboxKitSettings(BaseSettings):
     # into rows and runs a trigger loop that fires its share of the due rows,
     # no leader needed.  Off: this process neither syncs nor fires them.
     schedules_enabled: bool = True
+    # URLs that do not come from the application's code (a schedule's HTTP target) are sent only to public
+    # addresses (outboxkit.url_guard); these networks (CIDR, or one address) and exact host names are let
+    # through as well.  Comma-separated from the environment, e.g. 10.20.0.0/16,hooks.internal.
+    url_allow_list: Annotated[tuple[str, ...], NoDecode] = ()
+    # How many characters of a non-2xx answer's body a schedule's request keeps in last_error (0: none; the
+    # status alone).  The receiver is whatever a person typed, and last_error is shown in the admin and exports.
+    schedule_error_body_chars: int = Field(default=0, ge=0, le=500)
+    # "Run now" calls one person (the admin's or the CLI's actor) may make per minute, over every schedule.
+    schedule_run_now_per_minute: int = Field(default=6, ge=1, le=10_000)
 
     def __init__(self, **values: Any) -> None:
         check_variable_names(os.environ)
@@ -323,6 +336,20 @@ class OutboxKitSettings(BaseSettings):
             else:
                 normalised[name] = item
         return normalised
+
+    @field_validator("url_allow_list", mode="before")
+    @classmethod
+    def _split_allow_list(cls, value: object) -> object:
+        if isinstance(value, str):  # "10.0.0.0/8,hooks.internal" from a shell
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, (list, tuple)):
+            AllowList.parse(value)  # a bad entry is refused here, naming the variable
+        return value
+
+    @property
+    def allow_list(self) -> AllowList:
+        """``url_allow_list`` parsed (``outboxkit.url_guard``)."""
+        return AllowList.parse(self.url_allow_list)
 
     @property
     def is_production(self) -> bool:

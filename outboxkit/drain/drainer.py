@@ -74,6 +74,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 
@@ -125,8 +126,12 @@ class Drainer:
         attempt_history_days: float = 7.0,
         prepared_statements: bool = False,
         outcome_grouping: OutcomeGrouping | None = None,
+        guard_transport: Callable[[Transport], Transport] | None = None,
     ) -> None:
         self.engine = engine
+        # Wraps every transport this drainer is given, a replaced one too (the kit guards the sends of a
+        # ScheduledRequestOutbox with it: outboxkit.transports.guarded).
+        self._guard_transport = guard_transport or (lambda transport: transport)
         self.outbox = outbox
         self.options = options or outbox.__outbox__
         if self.options.ordering_key != outbox.__outbox__.ordering_key:
@@ -165,7 +170,7 @@ class Drainer:
             telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
         )
         self.pump: SendPump[DrainResult] = SendPump(
-            engine, self.queries, options=self.options, transport=self.options.sending_transport(transport),
+            engine, self.queries, options=self.options, transport=self._sending(transport),
             clock=self.clock, telemetry=self.telemetry,
             claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
             end_spell=self._end_spell,
@@ -183,7 +188,10 @@ class Drainer:
 
     @transport.setter
     def transport(self, transport: Transport) -> None:
-        self.pump.transport = self.options.sending_transport(transport)
+        self.pump.transport = self._sending(transport)
+
+    def _sending(self, transport: Transport) -> Transport:
+        return self.options.sending_transport(self._guard_transport(transport))
 
     @property
     def in_flight(self) -> int:

@@ -26,13 +26,16 @@ from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.rate_limits import RateLimit
 from outboxkit.results import DrainResult
+from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.database import kit_engine
 from outboxkit.storage.operator_pool import OperatorDatabase
 from outboxkit.telemetry.hooks import Telemetry
 from outboxkit.transports.base import Transport
+from outboxkit.transports.guarded import GuardedTransport
 from outboxkit.transports.http import HttpTransport
+from outboxkit.url_guard import UrlGuard
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -81,6 +84,8 @@ class KitCore:
         self._drainers: dict[str, Drainer] = {}
         self._operator_database: OperatorDatabase | None = None
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.telemetry.tracing)
+        # The one guard of URLs that do not come from code: schedules' HTTP targets at save and at send.
+        self.url_guard = UrlGuard(allow=self.settings.allow_list)
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
@@ -168,9 +173,14 @@ class KitCore:
                     telemetry=self.telemetry,
                     attempt_history_days=self.settings.attempt_history_days,
                     prepared_statements=self.settings.prepared_statements,
+                    guard_transport=self._guard_transport if issubclass(outbox, ScheduledRequestOutbox) else None,
                 )
                 self._drainers[job_name] = drainer
         return drainer
+
+    def _guard_transport(self, transport: Transport) -> Transport:
+        """A ``ScheduledRequestOutbox``'s sends: each URL checked again and pinned (``outboxkit.transports.guarded``)."""
+        return GuardedTransport(transport, guard=self.url_guard, error_body_chars=self.settings.schedule_error_body_chars)
 
     def _built_drainer(self, job_name: str) -> Drainer | None:
         """The outbox's drainer if this process built one (a gauge read must not build it)."""

@@ -104,7 +104,8 @@ class ScheduleAdmin:
 
     def _store(self) -> ScheduleStore:
         return ScheduleStore(
-            self.kit.operator_database, clock=self.kit.clock, jobs=self.job_names(), outboxes=self.kit.outboxes
+            self.kit.operator_database, clock=self.kit.clock, jobs=self.job_names(), outboxes=self.kit.outboxes,
+            url_guard=self.kit.url_guard,
         )
 
     # -- reads ---------------------------------------------------------------

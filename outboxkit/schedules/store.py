@@ -47,11 +47,12 @@ from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, upd
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.errors import InvalidScheduleError, ScheduleDeclaredInCode, UnknownScheduleError
+from outboxkit.errors import InvalidScheduleError, ScheduleDeclaredInCode, UnknownScheduleError, UnsafeUrlError
 from outboxkit.model import Outbox
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.tables import schedule_audit, schedules
+from outboxkit.url_guard import UrlGuard
 
 __all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row"]
 
@@ -177,6 +178,11 @@ class ScheduleStore:
     ``ScheduledRequestOutbox``, is refused with the field named).
     ``reserved_names(name)`` says why a name may not be used, or None (the
     kit's store: the elected scheduler's job ids, which share the run history).
+    ``url_guard`` checks the URL of an HTTP target created or edited here
+    (``outboxkit.url_guard``; the kit's store passes the kit's, with the
+    settings' allow-list; by default no non-public address is let through).
+    Schedules declared in code are not resolved when they are synced: their
+    URLs come from the code, and their sends are checked like every other.
     """
 
     def __init__(
@@ -187,8 +193,10 @@ class ScheduleStore:
         jobs: Collection[str] = (),
         outboxes: Iterable[type[Outbox]] = (),
         reserved_names: Callable[[str], str | None] | None = None,
+        url_guard: UrlGuard | None = None,
     ) -> None:
         self.engine = engine
+        self.url_guard = url_guard if url_guard is not None else UrlGuard()
         self.reserved_names = reserved_names
         self.clock = clock or SystemClock()
         self.jobs = frozenset(jobs)
@@ -231,6 +239,7 @@ class ScheduleStore:
     def create(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
         """Insert a new schedule; a name that exists is refused (``field == "name"``)."""
         self._check(definition)
+        self._check_url(definition)
         statement = (
             insert(schedules)
             .values(self._new_row(definition, defined_in="api", actor=actor))
@@ -248,6 +257,7 @@ class ScheduleStore:
         """Edit the schedule named ``definition.name`` to be ``definition``; one declared in code is refused
         (``ScheduleDeclaredInCode``): change it in the code."""
         self._check(definition)
+        self._check_url(definition)
         with self.engine.begin() as connection:
             current = self._row(connection, definition.name, lock=True)
             self._refuse_if_declared_in_code(current, action="edit")
@@ -385,6 +395,14 @@ class ScheduleStore:
     def _refuse_if_declared_in_code(current: RowMapping, *, action: str) -> None:
         if current["defined_in"] == "code":
             raise ScheduleDeclaredInCode(current["name"], current["declared_at"], action=action)
+
+    def _check_url(self, definition: ScheduleDefinition) -> None:
+        """Refuse an HTTP target whose URL the guard does not let through (``field == "target.url"``)."""
+        if isinstance(definition.target, HttpTarget):
+            try:
+                self.url_guard.check(definition.target.url)
+            except UnsafeUrlError as exc:
+                raise InvalidScheduleError("target.url", str(exc)) from None
 
     def _new_row(self, definition: ScheduleDefinition, *, defined_in: str, actor: str) -> dict[str, Any]:
         now = self.clock.now()

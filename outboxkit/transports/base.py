@@ -108,6 +108,8 @@ class Delivery:
     # The encoded body, fixed at construction: what was checked is what is sent,
     # even if the caller's dict changes afterwards.
     _body: bytes | None = field(init=False, repr=False, compare=False, default=None)
+    # The address a guard checked (outboxkit.url_guard), set by pinned_to; None: the transport resolves the host.
+    _address: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not _is_http_url(self.url):
@@ -138,6 +140,22 @@ class Delivery:
     def body(self) -> bytes | None:
         """The encoded JSON body, or None when there is none."""
         return self._body
+
+    @property
+    def address(self) -> str | None:
+        """The IP address this delivery must be sent to (``pinned_to``), or None: the transport resolves the URL's host."""
+        return self._address
+
+    def pinned_to(self, address: str) -> Delivery:
+        """A copy sent to ``address`` (an IP a guard checked), with the URL's own host name in ``Host`` and TLS.
+
+        ``HttpTransport`` connects to that address instead of resolving the
+        host again, so a name that resolves elsewhere after the check (DNS
+        rebinding) is never reached; a transport of your own should do the same.
+        """
+        copy = self.with_headers({})
+        object.__setattr__(copy, "_address", address)
+        return copy
 
     def with_headers(self, extra: Mapping[str, str]) -> Delivery:
         """A copy carrying ``extra`` headers, which replace any of the same name (in any letter case).

@@ -71,6 +71,20 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
     def disarm(self) -> None:
         self._local.deadline = None
+        self._local.pin = None
+
+    def pin(self, host: str, port: int, address: str) -> None:
+        """Until ``disarm``, this thread connects to ``host``:``port`` at ``address`` (an IP a guard checked), and to
+        nothing else: a guarded send never resolves its host again (``outboxkit.url_guard``)."""
+        self._local.pin = (host, port, address)
+
+    def _pinned(self, host: str, port: int) -> str:
+        pin: tuple[str, int, str] | None = getattr(self._local, "pin", None)
+        if pin is None:
+            return host
+        if (host, port) != pin[:2]:
+            raise httpcore.ConnectError(f"a pinned send connects only to {pin[0]}:{pin[1]}, not {host}:{port}")
+        return pin[2]
 
     def time_left(self, timeout: float | None, expired: type[Exception]) -> float | None:
         """``timeout`` cut to the time left before the deadline; raises ``expired`` once it has passed."""
@@ -95,7 +109,7 @@ class DeadlineBackend(httpcore.NetworkBackend):
         # ``timeout`` (the connect timeout) bounds the lookup and the connect together.
         budget = self.time_left(timeout, httpcore.ConnectTimeout)
         ends = None if budget is None else time.monotonic() + budget
-        addresses = self._resolve(host, port, budget)
+        addresses = self._resolve(self._pinned(host, port), port, budget)
         last_error: OSError | None = None
         for index, (family, kind, protocol, _, address) in enumerate(addresses):
             left = self._left_until(ends, f"no connection to {host}:{port} in time")

@@ -87,6 +87,8 @@ _REMOVED_ARGUMENTS = {
     ),
 }
 _METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+# The route of pinned deliveries (Delivery.pinned_to): direct, in pools no other send shares.
+_PINNED = "pinned:"
 _PHASES = {
     "ConnectTimeout": "connecting",
     "WriteTimeout": "sending the request",
@@ -183,6 +185,14 @@ class HttpTransport:
 
     def _attempt(self, delivery: Delivery, idempotency_key: str, timeout: float) -> AttemptResult:
         target = _target(delivery.url)
+        route: str | None
+        if delivery.address is not None:
+            # A guarded send (outboxkit.url_guard): straight to the checked address, in pools of its own, never
+            # through a proxy (which would resolve the name again).
+            self._backend.pin(target.connect_host, target.connect_port, delivery.address)
+            route = _PINNED
+        else:
+            route = self._route(target)
         own = delivery.headers
         present = {name.lower() for name in own}
         # A delivery's headers never frame or route the request (outboxkit.transports.base refuses those): the
@@ -203,7 +213,7 @@ class HttpTransport:
             content=body,
             extensions={"timeout": _timeouts(timeout, min(self._connect_timeout, timeout))},
         )
-        response = self._pool_for(self._route(target)).handle_request(request)
+        response = self._pool_for(route).handle_request(request)
         try:
             content = response.read()
         finally:
@@ -263,7 +273,7 @@ class HttpTransport:
         return pool
 
     def _new_pool(self, route: str | None) -> httpcore.ConnectionPool | httpcore.HTTPProxy:
-        if route is None:
+        if route is None or route == _PINNED:
             return httpcore.ConnectionPool(
                 ssl_context=self._tls,
                 max_connections=self._max_connections,
@@ -303,6 +313,8 @@ class _Target:
     host_header: bytes
     scheme: str
     netloc: str
+    connect_host: str  # what httpcore hands the network backend to connect to
+    connect_port: int
 
 
 @lru_cache(maxsize=1024)
@@ -315,6 +327,8 @@ def _target(url: str) -> _Target:
         host_header=parsed.netloc,
         scheme=parsed.scheme,
         netloc=parsed.netloc.decode("ascii"),
+        connect_host=parsed.raw_host.decode("ascii"),
+        connect_port=parsed.port or (443 if parsed.scheme == "https" else 80),
     )
 
 

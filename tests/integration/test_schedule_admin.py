@@ -30,7 +30,8 @@ NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 @pytest.fixture
 def kit(engine: Engine, clock: ManualClock) -> Iterator[OutboxKit]:
-    kit = OutboxKit(engine, [SampleEvent, ScheduledCall], clock=clock, settings=OutboxKitSettings(listen_enabled=False))
+    settings = OutboxKitSettings(listen_enabled=False, url_allow_list=("127.0.0.1/32",))  # the receivers' address
+    kit = OutboxKit(engine, [SampleEvent, ScheduledCall], clock=clock, settings=settings)
     yield kit
     kit.close()
 

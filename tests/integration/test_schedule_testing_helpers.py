@@ -74,7 +74,9 @@ def test_a_stopped_runner_starts_again(schedules: ScheduleHarness, clock):
 
 def hand_driven_kit(engine, clock) -> OutboxKit:
     """A kit as the pytest plugin's fixture builds it: no loop of its own, the test's ManualClock."""
-    settings = OutboxKitSettings(drain_enabled=False, scheduler_enabled=False, schedules_enabled=False)
+    settings = OutboxKitSettings(
+        drain_enabled=False, scheduler_enabled=False, schedules_enabled=False, url_allow_list=("127.0.0.1/32",)
+    )
     return OutboxKit(engine, [SampleEvent, ScheduledCall], settings=settings, clock=clock)
 
 

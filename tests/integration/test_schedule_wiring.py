@@ -35,7 +35,8 @@ EVERY_SECOND = ScheduleTrigger.every(seconds=1)
 FAR_AWAY = ScheduleTrigger.once(at="2099-01-01T00:00:00+00:00")  # never fires while a test runs
 TIMEOUT = 60.0  # seconds; the machine is loaded
 # The election and the safety-net drain are an hour away: what fires here is the schedule loop.
-QUIET = {"drain_interval_seconds": 3600, "leader_tick_seconds": 3600, "standby_probe_seconds": 3600}
+QUIET = {"drain_interval_seconds": 3600, "leader_tick_seconds": 3600, "standby_probe_seconds": 3600,
+         "url_allow_list": ("127.0.0.1/32",)}  # the receivers listen on 127.0.0.1
 
 
 def make_kit(engine, **settings) -> OutboxKit:

@@ -20,6 +20,7 @@ from outboxkit.admin import create_admin_router
 from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER
 from tests.support.database import sqlalchemy_url
 from tests.support.models import ScheduledCall
+from tests.support.schedules import LOOPBACK_ALLOWED
 
 JOBS = ("record", "blocking", "failing")
 CSRF_SECRET = "schedule-admin-tests-csrf-secret"
@@ -53,9 +54,13 @@ class ScheduleAdminApp:
 
 
 @contextmanager
-def schedule_admin_app(database_url: str, *, clock: Clock | None = None) -> Iterator[ScheduleAdminApp]:
+def schedule_admin_app(
+    database_url: str, *, clock: Clock | None = None, settings: OutboxKitSettings | None = None
+) -> Iterator[ScheduleAdminApp]:
+    """``settings`` default to the test receivers' allow-list (127.0.0.1)."""
     engine = create_engine(sqlalchemy_url(database_url), pool_size=3, max_overflow=0, pool_pre_ping=True)
-    kit = OutboxKit(engine, [WebhookOutbox, ScheduledCall], clock=clock, settings=OutboxKitSettings(listen_enabled=False))
+    settings = settings or OutboxKitSettings(listen_enabled=False, url_allow_list=LOOPBACK_ALLOWED)
+    kit = OutboxKit(engine, [WebhookOutbox, ScheduledCall], clock=clock, settings=settings)
     app = FastAPI(title="schedule admin tests")
     app.include_router(
         create_admin_router(
@@ -80,4 +85,6 @@ def kit_from_environment() -> OutboxKit:
     import os
 
     engine = create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=2, max_overflow=0)
-    return OutboxKit(engine, [WebhookOutbox, ScheduledCall], settings=OutboxKitSettings(listen_enabled=False))
+    return OutboxKit(
+        engine, [WebhookOutbox, ScheduledCall], settings=OutboxKitSettings(listen_enabled=False, url_allow_list=LOOPBACK_ALLOWED)
+    )

@@ -22,9 +22,12 @@ from outboxkit.schedules.jobs import JobContext
 from outboxkit.schedules.runner import Firing, ScheduleRunner
 from outboxkit.schedules.store import ScheduleStore
 from outboxkit.storage.tables import job_runs, schedule_leases
+from outboxkit.url_guard import UrlGuard
 from tests.support.models import SampleEvent, ScheduledCall
 
 FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy
+# The receivers of the tests listen on 127.0.0.1, which the URL guard lets through only when allow-listed.
+LOOPBACK_ALLOWED = ("127.0.0.1/32",)
 
 
 @dataclass
@@ -61,7 +64,10 @@ class ScheduleHarness:
         self.engine = engine
         self.clock = clock
         self.jobs = JobCalls()
-        self.store = ScheduleStore(engine, clock=clock, jobs=self.jobs.functions(), outboxes=[SampleEvent, ScheduledCall])
+        self.store = ScheduleStore(
+            engine, clock=clock, jobs=self.jobs.functions(), outboxes=[SampleEvent, ScheduledCall],
+            url_guard=UrlGuard.from_entries(LOOPBACK_ALLOWED),
+        )
         self.runners: list[ScheduleRunner] = []
 
     def runner(self, **overrides: Any) -> ScheduleRunner:
