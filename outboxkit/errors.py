@@ -42,6 +42,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               nothing was changed
     ├── OutboxPaused                (operator) drain now or retry an outbox whose
     │                               drains are paused; nothing was done
+    ├── RunNowLimited               (operator) one person asked "run now" more often than
+    │                               OUTBOXKIT_SCHEDULE_RUN_NOW_PER_MINUTE; nothing was done
     ├── BodyTooLarge                (admin) a request body over the admin's cap
     ├── OperatorQueryTimeout        (operator) a transaction of the admin or the CLI ran
     │                               past OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS and was
@@ -104,6 +106,7 @@ __all__ = [
     "RowsHeld",
     "RowsNotFound",
     "ScheduleDeclaredInCode",
+    "RunNowLimited",
     "UnexpectedSendError",
     "UnknownJobError",
     "UnknownOutboxError",
@@ -264,6 +267,17 @@ class OutboxPaused(OutboxKitError):
 
     def __init__(self, outbox: str) -> None:
         super().__init__(f"the drains of {outbox!r} are paused; resume them first (nothing was done)")
+
+
+class RunNowLimited(OutboxKitError):
+    """One person asked "run now" more often than the limit allows; nothing was done (answered 429)."""
+
+    def __init__(self, actor: str, limit: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"{actor[:100]!r} may run schedules now at most {limit} times a minute "
+            f"(OUTBOXKIT_SCHEDULE_RUN_NOW_PER_MINUTE); nothing was done, try again in {retry_after} s"
+        )
 
 
 class BodyTooLarge(OutboxKitError):

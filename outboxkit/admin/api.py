@@ -42,7 +42,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.admin.refusals import REFUSALS, refusal_status
+from outboxkit.admin.refusals import REFUSALS, refusal_headers, refusal_status
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidSearch, NotOrderedError
 from outboxkit.operations.ordered_keys import BlockedKeys
@@ -113,7 +113,7 @@ def http_errors() -> Iterator[None]:
             )
             problem = {"type": "value_error", "loc": where, "msg": str(exc), "input": None}
             raise RequestValidationError([problem]) from None
-        raise HTTPException(status_code=status_code, detail=str(exc)) from None
+        raise HTTPException(status_code=status_code, detail=str(exc), headers=refusal_headers(exc)) from None
 
 
 def require_json(request: Request) -> None:

@@ -23,6 +23,7 @@ from outboxkit.errors import (
     PageInputError,
     RowsHeld,
     RowsNotFound,
+    RunNowLimited,
     ScheduleDeclaredInCode,
     UnknownDestinationError,
     UnknownJobError,
@@ -30,7 +31,7 @@ from outboxkit.errors import (
     UnknownScheduleError,
 )
 
-__all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_status"]
+__all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_headers", "refusal_status"]
 
 REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     UnknownOutboxError: 404,
@@ -43,6 +44,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     ScheduleDeclaredInCode: 409,  # changed in the application's code, not here
     InvalidCursor: 400,
     BodyTooLarge: 413,
+    RunNowLimited: 429,
     PageInputError: 422,
     InvalidValueError: 422,
     InvalidSearch: 422,
@@ -52,6 +54,11 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     OperatorPoolBusy: 503,
 }
 REFUSALS: tuple[type[OutboxKitError], ...] = tuple(REFUSAL_STATUS)  # for ``except REFUSALS``
+
+
+def refusal_headers(error: OutboxKitError) -> dict[str, str] | None:
+    """The headers that go with the refusal's status: ``Retry-After`` on a 429."""
+    return {"Retry-After": str(error.retry_after)} if isinstance(error, RunNowLimited) else None
 
 
 def refusal_status(error: OutboxKitError) -> int:

@@ -105,7 +105,7 @@ class ScheduleAdmin:
     def _store(self) -> ScheduleStore:
         return ScheduleStore(
             self.kit.operator_database, clock=self.kit.clock, jobs=self.job_names(), outboxes=self.kit.outboxes,
-            url_guard=self.kit.url_guard,
+            url_guard=self.kit.url_guard, run_now_per_minute=self.kit.settings.schedule_run_now_per_minute,
         )
 
     # -- reads ---------------------------------------------------------------

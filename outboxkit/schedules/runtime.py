@@ -200,6 +200,7 @@ class KitSchedules:
         return ScheduleStore(
             self.kit.engine, clock=self.kit.clock, jobs=self.jobs, outboxes=self.kit.outboxes,
             reserved_names=self._reserved_name, url_guard=self.kit.url_guard,
+            run_now_per_minute=self.kit.settings.schedule_run_now_per_minute,
         )
 
     @property

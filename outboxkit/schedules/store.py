@@ -37,17 +37,18 @@ arithmetic, the claims, the leases and the runs are modules of their own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.errors import InvalidScheduleError, ScheduleDeclaredInCode, UnknownScheduleError, UnsafeUrlError
+from outboxkit.errors import InvalidScheduleError, RunNowLimited, ScheduleDeclaredInCode, UnknownScheduleError, UnsafeUrlError
 from outboxkit.model import Outbox
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.requests import ScheduledRequestOutbox
@@ -58,6 +59,14 @@ __all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_f
 
 CHANNEL = "outboxkit_schedules"
 _NOTIFY = text("SELECT pg_notify(:channel, :name)")
+# One person's "run now" calls are counted under a lock of their own, so two at once cannot both pass the limit.
+_LOCK_ACTOR = text("SELECT pg_advisory_xact_lock(hashtextextended('outboxkit-run-now:' || :actor, 0))")
+# Their calls in the last minute, among the latest audit entries (newest first on the primary key: a bounded
+# read whatever the table's size; far more changes than this in one minute would only lift the limit).
+_RECENT_RUN_NOWS = text(
+    "SELECT at FROM (SELECT actor, action, at FROM outboxkit_schedule_audit ORDER BY id DESC LIMIT 10000) AS recent "
+    "WHERE actor = :actor AND action = 'run_now' AND at > :since ORDER BY at"
+)
 
 
 class Transactions(Protocol):
@@ -183,6 +192,9 @@ class ScheduleStore:
     settings' allow-list; by default no non-public address is let through).
     Schedules declared in code are not resolved when they are synced: their
     URLs come from the code, and their sends are checked like every other.
+    ``run_now_per_minute`` bounds how often one actor may ``run_now`` (any
+    schedule) in a minute, counted from the audit (``RunNowLimited`` past
+    it); None: no bound.
     """
 
     def __init__(
@@ -194,8 +206,10 @@ class ScheduleStore:
         outboxes: Iterable[type[Outbox]] = (),
         reserved_names: Callable[[str], str | None] | None = None,
         url_guard: UrlGuard | None = None,
+        run_now_per_minute: int | None = None,
     ) -> None:
         self.engine = engine
+        self.run_now_per_minute = run_now_per_minute
         self.url_guard = url_guard if url_guard is not None else UrlGuard()
         self.reserved_names = reserved_names
         self.clock = clock or SystemClock()
@@ -281,8 +295,9 @@ class ScheduleStore:
         disabled.
         """
         with self.engine.begin() as connection:
-            current = self._row(connection, name, lock=True)
             now = self.clock.now()
+            self._check_run_now_limit(connection, actor, now)
+            current = self._row(connection, name, lock=True)
             statement = (
                 update(schedules)
                 .where(schedules.c.name == name)
@@ -395,6 +410,16 @@ class ScheduleStore:
     def _refuse_if_declared_in_code(current: RowMapping, *, action: str) -> None:
         if current["defined_in"] == "code":
             raise ScheduleDeclaredInCode(current["name"], current["declared_at"], action=action)
+
+    def _check_run_now_limit(self, connection: Connection, actor: str, now: datetime) -> None:
+        limit = self.run_now_per_minute
+        if limit is None:
+            return
+        connection.execute(_LOCK_ACTOR, {"actor": actor})
+        recent = connection.execute(_RECENT_RUN_NOWS, {"actor": actor, "since": now - timedelta(minutes=1)}).scalars().all()
+        if len(recent) >= limit:
+            frees_at = recent[len(recent) - limit] + timedelta(minutes=1)  # when the oldest counted call leaves the minute
+            raise RunNowLimited(actor, limit, max(1, math.ceil((frees_at - now).total_seconds())))
 
     def _check_url(self, definition: ScheduleDefinition) -> None:
         """Refuse an HTTP target whose URL the guard does not let through (``field == "target.url"``)."""
