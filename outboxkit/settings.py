@@ -42,6 +42,7 @@ Schedules as rows (see docs/schedules.md)::
     OUTBOXKIT_URL_ALLOW_LIST=10.20.0.0/16,hooks.internal  # non-public networks/hosts a schedule may send to
     OUTBOXKIT_SCHEDULE_ERROR_BODY_CHARS=0                 # characters of an error answer's body kept in last_error
     OUTBOXKIT_SCHEDULE_RUN_NOW_PER_MINUTE=6               # "run now" calls one person may make per minute
+    OUTBOXKIT_SECRETS__PARTNER_TOKEN='Bearer ...'         # what a target's header 'secret:partner_token' sends
 
 Drain work (see docs/operations.md, "Drains and workers")::
 
@@ -74,6 +75,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from outboxkit.errors import ConfigurationError, InvalidValueError
+from outboxkit.target_secrets import SECRET_NAME
 from outboxkit.url_guard import AllowList
 
 __all__ = [
@@ -100,7 +102,8 @@ ENV_PREFIX = "OUTBOXKIT_"
 NON_SETTING_VARIABLES = frozenset({"OUTBOXKIT_APP"})
 NON_SETTING_PREFIXES = ("OUTBOXKIT_TEST_", "OUTBOXKIT_BENCH_", "OUTBOXKIT_FAULT_")
 # Settings whose values an error message never repeats.
-SECRET_SETTINGS = frozenset({"webhook_secrets"})
+SECRET_SETTINGS = frozenset({"webhook_secrets", "secrets"})
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")  # what a secret is sent as: one HTTP header value
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests per second
 
@@ -309,6 +312,9 @@ class OutboxKitSettings(BaseSettings):
     schedule_error_body_chars: int = Field(default=0, ge=0, le=500)
     # "Run now" calls one person (the admin's or the CLI's actor) may make per minute, over every schedule.
     schedule_run_now_per_minute: int = Field(default=6, ge=1, le=10_000)
+    # Credentials an HTTP target references by name: a header value 'secret:partner_token' is sent as the
+    # value of OUTBOXKIT_SECRETS__PARTNER_TOKEN (outboxkit.target_secrets).  Never shown.
+    secrets: dict[str, SecretStr] = Field(default_factory=dict)
 
     def __init__(self, **values: Any) -> None:
         check_variable_names(os.environ)
@@ -345,6 +351,25 @@ class OutboxKitSettings(BaseSettings):
         if isinstance(value, (list, tuple)):
             AllowList.parse(value)  # a bad entry is refused here, naming the variable
         return value
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_names(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        named = {str(name).lower(): secret for name, secret in value.items()}
+        for name, secret in named.items():
+            if not SECRET_NAME.fullmatch(name):
+                raise InvalidValueError(f"secret name {name[:80]!r} must be 1-64 of a-z, 0-9 and _ (e.g. partner_token)")
+            text = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+            if not isinstance(text, str) or not _HEADER_VALUE.fullmatch(text):
+                raise InvalidValueError(f"secret {name!r} must be a header value: printable ASCII, no line breaks")
+        return named
+
+    @property
+    def secret_values(self) -> dict[str, str]:
+        """``secrets`` by name with their values, for the send that needs them (never shown)."""
+        return {name: secret.get_secret_value() for name, secret in self.secrets.items()}
 
     @property
     def allow_list(self) -> AllowList:
@@ -458,6 +483,9 @@ def _unknown_variable(name: str) -> str | None:
     if parts[0] not in settings:
         suggestion = _closest(parts[0], settings, ENV_PREFIX)
         return f"{name}: no such setting{suggestion}; the settings are {ENV_PREFIX}<one of {', '.join(settings)}>"
+    if parts[0] == "SECRETS":  # OUTBOXKIT_SECRETS (JSON) or OUTBOXKIT_SECRETS__<NAME>
+        example = f"{ENV_PREFIX}SECRETS__PARTNER_TOKEN"
+        return f"{name}: secrets look like {ENV_PREFIX}SECRETS__<NAME>, e.g. {example}" if len(parts) > 2 else None
     if parts[0] != "OUTBOXES":
         return f"{name}: {ENV_PREFIX}{parts[0]} takes no nested keys" if len(parts) > 1 else None
     if len(parts) <= 2:  # OUTBOXKIT_OUTBOXES or OUTBOXKIT_OUTBOXES__<KEY>, as JSON

@@ -180,7 +180,10 @@ class KitCore:
 
     def _guard_transport(self, transport: Transport) -> Transport:
         """A ``ScheduledRequestOutbox``'s sends: each URL checked again and pinned (``outboxkit.transports.guarded``)."""
-        return GuardedTransport(transport, guard=self.url_guard, error_body_chars=self.settings.schedule_error_body_chars)
+        return GuardedTransport(
+            transport, guard=self.url_guard, error_body_chars=self.settings.schedule_error_body_chars,
+            secrets=self.settings.secret_values,
+        )
 
     def _built_drainer(self, job_name: str) -> Drainer | None:
         """The outbox's drainer if this process built one (a gauge read must not build it)."""

@@ -56,7 +56,7 @@ from outboxkit.operations.schedule_schemas import (
     ScheduleRunModel,
 )
 from outboxkit.schedules.requests import ScheduledRequestOutbox
-from outboxkit.schedules.store import Schedule, ScheduleStore
+from outboxkit.schedules.store import Schedule, ScheduleStore, redact_snapshot
 from outboxkit.schedules.views import next_fire_times, schedule_history
 from outboxkit.storage.tables import schedule_audit, schedules
 
@@ -106,6 +106,7 @@ class ScheduleAdmin:
         return ScheduleStore(
             self.kit.operator_database, clock=self.kit.clock, jobs=self.job_names(), outboxes=self.kit.outboxes,
             url_guard=self.kit.url_guard, run_now_per_minute=self.kit.settings.schedule_run_now_per_minute,
+            secret_names=self.kit.settings.secrets,
         )
 
     # -- reads ---------------------------------------------------------------
@@ -200,7 +201,12 @@ class ScheduleAdmin:
         )
         with self.kit.operator_database.connect() as connection:
             rows = connection.execute(statement).mappings().all()
-        return [ScheduleAuditEntry.model_validate(dict(row)) for row in rows]
+        return [
+            ScheduleAuditEntry.model_validate(
+                {**row, **{side: redact_snapshot(row[side]) for side in ("before", "after") if row[side] is not None}}
+            )
+            for row in rows
+        ]
 
     # -- changes -------------------------------------------------------------
 

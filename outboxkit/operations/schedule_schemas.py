@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from outboxkit.schedules.definitions import MAX_RUNNING_LIMIT, HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.storage.tables import RUN_OUTCOMES as RECORDED_OUTCOMES
+from outboxkit.target_secrets import redact_headers, redact_url
 
 __all__ = [
     "RUN_OUTCOMES",
@@ -133,15 +134,16 @@ class ScheduleFields(_Request):
 
     @classmethod
     def of(cls, definition: ScheduleDefinition) -> ScheduleFields:
-        """The fields of ``definition`` (what an edit form starts from)."""
+        """The fields of ``definition`` as shown, and what an edit form starts from: a credential in its target
+        is redacted (``outboxkit.target_secrets``), so saving it again asks for a secret reference instead."""
         target = definition.target
         target_model: JobTargetModel | HttpTargetModel
         if isinstance(target, JobTarget):
             target_model = JobTargetModel(kind="job", job=target.job)
         else:
             target_model = HttpTargetModel(
-                kind="http", url=target.url, outbox=target.outbox, method=target.method,
-                headers=dict(target.headers), body=target.body,
+                kind="http", url=redact_url(target.url), outbox=target.outbox, method=target.method,
+                headers=redact_headers(target.headers), body=target.body,
             )
         trigger = definition.trigger
         return cls(

@@ -200,7 +200,7 @@ class KitSchedules:
         return ScheduleStore(
             self.kit.engine, clock=self.kit.clock, jobs=self.jobs, outboxes=self.kit.outboxes,
             reserved_names=self._reserved_name, url_guard=self.kit.url_guard,
-            run_now_per_minute=self.kit.settings.schedule_run_now_per_minute,
+            run_now_per_minute=self.kit.settings.schedule_run_now_per_minute, secret_names=self.kit.settings.secrets,
         )
 
     @property

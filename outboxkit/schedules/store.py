@@ -53,9 +53,10 @@ from outboxkit.model import Outbox
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.tables import schedule_audit, schedules
+from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
 from outboxkit.url_guard import UrlGuard
 
-__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row"]
+__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row", "redact_snapshot"]
 
 CHANNEL = "outboxkit_schedules"
 _NOTIFY = text("SELECT pg_notify(:channel, :name)")
@@ -154,10 +155,22 @@ def definition_from_row(row: RowMapping) -> ScheduleDefinition:
 
 
 def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
-    """A row as JSON for the audit (times as ISO 8601 strings)."""
+    """A row as JSON for the audit (times as ISO 8601 strings; a credential in its target redacted)."""
     if row is None:
         return None
-    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items() if key != "id"}
+    return redact_snapshot(
+        {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items() if key != "id"}
+    )
+
+
+def redact_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A schedule row's audit snapshot as shown: the target's URL and headers redacted (``outboxkit.target_secrets``)."""
+    shown = dict(snapshot)
+    if isinstance(shown.get("http_url"), str):
+        shown["http_url"] = redact_url(shown["http_url"])
+    if isinstance(shown.get("http_headers"), dict):
+        shown["http_headers"] = redact_headers(shown["http_headers"])
+    return shown
 
 
 def _schedule(row: RowMapping) -> Schedule:
@@ -192,6 +205,10 @@ class ScheduleStore:
     settings' allow-list; by default no non-public address is let through).
     Schedules declared in code are not resolved when they are synced: their
     URLs come from the code, and their sends are checked like every other.
+    ``secret_names`` are the settings' secrets, which a header value
+    ``secret:NAME`` may reference; a literal credential (``Authorization``,
+    ``Proxy-Authorization``, ``Cookie``, a URL's user information) is refused
+    on every save, the sync of schedules declared in code included.
     ``run_now_per_minute`` bounds how often one actor may ``run_now`` (any
     schedule) in a minute, counted from the audit (``RunNowLimited`` past
     it); None: no bound.
@@ -207,7 +224,9 @@ class ScheduleStore:
         reserved_names: Callable[[str], str | None] | None = None,
         url_guard: UrlGuard | None = None,
         run_now_per_minute: int | None = None,
+        secret_names: Collection[str] = (),
     ) -> None:
+        self.secret_names = frozenset(secret_names)
         self.engine = engine
         self.run_now_per_minute = run_now_per_minute
         self.url_guard = url_guard if url_guard is not None else UrlGuard()
@@ -403,6 +422,14 @@ class ScheduleStore:
             raise InvalidScheduleError(
                 "target.outbox", f"no ScheduledRequestOutbox with job_name {target.outbox!r} is registered (registered: {known})"
             )
+        if isinstance(target, HttpTarget):
+            try:
+                self.url_guard.parse(target.url)  # the scheme and no credential in the URL; no lookup
+            except UnsafeUrlError as exc:
+                raise InvalidScheduleError("target.url", str(exc)) from None
+            problem = credential_problem(target.headers, self.secret_names)
+            if problem is not None:
+                raise InvalidScheduleError("target.headers", problem)
         if not past_allowed:
             definition.check_not_past(self.clock.now())
 

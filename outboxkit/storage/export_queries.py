@@ -37,7 +37,9 @@ class ExportQueries:
         self.kit_column_names: list[str] = kit_columns
         self.payload_column_names: list[str] = self.admin.payload_column_names
         selected = [f"outbox.{name}" for name in kit_columns]
-        selected += [f"CAST(outbox.{quoted} AS text)" for _, quoted, _ in self.admin.payload_columns]
+        selected += [
+            f"CAST({self.admin.shown(name, 'outbox.' + quoted)} AS text)" for name, quoted, _ in self.admin.payload_columns
+        ]
         self._select = ", ".join(selected)
 
     @property

@@ -16,14 +16,17 @@ bind parameters, and the fragments below are fixed.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, text
+from sqlalchemy import inspect as sqlalchemy_inspect
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, STATUSES, Outbox
+from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.drain_queries import quote_table
 from outboxkit.storage.operator_results import (
     DeletedBatch,
@@ -37,6 +40,7 @@ from outboxkit.storage.operator_results import (
 from outboxkit.storage.ordering import BACKLOG_KEY_LIMIT, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
 from outboxkit.storage.row_filter import RowFilter
+from outboxkit.target_secrets import redacted_headers_sql, redacted_url_sql
 
 __all__ = ["AdminQueries", "admin_queries_for"]
 
@@ -114,6 +118,14 @@ _RESET = (
 )
 
 
+def redacted_columns(outbox: type[Outbox]) -> dict[str, Callable[[str], str]]:
+    """The payload columns shown redacted, by column name: a ``ScheduledRequestOutbox``'s URL and headers."""
+    if not issubclass(outbox, ScheduledRequestOutbox):
+        return {}
+    columns = sqlalchemy_inspect(outbox).columns  # by attribute: the mixin's, whatever the columns are named
+    return {columns["url"].name: redacted_url_sql, columns["headers"].name: redacted_headers_sql}
+
+
 class AdminQueries:
     """The admin's statements for one outbox class."""
 
@@ -134,6 +146,13 @@ class AdminQueries:
             for column in table.columns
             if column.name not in KIT_COLUMNS
         ]
+        self._redacted = redacted_columns(outbox)
+
+    def shown(self, name: str, column: str) -> str:
+        """SQL for payload column ``name`` (``column``: its quoted reference) as the admin shows, filters and
+        exports it: a schedule's request's URL and headers with credentials redacted (``outboxkit.target_secrets``)."""
+        redact = self._redacted.get(name)
+        return f"({redact(column)})" if redact is not None else column
 
     def _sql(self, template: str) -> str:
         return template.format(table=self.table_name)
@@ -153,7 +172,8 @@ class AdminQueries:
                 raise InvalidValueError(
                     f"payload_column must be one of this outbox's own columns ({known}), got {row_filter.payload_column!r}"
                 )
-            quoted = by_name[row_filter.payload_column]
+            column = row_filter.payload_column
+            quoted = self.shown(str(column), by_name[column])
         return row_filter.clauses(quoted)
 
     def count_matching(self, connection: Connection, *, status: str, row_filter: RowFilter, cap: int) -> int:
@@ -296,8 +316,8 @@ class AdminQueries:
     def detail(self, connection: Connection, row_id: int, *, preview_chars: int) -> RowDetail | None:
         """One row with its application columns as text, each cut to ``preview_chars`` in SQL."""
         payload_sql = "".join(
-            f", left(CAST({quoted} AS text), :preview) AS payload_{index}, length(CAST({quoted} AS text)) AS length_{index}"
-            for index, (_, quoted, _) in enumerate(self.payload_columns)
+            f", left(CAST({shown} AS text), :preview) AS payload_{index}, length(CAST({shown} AS text)) AS length_{index}"
+            for index, shown in enumerate(self.shown(name, quoted) for name, quoted, _ in self.payload_columns)
         )
         statement = text(
             self._sql(f"SELECT {_ROW_SUMMARY_COLUMNS}, idempotency_key, claim_token{payload_sql} FROM {{table}} WHERE id = :id")
