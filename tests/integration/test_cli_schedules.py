@@ -86,6 +86,12 @@ def test_create_from_flags_list_show_and_every_action_audited_as_the_cli(cli, en
         (["--trigger", "cron", "--field", "month=2", "--field", "day=31", *CALL], "trigger.fields: never fires"),
         (["--timezone", "EST5EDT", "--trigger", "cron", "--field", "hour=3", *CALL], "trigger.timezone: 'EST5EDT'"),
         (["--timezone", "localtime", "--trigger", "cron", "--field", "hour=3", *CALL], "trigger.timezone: 'localtime'"),
+        # The kit allows 127.0.0.1 (the test receivers), nothing else that is not public.
+        ([*EVERY_FIVE, "--url", "http://169.254.169.254/latest/meta-data/", "--outbox", "scheduled-calls"],
+         "target.url: 'http://169.254.169.254/latest/meta-data/': 169.254.169.254 is a link-local"),
+        ([*EVERY_FIVE, "--url", "http://127.0.0.2:5432/", "--outbox", "scheduled-calls"], "OUTBOXKIT_URL_ALLOW_LIST"),
+        ([*HEARTBEAT, "--header", "Authorization: Bearer abc"], "target.headers: 'Authorization' may not hold a credential"),
+        ([*HEARTBEAT, "--header", "Transfer-Encoding: chunked"], "target.headers: Delivery.headers may not set"),
     ],
 )
 def test_a_refused_create_names_the_field_and_writes_nothing(cli, engine, flags, says):
