@@ -16,7 +16,8 @@ such a URL may be sent to, at save time and again at every send:
   routable: loopback, private (RFC 1918), shared (100.64/10), link-local
   (169.254/16, fe80::/10), unique-local (fc00::/7), multicast, unspecified,
   reserved and documentation ranges are refused, also when written inside
-  an IPv6 address (``::ffff:127.0.0.1``, 6to4);
+  an IPv6 address (``::ffff:127.0.0.1``, ``::127.0.0.1``, 6to4, NAT64's
+  ``64:ff9b::/96``);
 * unless the allow-list names them: a network (``10.20.0.0/16``,
   ``127.0.0.1/32``) admits the addresses in it, a host name
   (``hooks.internal``) admits whatever that exact name resolves to.
@@ -101,6 +102,8 @@ def unroutable(address: IPAddress) -> str | None:
     """Why ``address`` is not a public one (``"loopback"``, ``"private"``...), or None when it is."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is None and any(address in network for network in _EMBEDDING_IPV4) and int(address) > 1:
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)  # IPv4-compatible, or NAT64's prefix
         if embedded is not None:
             return unroutable(embedded)
     for kind, flag in (
@@ -121,6 +124,7 @@ def unroutable(address: IPAddress) -> str | None:
 
 
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
+_EMBEDDING_IPV4 = (ipaddress.ip_network("::/96"), ipaddress.ip_network("64:ff9b::/96"))
 
 
 @dataclass(frozen=True)

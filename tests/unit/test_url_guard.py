@@ -42,6 +42,8 @@ def resolver(table: dict[str, list[str]]):
         ("http://224.0.0.1/", "multicast"),
         ("http://240.0.0.1/", "reserved"),
         ("http://[2002:7f00:1::]/", "loopback"),  # 6to4 around 127.0.0.1
+        ("http://[::127.0.0.1]/", "loopback"),  # IPv4-compatible
+        ("http://[64:ff9b::a9fe:a9fe]/", "link-local"),  # NAT64 around 169.254.169.254
     ],
 )
 def test_a_non_public_address_is_refused_with_the_reason_and_the_setting_to_allow_it(url, reason):
