@@ -71,6 +71,7 @@ their connections: a database error is logged and reported in the result.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -88,12 +89,15 @@ from outboxkit.errors import ConfigurationError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import RetryPolicy
 from outboxkit.results import DrainResult
+from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.attempts import AttemptLog
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries, queries_for
 from outboxkit.storage.pauses import PauseCheck
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 from outboxkit.transports.base import Transport
+from outboxkit.transports.guarded import GuardedTransport
+from outboxkit.url_guard import UrlGuard
 
 __all__ = ["DrainResult", "Drainer", "drain_once"]
 
@@ -129,8 +133,11 @@ class Drainer:
         guard_transport: Callable[[Transport], Transport] | None = None,
     ) -> None:
         self.engine = engine
-        # Wraps every transport this drainer is given, a replaced one too (the kit guards the sends of a
-        # ScheduledRequestOutbox with it: outboxkit.transports.guarded).
+        # Wraps every transport this drainer is given, a replaced one too: the sends of a ScheduledRequestOutbox
+        # are guarded (outboxkit.transports.guarded); the kit passes its settings' allow-list and secrets, a
+        # drainer built by hand guards them with neither.
+        if guard_transport is None and issubclass(outbox, ScheduledRequestOutbox):
+            guard_transport = functools.partial(GuardedTransport, guard=UrlGuard())
         self._guard_transport = guard_transport or (lambda transport: transport)
         self.outbox = outbox
         self.options = options or outbox.__outbox__

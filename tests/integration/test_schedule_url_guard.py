@@ -116,3 +116,12 @@ def test_the_admin_api_answers_422_naming_the_url_and_changes_nothing(strict_adm
     assert "loopback address" in answer.json()["detail"][0]["msg"]
     with strict_admin.engine.connect() as connection:
         assert connection.scalar(text("SELECT count(*) FROM outboxkit_schedules")) == 0
+
+
+def test_a_drainer_built_without_the_kit_guards_a_schedules_requests_too(engine, clock, receiver):
+    from outboxkit.drain.drainer import drain_once
+
+    enqueue_call(engine, receiver.url + "/ping")
+    assert drain_once(engine, ScheduledCall, clock=clock).delivered == 0
+    assert receiver.requests == []
+    assert call_row(engine).status == "stuck" and "loopback" in call_row(engine).last_error
