@@ -7,8 +7,12 @@ reach it (and, with respx, never to leave the process).
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 import respx
@@ -95,3 +99,36 @@ def test_an_error_answers_body_is_left_out_unless_asked_for_and_then_short(recei
     assert send(GuardedTransport(http, guard=LOOPBACK_ALLOWED), receiver.url).error == "HTTP 500"
     shown = send(GuardedTransport(http, guard=LOOPBACK_ALLOWED, error_body_chars=12), receiver.url).error
     assert shown == "HTTP 500: FATAL: passw"
+
+
+@pytest.fixture(scope="module")
+def named_certificate(tmp_path_factory) -> Path:
+    """A self-signed certificate for the name pinned.test only (no IP address in it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    folder = tmp_path_factory.mktemp("named-tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
+         "-subj", "/CN=pinned.test", "-addext", "subjectAltName=DNS:pinned.test"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return folder / "cert.pem"
+
+
+@pytest.mark.parametrize(("name", "verified"), [("pinned.test", True), ("other.test", False)])
+def test_over_tls_the_pinned_send_verifies_the_certificate_against_the_urls_name(named_certificate, name, verified):
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(named_certificate, named_certificate.with_name("key.pem"))
+    guard = UrlGuard.from_entries(["127.0.0.1/32"], resolve=lambda host, port: ["127.0.0.1"])
+    with Receiver(tls=server) as receiver, HttpTransport(
+        ssl_context=ssl.create_default_context(cafile=str(named_certificate)), trust_env=False
+    ) as http:
+        port = receiver.url.rsplit(":", 1)[1]
+        result = send(GuardedTransport(http, guard=guard), f"https://{name}:{port}/hook")
+    if verified:
+        assert result.status_code == 200, result.error
+        assert receiver.requests[0].headers["Host"] == f"pinned.test:{port}"
+    else:
+        assert result.failure is FailureKind.CONNECTION and "CERTIFICATE_VERIFY_FAILED" in result.error
+        assert receiver.requests == []
