@@ -249,3 +249,24 @@ class Receiver:
     def in_flight(self) -> int:
         with self._arrived:
             return self._in_flight
+
+
+def self_signed_certificate(folder: Any, *, common_name: str, alt_name: str) -> Any:
+    """A self-signed certificate (``folder / "cert.pem"``, its key beside it) made with the openssl command.
+
+    ``alt_name`` is its subjectAltName, e.g. ``IP:127.0.0.1`` or ``DNS:pinned.test``.
+    """
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
+         "-subj", f"/CN={common_name}", "-addext", f"subjectAltName={alt_name}"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return folder / "cert.pem"

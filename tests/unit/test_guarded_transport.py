@@ -7,9 +7,7 @@ reach it (and, with respx, never to leave the process).
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +20,7 @@ from outboxkit.transports.base import Delivery
 from outboxkit.transports.guarded import GuardedTransport
 from outboxkit.transports.http import HttpTransport
 from outboxkit.url_guard import UrlGuard
-from tests.support.receiver import Receiver, Reply
+from tests.support.receiver import Receiver, Reply, self_signed_certificate
 
 KEY = "8a0c1a52-5f1b-4f7e-9d59-0c2f1d3e4b5a"
 LOOPBACK_ALLOWED = UrlGuard.from_entries(["127.0.0.1/32"])
@@ -104,16 +102,7 @@ def test_an_error_answers_body_is_left_out_unless_asked_for_and_then_short(recei
 @pytest.fixture(scope="module")
 def named_certificate(tmp_path_factory) -> Path:
     """A self-signed certificate for the name pinned.test only (no IP address in it)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
-    folder = tmp_path_factory.mktemp("named-tls")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
-         "-subj", "/CN=pinned.test", "-addext", "subjectAltName=DNS:pinned.test"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return folder / "cert.pem"
+    return self_signed_certificate(tmp_path_factory.mktemp("named-tls"), common_name="pinned.test", alt_name="DNS:pinned.test")
 
 
 @pytest.mark.parametrize(("name", "verified"), [("pinned.test", True), ("other.test", False)])

@@ -9,10 +9,8 @@ answer, a name lookup that hangs, and proxies.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +25,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.policy import FailureKind
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import ERROR_BODY_LIMIT, HttpTransport
-from tests.support.receiver import Receiver, Reply
+from tests.support.receiver import Receiver, Reply, self_signed_certificate
 
 URL = "http://receiver.test/events"
 KEY = "8a0c1a52-5f1b-4f7e-9d59-0c2f1d3e4b5a"
@@ -591,17 +589,10 @@ def test_an_environment_proxy_the_transport_cannot_use_is_refused_at_start_up(no
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory) -> Path:
-    """A self-signed certificate for 127.0.0.1 (made with the openssl command); its key is beside it."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
-    folder = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
-         "-subj", "/CN=outboxkit test receiver", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return folder / "cert.pem"
+    """A self-signed certificate for 127.0.0.1; its key is beside it."""
+    return self_signed_certificate(
+        tmp_path_factory.mktemp("tls"), common_name="outboxkit test receiver", alt_name="IP:127.0.0.1"
+    )
 
 
 @pytest.fixture
