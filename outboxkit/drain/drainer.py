@@ -114,6 +114,10 @@ class Drainer:
     Build one per outbox and reuse it (the kit does); call ``close()`` when done.
     ``drain()`` and ``drain_once()`` are calls that return; ``start()`` runs
     the background loop that claims on ``wake()`` and at due times.
+    ``guard_transport`` wraps every transport it is given (the kit's guard of
+    a ``ScheduledRequestOutbox``'s sends, ``outboxkit.transports.guarded``,
+    with the settings' allow-list and secrets); such an outbox's drainer
+    built without it is guarded with no allow-list and no secrets.
     """
 
     def __init__(

@@ -65,12 +65,18 @@ def test_a_claim_that_rolls_back_neither_advances_nor_enqueues(schedules, receiv
 
 def test_the_enqueued_request_is_delivered_by_its_outbox(schedules, receiver, engine, clock):
     from outboxkit import Drainer, HttpTransport
+    from outboxkit.transports.guarded import GuardedTransport
+    from outboxkit.url_guard import UrlGuard
     from tests.support.models import ScheduledCall
+    from tests.support.schedules import LOOPBACK_ALLOWED
 
     schedules.http_schedule("ping", EVERY_MINUTE, receiver.url + "/ping")
     schedules.runner().fire_due()
     transport = HttpTransport()
-    drainer = Drainer(engine, ScheduledCall, transport=transport, clock=clock)
+    # Its sends are guarded as the kit guards them; the receiver's 127.0.0.1 is allow-listed.
+    guard = UrlGuard.from_entries(LOOPBACK_ALLOWED)
+    drainer = Drainer(engine, ScheduledCall, transport=transport, clock=clock,
+                      guard_transport=lambda inner: GuardedTransport(inner, guard=guard))
     try:
         assert drainer.drain_once().delivered == 1
     finally:
