@@ -406,6 +406,10 @@ class Outbox:
     """
 
     __outbox__: ClassVar[OutboxOptions]
+    # Set by an outbox whose rows hold requests typed at run time (a schedule's HTTP target), not built by the
+    # application's code: its URL and headers attributes, by name.  Every send of such a row passes the URL
+    # guard, pinned to the checked address (outboxkit.transports.guarded), and those columns are shown redacted.
+    __runtime_requests__: ClassVar[tuple[str, str] | None] = None
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
     idempotency_key: Mapped[uuid.UUID] = mapped_column(

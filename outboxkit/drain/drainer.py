@@ -89,7 +89,6 @@ from outboxkit.errors import ConfigurationError, KitClosedError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import RetryPolicy
 from outboxkit.results import DrainResult
-from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.attempts import AttemptLog
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries, queries_for
@@ -115,7 +114,8 @@ class Drainer:
     ``drain()`` and ``drain_once()`` are calls that return; ``start()`` runs
     the background loop that claims on ``wake()`` and at due times.
     ``guard_transport`` wraps every transport it is given (the kit's guard of
-    a ``ScheduledRequestOutbox``'s sends, ``outboxkit.transports.guarded``,
+    the sends of an outbox whose requests are typed at run time (``Outbox.__runtime_requests__``:
+    a ``ScheduledRequestOutbox``), ``outboxkit.transports.guarded``,
     with the settings' allow-list and secrets); such an outbox's drainer
     built without it is guarded with no allow-list and no secrets.
     """
@@ -137,10 +137,10 @@ class Drainer:
         guard_transport: Callable[[Transport], Transport] | None = None,
     ) -> None:
         self.engine = engine
-        # Wraps every transport this drainer is given, a replaced one too: the sends of a ScheduledRequestOutbox
+        # Wraps every transport this drainer is given, a replaced one too: the sends of requests typed at run time
         # are guarded (outboxkit.transports.guarded); the kit passes its settings' allow-list and secrets, a
         # drainer built by hand guards them with neither.
-        if guard_transport is None and issubclass(outbox, ScheduledRequestOutbox):
+        if guard_transport is None and outbox.__runtime_requests__ is not None:
             guard_transport = functools.partial(GuardedTransport, guard=UrlGuard())
         self._guard_transport = guard_transport or (lambda transport: transport)
         self.outbox = outbox

@@ -26,7 +26,6 @@ from outboxkit.errors import ConfigurationError, UnknownOutboxError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.rate_limits import RateLimit
 from outboxkit.results import DrainResult
-from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.database import kit_engine
@@ -173,13 +172,13 @@ class KitCore:
                     telemetry=self.telemetry,
                     attempt_history_days=self.settings.attempt_history_days,
                     prepared_statements=self.settings.prepared_statements,
-                    guard_transport=self._guard_transport if issubclass(outbox, ScheduledRequestOutbox) else None,
+                    guard_transport=self._guard_transport if outbox.__runtime_requests__ is not None else None,
                 )
                 self._drainers[job_name] = drainer
         return drainer
 
     def _guard_transport(self, transport: Transport) -> Transport:
-        """A ``ScheduledRequestOutbox``'s sends: each URL checked again and pinned (``outboxkit.transports.guarded``)."""
+        """Sends of requests typed at run time: each URL checked again and pinned (``outboxkit.transports.guarded``)."""
         return GuardedTransport(
             transport, guard=self.url_guard, error_body_chars=self.settings.schedule_error_body_chars,
             secrets=self.settings.secret_values,

@@ -36,6 +36,7 @@ class ScheduledRequestOutbox(Outbox):
     """An outbox whose rows are HTTP requests written as data (method, URL, headers, JSON body)."""
 
     __abstract__ = True
+    __runtime_requests__ = ("url", "headers")
 
     schedule_name: Mapped[str] = mapped_column(String(200))
     scheduled_for: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -26,7 +26,6 @@ from sqlalchemy import inspect as sqlalchemy_inspect
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, STATUSES, Outbox
-from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.storage.drain_queries import quote_table
 from outboxkit.storage.operator_results import (
     DeletedBatch,
@@ -119,11 +118,12 @@ _RESET = (
 
 
 def redacted_columns(outbox: type[Outbox]) -> dict[str, Callable[[str], str]]:
-    """The payload columns shown redacted, by column name: a ``ScheduledRequestOutbox``'s URL and headers."""
-    if not issubclass(outbox, ScheduledRequestOutbox):
+    """The payload columns shown redacted, by column name: the URL and headers of requests typed at run time."""
+    if outbox.__runtime_requests__ is None:
         return {}
-    columns = sqlalchemy_inspect(outbox).columns  # by attribute: the mixin's, whatever the columns are named
-    return {columns["url"].name: redacted_url_sql, columns["headers"].name: redacted_headers_sql}
+    url, headers = outbox.__runtime_requests__
+    columns = sqlalchemy_inspect(outbox).columns  # by attribute, whatever the columns are named
+    return {columns[url].name: redacted_url_sql, columns[headers].name: redacted_headers_sql}
 
 
 class AdminQueries:
