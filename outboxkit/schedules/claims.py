@@ -59,7 +59,7 @@ _HAS_SLOT = """
 _CLAIM = text(
     f"""
     SELECT * FROM outboxkit_schedules
-    WHERE {_CLAIMABLE} AND next_run_at <= :now AND id NOT IN :skip AND {_HAS_SLOT}
+    WHERE {_CLAIMABLE} AND target_kind = :kind AND next_run_at <= :now AND id NOT IN :skip AND {_HAS_SLOT}
     ORDER BY next_run_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -67,7 +67,8 @@ _CLAIM = text(
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True), bindparam("skip", expanding=True))
 _NEAREST = text(
     f"""
-    SELECT (SELECT min(next_run_at) FROM outboxkit_schedules WHERE {_CLAIMABLE} AND {_HAS_SLOT}),
+    SELECT (SELECT min(next_run_at) FROM outboxkit_schedules
+            WHERE {_CLAIMABLE} AND (target_kind <> 'job' OR :jobs_free) AND {_HAS_SLOT}),
            (SELECT min(expires_at) FROM outboxkit_schedule_leases),
            clock_timestamp()
     """
@@ -133,19 +134,26 @@ class ScheduleClaims:
         # An empty IN list is a syntax error in some drivers; a name no row has keeps the query plain.
         return {"jobs": sorted(self.jobs) or [""], "outboxes": sorted(self.outboxes) or [""]}
 
-    def due(self, connection: Connection, *, now: datetime, skip: Collection[int], limit: int) -> Sequence[RowMapping]:
-        """Lock up to ``limit`` due rows this process can fire, skipping rows others hold and the ids in ``skip``."""
-        values = {**self._claimable(), "now": now, "skip": list(skip) or [0], "limit": limit}
+    def due(
+        self, connection: Connection, *, now: datetime, skip: Collection[int], limit: int, kind: str
+    ) -> Sequence[RowMapping]:
+        """Lock up to ``limit`` due rows of target ``kind`` (``job``, ``http``) this process can fire, skipping rows
+        others hold and the ids in ``skip``."""
+        values = {**self._claimable(), "now": now, "skip": list(skip) or [0], "limit": limit, "kind": kind}
         return connection.execute(_CLAIM, values).mappings().all()
 
     def one(self, connection: Connection, name: str) -> RowMapping | None:
         """Lock the row named ``name`` (waiting for a claim that holds it)."""
         return connection.execute(_ONE, {"name": name}).mappings().first()
 
-    def nearest(self, connection: Connection, *, now: datetime) -> tuple[datetime | None, datetime | None, datetime]:
-        """The nearest ``next_run_at`` of a row this process can fire (with a free slot at ``now``), the nearest
-        lease expiry (None: none) and the database server's clock."""
-        due, expiry, database_now = connection.execute(_NEAREST, {**self._claimable(), "now": now}).one()
+    def nearest(
+        self, connection: Connection, *, now: datetime, jobs_free: bool = True
+    ) -> tuple[datetime | None, datetime | None, datetime]:
+        """The nearest ``next_run_at`` of a row this process can fire (with a free slot at ``now``; of an HTTP
+        target only, unless ``jobs_free``: this process has a worker free), the nearest lease expiry (None: none)
+        and the database server's clock."""
+        values = {**self._claimable(), "now": now, "jobs_free": jobs_free}
+        due, expiry, database_now = connection.execute(_NEAREST, values).one()
         return due, expiry, database_now
 
     def fire(self, connection: Connection, row: RowMapping, *, now: datetime, firing: Firing) -> LeaseGrant | None:

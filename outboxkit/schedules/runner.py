@@ -55,7 +55,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, RowMapping
 
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.errors import ConfigurationError, UnknownJobError, UnknownOutboxError, UnknownScheduleError
@@ -95,9 +95,10 @@ class ScheduleRunner:
     ``outboxes`` are the kit's outbox classes (the ``ScheduledRequestOutbox``
     ones carry HTTP targets).  A process only claims the schedules it can
     fire, so during a rolling deploy a job that only the new code has is
-    left to the new processes.  It claims no more rows than it has free
+    left to the new processes.  It claims no more job rows than it has free
     workers (``max_workers``), so what it cannot start now stays due for
-    another process instead of queueing here.  ``lease_seconds`` (30) bounds how long
+    another process instead of queueing here; an HTTP target takes no worker
+    (it is an insert in the claim), so busy workers never hold one back.  ``lease_seconds`` (30) bounds how long
     a dead holder keeps its schedule waiting; ``clock_tolerance_seconds`` (2) is how
     far this process's clock may be off the database server's before the runner
     decides by the server's (``outboxkit.schedules.clock``; None: never checked).
@@ -173,34 +174,48 @@ class ScheduleRunner:
         firing = Firing()
         skip: list[int] = []
         while True:
-            # Claim no more than this process can start: what it leaves due, another process takes.
-            # A batch cut short by that limit ends the step, so the loop renews its leases between batches.
-            limit = min(self.batch_size, self.max_workers - self.running())
-            if limit <= 0:
+            # An HTTP target is an insert: its rows are claimed a full batch at a time, however busy the workers.
+            # A job's row is claimed only for a free worker: what this process cannot start now stays due for
+            # another process instead of queueing here.  A batch cut short by that limit ends the step, so the
+            # loop renews its leases between batches.
+            limits = {
+                "http": self.batch_size if self.outboxes else 0,
+                "job": min(self.batch_size, self.max_workers - self.running()) if self.jobs else 0,
+            }
+            if all(limit <= 0 for limit in limits.values()):
                 return firing
-            grants, claimed = self._claim_batch(firing, skip, limit)
+            grants, full = self._claim_batch(firing, skip, limits)
             for grant in grants:
                 self.runs.start(grant, firing)
-            if claimed < self.batch_size or self._stopping.is_set():
+            if not full or self._stopping.is_set():
                 return firing
 
-    def _claim_batch(self, firing: Firing, skip: list[int], limit: int) -> tuple[list[LeaseGrant], int]:
+    def _claim_batch(self, firing: Firing, skip: list[int], limits: Mapping[str, int]) -> tuple[list[LeaseGrant], bool]:
         # The batch's rows are fired in one transaction with no savepoint each (two round trips per row saved);
         # if one row's firing fails, the whole batch rolls back and is claimed again, each row under its savepoint.
         attempt = Firing()
         try:
-            grants, claimed = self._claim_rows(attempt, skip, limit, isolated=False)
+            grants, full = self._claim_rows(attempt, skip, limits, isolated=False)
         except Exception:
             attempt = Firing()
-            grants, claimed = self._claim_rows(attempt, skip, limit, isolated=True)
+            grants, full = self._claim_rows(attempt, skip, limits, isolated=True)
         firing.extend(attempt)
-        return grants, claimed
+        return grants, full
 
-    def _claim_rows(self, firing: Firing, skip: list[int], limit: int, *, isolated: bool) -> tuple[list[LeaseGrant], int]:
+    def _claim_rows(
+        self, firing: Firing, skip: list[int], limits: Mapping[str, int], *, isolated: bool
+    ) -> tuple[list[LeaseGrant], bool]:
+        """Fire the due rows of each target kind, up to its limit; whether a kind filled a whole batch."""
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
             now = self.checked_clock.check(connection)
-            rows = self.claims.due(connection, now=now, skip=skip, limit=limit)
+            rows: list[RowMapping] = []
+            full = False
+            for kind, limit in limits.items():
+                if limit > 0:
+                    claimed = self.claims.due(connection, now=now, skip=skip, limit=limit, kind=kind)
+                    full = full or len(claimed) == self.batch_size
+                    rows.extend(claimed)
             for row in rows:
                 if not isolated:
                     grant = self.claims.fire(connection, row, now=now, firing=firing)
@@ -222,7 +237,7 @@ class ScheduleRunner:
                     continue
                 if grant is not None:
                     grants.append(grant)
-        return grants, len(rows)
+        return grants, full
 
     def sweep_expired_leases(self) -> Firing:
         """Free the slots of runs whose lease expired: mark them abandoned, re-run those that allow it once."""
@@ -246,11 +261,14 @@ class ScheduleRunner:
     def seconds_until_due(self) -> float:
         """How long the loop may sleep: until the nearest due row or lease expiry, at most ``max_idle_seconds``."""
         held = self.running()
-        if held >= self.max_workers:  # busy: a run that ends wakes the loop
+        jobs_free = held < self.max_workers  # else a run that ends wakes the loop; HTTP targets still fire
+        if not jobs_free and not self.outboxes:
             return self.lease_seconds / 3
         before = self.clock.now()
         with self.engine.connect() as connection:
-            due, expiry, database_now = self.claims.nearest(connection, now=before + self.checked_clock.correction)
+            due, expiry, database_now = self.claims.nearest(
+                connection, now=before + self.checked_clock.correction, jobs_free=jobs_free
+            )
         now = self.checked_clock.observe(before, database_now, self.clock.now())
         wait = self.max_idle_seconds
         if due is not None:

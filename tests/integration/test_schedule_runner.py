@@ -284,6 +284,21 @@ def test_the_trim_keeps_a_run_in_progress_and_its_outcome_is_recorded_when_it_en
     assert schedules.history("overlapping") == [(NOON + timedelta(minutes=minute), "ok") for minute in (3, 4)]
 
 
+def test_http_occurrences_are_enqueued_while_every_job_worker_is_busy(schedules, clock, receiver):
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    runner = schedules.runner(max_workers=1, lease_seconds=3600)
+    started = runner.fire_due()
+    assert schedules.jobs.entered.acquire(timeout=30)  # the one worker is busy
+    schedules.http_schedule("ping", EVERY_MINUTE, receiver.url + "/ping")
+
+    busy = runner.fire_due()
+
+    assert busy.enqueued == [("ping", NOON)] and busy.runs == []  # an HTTP target is an insert, not a worker's run
+    assert runner.seconds_until_due() == pytest.approx(60)  # the loop wakes for the next one, busy or not
+    schedules.jobs.gate.set()
+    assert finish(started) == ["ok"]
+
+
 def test_a_run_records_its_outcome_and_trims_the_history_to_the_newest_runs(schedules, clock):
     schedules.job_schedule("tick", EVERY_MINUTE)
     runner = schedules.runner(history_limit=3)
