@@ -6,7 +6,10 @@ this module decides, inside them, under the schedule row's lock:
 * ``due``: the rows this process can fire (its jobs, its outboxes) whose
   ``next_run_at`` has passed, ``FOR UPDATE SKIP LOCKED``, so two processes
   take disjoint rows;
-* ``fire``: the occurrence to run and the missed ones (``outboxkit.schedules.misfires``),
+* ``fire``: for a job, the live leases counted again under the row's lock (the
+  select's snapshot may predate a re-run the sweep committed; a row with no
+  free slot is left due); the occurrence to run and the missed ones
+  (``outboxkit.schedules.misfires``),
   each written to the run history under the fence ``(name, fire time)``;
   the HTTP request inserted into its outbox (``enqueued``) or the job's lease
   taken (``running``); and ``next_run_at`` advanced.  A job's row whose
@@ -166,6 +169,8 @@ class ScheduleClaims:
             )
             connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": None})
             return None
+        if not isinstance(definition.target, HttpTarget) and not self._slot_free(connection, row, definition, now):
+            return None
         plan = plan_firing(definition.trigger, due=row["next_run_at"], now=now, grace=definition.grace)
         if plan.missed_first is not None:
             self._record_missed(connection, definition, plan, firing)
@@ -173,10 +178,16 @@ class ScheduleClaims:
         if plan.run_for is not None:
             if isinstance(definition.target, HttpTarget):
                 self.enqueue(connection, definition, definition.target, plan.run_for, now=now, firing=firing)
-            else:  # the claim found a free slot under this row's lock: no other lease can have been taken since
+            else:  # counted under this row's lock: no other lease can have been taken since
                 grant = self.lease(connection, row, definition, plan.run_for, now=now, firing=firing, slot_free=True)
         connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": plan.next_run_at})
         return None if grant is None else dataclasses.replace(grant, next_run_at=plan.next_run_at)
+
+    def _slot_free(self, connection: Connection, row: RowMapping, definition: ScheduleDefinition, now: datetime) -> bool:
+        # The claim's select counted the live leases in its own snapshot, which may predate the commit of a sweep
+        # that re-ran an abandoned run under this row's lock; this statement, under the lock the claim holds now,
+        # sees every lease committed.  A row whose slots are taken is left as it is: due, waiting for a slot.
+        return leases.count_live(connection, row["id"], now=now) < definition.max_running
 
     def record(
         self, connection: Connection, name: str, scheduled_for: datetime, outcome: str, *,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from sqlalchemy import text
+
+from outboxkit import schedule_leases
 from outboxkit.schedules.definitions import ScheduleTrigger
 from outboxkit.schedules.runner import Firing, ScheduleRunner
 from tests.support.schedules import FUTURE_TIMEOUT, ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
@@ -195,6 +198,35 @@ def test_an_abandoned_run_of_a_job_safe_to_rerun_runs_once_more_then_stays_aband
     # The first run came back after the re-run had taken the occurrence over: the re-run's record stands.
     [run] = schedules.run_rows("slow")
     assert run["outcome"] == "ok" and "re-run once" in run["error"]
+
+
+def test_a_claim_that_read_the_leases_before_a_rerun_committed_starts_no_second_run(schedules, clock, engine):
+    """The sweep re-runs an abandoned run under the schedule row's lock and commits; a claim whose statement read
+    the leases before that commit, and locked the row after it, must not start a second run past max_running=1.
+
+    The test commits the re-run's lease between the claim's read and its write.  The lease's foreign key would
+    make that insert wait for the row lock the claim holds (in the race the sweep held it first and released it
+    at its commit), so this database goes without it."""
+    schedules.job_schedule("slow", EVERY_MINUTE, job="blocking")
+    runner = schedules.runner()
+    with engine.begin() as connection:
+        [foreign_key] = connection.execute(text(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'outboxkit_schedule_leases'::regclass AND contype = 'f'"
+        )).scalars()
+        connection.execute(text(f"ALTER TABLE outboxkit_schedule_leases DROP CONSTRAINT {foreign_key}"))
+    with engine.begin() as claim:
+        [row] = runner.claims.due(claim, now=NOON, skip=[], limit=1, kind="job")  # no live lease in its snapshot
+        with engine.begin() as sweep:  # the sweep's re-run of an abandoned 11:59 run commits meanwhile
+            schedule_leases.take(
+                sweep, schedule_id=row["id"], schedule_name="slow", job="blocking", run_id=0,
+                scheduled_for=NOON - timedelta(minutes=1), holder="the sweeper", now=NOON, seconds=30, attempt=2,
+            )
+        firing = Firing()
+        grant = runner.claims.fire(claim, row, now=NOON, firing=firing)
+
+    assert grant is None and firing.missed == []
+    assert [lease["holder"] for lease in schedules.leases()] == ["the sweeper"]
+    assert schedules.next_run_at("slow") == NOON and schedules.history("slow") == []  # due: it waits for the slot
 
 
 def test_a_run_that_ends_releases_its_lease_in_the_transaction_that_records_it(schedules):
