@@ -34,7 +34,10 @@ No leader is needed.  Each step of the loop protects one invariant:
    abandoned (at most once).
 6. **Sleep** until the nearest ``next_run_at`` or lease expiry (at most
    ``max_idle_seconds``), or until a NOTIFY on ``outboxkit_schedules``
-   (every change through ``ScheduleStore``) wakes the loop.
+   (every change through ``ScheduleStore``) wakes the loop.  The sleep
+   leaves out the schedules whose runs hold their slots; a run that ends
+   re-arms it for its schedule's next fire time (``outboxkit.schedules.alarm``),
+   so a job alone in its process keeps its cadence.
 
 Time comes from the injected clock wherever "due" or "expired" is decided,
 so tests drive every step with a ``ManualClock`` (``run_pending``,
@@ -62,6 +65,7 @@ from outboxkit.errors import ConfigurationError, UnknownJobError, UnknownOutboxE
 from outboxkit.model import Outbox
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
+from outboxkit.schedules.alarm import LoopAlarm
 from outboxkit.schedules.claims import Firing, ScheduleClaims
 from outboxkit.schedules.clock import CLOCK_TOLERANCE_SECONDS, CheckedClock
 from outboxkit.schedules.definitions import HttpTarget
@@ -151,12 +155,12 @@ class ScheduleRunner:
         self.max_workers = max_workers
         self.runs = HeldRuns(
             engine, jobs=self.jobs, holder=self.holder, lease_seconds=lease_seconds, max_workers=max_workers,
-            job_runner=self.job_runner, clock=self.checked_clock, telemetry=self.telemetry, on_slot_free=self.wake,
+            job_runner=self.job_runner, clock=self.checked_clock, telemetry=self.telemetry, on_run_end=self.rearm,
         )
         # Cadences, on the monotonic clock: a step of the wall clock must not stop the renewals.
         self._renewed_at: float | None = None
         self._swept_at: float | None = None
-        self._wake = threading.Event()
+        self._alarm = LoopAlarm()
         self._idle = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -348,7 +352,7 @@ class ScheduleRunner:
     def stop(self, *, wait: bool = True) -> None:
         """Stop the loop; ``wait`` also waits for the runs in progress to record their outcome."""
         self._stopping.set()
-        self._wake.set()
+        self._alarm.wake()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
@@ -359,7 +363,18 @@ class ScheduleRunner:
 
     def wake(self) -> None:
         """Look at the schedule rows now (a NOTIFY, a test that moved its clock)."""
-        self._wake.set()
+        self._alarm.wake()
+
+    def rearm(self, at: datetime | None) -> None:
+        """Look at the schedule rows at ``at`` at the latest (None: now); a run that ends calls it.
+
+        The loop's sleep left out the schedule whose run held its slot; this
+        brings the sleep back to that schedule's next fire time.
+        """
+        if at is None:
+            self._alarm.wake()
+        else:
+            self._alarm.rearm((at - self.checked_clock.now()).total_seconds())
 
     @property
     def loop_alive(self) -> bool:
@@ -371,7 +386,7 @@ class ScheduleRunner:
     def idle(self) -> bool:
         """Whether the loop is asleep, listening, with nothing due that it knows of."""
         listener = self._listener
-        return self._idle.is_set() and listener is not None and listener.generation > 0 and not self._wake.is_set()
+        return self._idle.is_set() and listener is not None and listener.generation > 0 and not self._alarm.woken
 
     def _loop(self) -> None:
         try:
@@ -401,9 +416,8 @@ class ScheduleRunner:
                 )
                 wait = self.retry_seconds
             self._idle.set()
-            self._wake.wait(wait)
+            self._alarm.sleep(wait)
             self._idle.clear()
-            self._wake.clear()
 
     def _seconds_until_sweep(self) -> float:
         if self._swept_at is None:

@@ -10,10 +10,12 @@ recorded or none of it, and it costs one round trip.  A dropped connection
 the outcome is written again on a fresh connection for as long as the lease
 would last.
 
-A run that ends frees a slot; it wakes the runner (``on_slot_free``) only
-when that can matter: its schedule's next occurrence is due already and
-waits for this slot, the pool was full, or the run was a re-run of an
-abandoned one.  Otherwise the loop sleeps on until the next due row.
+A run that ends frees a slot and re-arms the runner's loop (``on_run_end``)
+for its schedule's next fire time: the loop's sleep, computed while this run
+held the slot, left that schedule out.  It wakes the loop at once when that
+can matter now: its schedule's next occurrence is due already and waits for
+this slot, the pool was full, or the run was a re-run of an abandoned one
+(its schedule's next fire time is not known here).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
@@ -88,7 +90,7 @@ class HeldRuns:
         job_runner: JobRunner,
         clock: CheckedClock,
         telemetry: Telemetry,
-        on_slot_free: Callable[[], None],
+        on_run_end: Callable[[datetime | None], None],
     ) -> None:
         self.engine = engine
         self.jobs = jobs
@@ -98,7 +100,7 @@ class HeldRuns:
         self.job_runner = job_runner
         self.clock = clock
         self.telemetry = telemetry
-        self.on_slot_free = on_slot_free
+        self.on_run_end = on_run_end
         self._executor = self._new_executor()
         self._stopped = False
         self._held: dict[uuid.UUID, LeaseGrant] = {}
@@ -151,8 +153,7 @@ class HeldRuns:
                 extra=log_fields("schedule.record_failed"),
             )
         waiting = grant.next_run_at is None or grant.next_run_at <= self.clock.now()
-        if was_full or waiting:
-            self.on_slot_free()
+        self.on_run_end(None if was_full or waiting else grant.next_run_at)
         self.telemetry.job_finished(grant.schedule_name, grant.schedule_name, record, time.monotonic() - started)
         return record
 

@@ -1,0 +1,74 @@
+"""A job schedule keeps its cadence at the runner's defaults: every occurrence of an every-1 s job runs.
+
+These tests run on real time (a cadence is a matter of the loop's real sleep), with no other schedule in the
+database to wake the loop.  The default run watches a few seconds with one runner and with three; the ``slow``
+variants watch a full minute with one worker process and with three.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.jobs import JobContext
+from outboxkit.schedules.runner import ScheduleRunner
+from outboxkit.schedules.store import ScheduleStore
+from tests.support.leadership import wait_until
+
+EVERY_SECOND = ScheduleTrigger.every(seconds=1)
+SECOND = timedelta(seconds=1)
+
+
+class Ticks:
+    """The every-1 s job: records each fire time it ran for."""
+
+    def __init__(self) -> None:
+        self.fire_times: list[datetime] = []
+        self._lock = threading.Lock()
+
+    def tick(self, context: JobContext) -> None:
+        with self._lock:
+            self.fire_times.append(context.scheduled_for)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.fire_times)
+
+
+@pytest.fixture
+def ticks(engine: Engine) -> Ticks:
+    ScheduleStore(engine, jobs=["tick"]).create(
+        ScheduleDefinition(name="tick", trigger=EVERY_SECOND, target=JobTarget(job="tick")), actor="test"
+    )
+    return Ticks()
+
+
+@pytest.fixture
+def start_runners(engine: Engine) -> Iterator:
+    started: list[ScheduleRunner] = []
+
+    def start(count: int, ticks: Ticks) -> None:
+        """``count`` runners at the defaults, each with its own loop, as ``count`` processes would run them."""
+        for _ in range(count):
+            runner = ScheduleRunner(engine, jobs={"tick": ticks.tick})
+            started.append(runner)
+            runner.start()
+
+    yield start
+    for runner in started:
+        runner.stop()
+
+
+@pytest.mark.parametrize("runners", [1, 3])
+def test_an_every_second_job_alone_runs_every_occurrence(ticks, start_runners, runners):
+    start_runners(runners, ticks)
+
+    wait_until(lambda: ticks.count() >= 6, timeout=60, message="six runs")
+
+    first = ticks.fire_times[0]
+    assert ticks.fire_times[:6] == [first + step * SECOND for step in range(6)]  # none skipped, none twice
