@@ -87,7 +87,7 @@ _RECORD = text(
     RETURNING id
     """
 )
-_SET_COUNTS = text("UPDATE outboxkit_job_runs SET counts = CAST(:counts AS jsonb) WHERE id = :run_id")
+_SET_COUNTS = text("UPDATE outboxkit_job_runs SET counts = counts || CAST(:counts AS jsonb) WHERE id = :run_id")
 _ABANDON = text(
     """
     UPDATE outboxkit_job_runs SET outcome = 'abandoned', error = :error
@@ -176,10 +176,21 @@ class ScheduleClaims:
             self._record_missed(connection, definition, plan, firing)
         grant = None
         if plan.run_for is not None:
+            covered = plan.coalesced_count
             if isinstance(definition.target, HttpTarget):
-                self.enqueue(connection, definition, definition.target, plan.run_for, now=now, firing=firing)
+                self.enqueue(
+                    connection, definition, definition.target, plan.run_for, now=now, firing=firing, coalesced=covered
+                )
             else:  # counted under this row's lock: no other lease can have been taken since
-                grant = self.lease(connection, row, definition, plan.run_for, now=now, firing=firing, slot_free=True)
+                grant = self.lease(
+                    connection, row, definition, plan.run_for, now=now, firing=firing, slot_free=True, coalesced=covered
+                )
+            if covered:
+                logger.info(
+                    "%s: the occurrence %s also covers %d earlier fire time(s) within the grace (counts.coalesced)",
+                    definition.name, plan.run_for.isoformat(), covered,
+                    extra=log_fields("schedule.coalesced", coalesced=covered),
+                )
         connection.execute(_ADVANCE, {"id": row["id"], "next_run_at": plan.next_run_at})
         return None if grant is None else dataclasses.replace(grant, next_run_at=plan.next_run_at)
 
@@ -220,9 +231,9 @@ class ScheduleClaims:
 
     def enqueue(
         self, connection: Connection, definition: ScheduleDefinition, target: HttpTarget, scheduled_for: datetime,
-        *, now: datetime, firing: Firing,
+        *, now: datetime, firing: Firing, coalesced: int = 0,
     ) -> int | None:
-        run_id = self.record(connection, definition.name, scheduled_for, "enqueued")
+        run_id = self.record(connection, definition.name, scheduled_for, "enqueued", counts=_covering(coalesced))
         if run_id is None:
             return None
         outbox = self.outboxes[target.outbox]
@@ -246,7 +257,7 @@ class ScheduleClaims:
 
     def lease(
         self, connection: Connection, row: RowMapping, definition: ScheduleDefinition, scheduled_for: datetime,
-        *, now: datetime, firing: Firing, slot_free: bool = False,
+        *, now: datetime, firing: Firing, slot_free: bool = False, coalesced: int = 0,
     ) -> LeaseGrant | None:
         live = 0 if slot_free else leases.count_live(connection, row["id"], now=now)
         if live >= definition.max_running:
@@ -260,7 +271,7 @@ class ScheduleClaims:
                 )
                 firing.missed.append((definition.name, scheduled_for))
             return None
-        run_id = self.record(connection, definition.name, scheduled_for, "running")
+        run_id = self.record(connection, definition.name, scheduled_for, "running", counts=_covering(coalesced))
         if run_id is None:
             return None
         return leases.take(
@@ -298,3 +309,8 @@ class ScheduleClaims:
             run_id=lease["run_id"], scheduled_for=lease["scheduled_for"], holder=self.holder, now=now,
             seconds=self.lease_seconds, attempt=2, note=note,
         )
+
+
+def _covering(coalesced: int) -> dict[str, int]:
+    """A run's counts at its claim: how many earlier fire times it covers (kept whatever outcome it records)."""
+    return {"coalesced": coalesced} if coalesced else {}

@@ -7,7 +7,9 @@ down, or busy).  ``plan_firing`` decides, from the trigger, the row's
 grace:
 
 * every occurrence in ``[now - grace, now]`` is late but within the grace:
-  they coalesce into **one** run, for the latest of them;
+  they coalesce into **one** run, for the latest of them, and that run
+  records how many earlier fire times it covers (``coalesced_count``, at
+  most ``COALESCED_COUNT_LIMIT``), so none of them vanishes from the history;
 * every occurrence before ``now - grace`` is **missed**: not run, but
   recorded (one history row with their count and range), never dropped in
   silence;
@@ -25,9 +27,10 @@ from datetime import datetime, timedelta
 
 from outboxkit.schedules.definitions import ScheduleTrigger
 
-__all__ = ["FiringPlan", "plan_firing"]
+__all__ = ["COALESCED_COUNT_LIMIT", "FiringPlan", "plan_firing"]
 
 MISSED_COUNT_LIMIT = 1000  # beyond this many, the missed range is counted as "more than"
+COALESCED_COUNT_LIMIT = 1000  # a run covers at most this many counted earlier fire times (a long grace, a short period)
 _TICK = timedelta(microseconds=1)
 
 
@@ -41,6 +44,7 @@ class FiringPlan:
     missed_count: int = 0
     missed_count_exact: bool = True
     next_run_at: datetime | None = None
+    coalesced_count: int = 0  # the earlier fire times within the grace that the run covers
 
     def describe_missed(self, grace: timedelta) -> str:
         assert self.missed_first is not None and self.missed_last is not None
@@ -63,8 +67,9 @@ def plan_firing(trigger: ScheduleTrigger, *, due: datetime, now: datetime, grace
     if run_for is None and cutoff <= due <= now:
         run_for = due
     next_run_at = trigger.first_after(now)
+    coalesced = _count_covered(trigger, due=due, cutoff=cutoff, run_for=run_for)
     if due >= cutoff:
-        return FiringPlan(run_for=run_for, next_run_at=next_run_at)
+        return FiringPlan(run_for=run_for, next_run_at=next_run_at, coalesced_count=coalesced)
     missed_last = trigger.latest_at_or_before(cutoff - _TICK, not_before=due) or due
     count, exact = 1, True
     occurrence = trigger.first_after(due)
@@ -81,4 +86,18 @@ def plan_firing(trigger: ScheduleTrigger, *, due: datetime, now: datetime, grace
         missed_count=count,
         missed_count_exact=exact,
         next_run_at=next_run_at,
+        coalesced_count=coalesced,
     )
+
+
+def _count_covered(trigger: ScheduleTrigger, *, due: datetime, cutoff: datetime, run_for: datetime | None) -> int:
+    """The occurrences within the grace before ``run_for``: ``due`` itself (it may be off the trigger's grid) when it
+    is within the grace, and the fire times after it.  An on-time claim (``run_for == due``) asks the trigger nothing."""
+    if run_for is None:
+        return 0
+    count = 0
+    occurrence = due if due >= cutoff else trigger.first_at_or_after(cutoff)
+    while occurrence is not None and occurrence < run_for and count < COALESCED_COUNT_LIMIT:
+        count += 1
+        occurrence = trigger.first_after(occurrence)
+    return count

@@ -53,13 +53,17 @@ logger = logging.getLogger(__name__)
 # every run in progress: a running row is the fence of an occurrence still going, which its outcome (or the
 # sweep's 'abandoned') updates later.  Every CTE sees the snapshot from before the statement, where the run
 # recorded here is still 'running': it is counted among the finished ones and never trimmed.
+# lease was gone already (it expired and was swept).  The job's counts keep the claim's ``coalesced`` (the
+# earlier fire times this run covers).  The trim keeps the newest :keep runs (every CTE sees
+# the snapshot from before the statement, so the run recorded here is among them).
 _RECORD_OUTCOME = text(
     """
     WITH released AS (
         DELETE FROM outboxkit_schedule_leases WHERE token = :token RETURNING token
     ), finished AS (
         UPDATE outboxkit_job_runs
-        SET finished_at = clock_timestamp(), outcome = :outcome, counts = CAST(:counts AS jsonb), error = :error
+        SET finished_at = clock_timestamp(), outcome = :outcome, error = :error,
+            counts = CAST(:counts AS jsonb) || jsonb_strip_nulls(jsonb_build_object('coalesced', counts -> 'coalesced'))
         WHERE id = :run_id AND leader = :holder AND NOT EXISTS (
             SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
         RETURNING id

@@ -62,6 +62,7 @@ def test_occurrences_that_waited_for_a_slot_coalesce_and_beyond_the_grace_are_mi
     ]
     [missed] = [row for row in schedules.run_rows("slow") if row["outcome"] == "missed"]
     assert missed["counts"] == {"missed": 2}  # 12:01 and 12:02; 12:03 and 12:04 coalesced into the 12:05 run
+    assert schedules.run_rows("slow")[-1]["counts"] == {"calls": 1, "coalesced": 2}  # recorded on that run
 
 
 def test_max_running_two_lets_two_runs_overlap_and_no_third(schedules, clock):
@@ -150,6 +151,7 @@ def test_a_holder_killed_mid_run_abandons_that_run_and_its_waiting_occurrences_r
     assert schedules.history("tick") == [(NOON, "abandoned"), (NOON + timedelta(seconds=6), "running")]
     schedules.jobs.gate.set()
     assert finish(later) == ["ok"]
+    assert schedules.run_rows("tick")[-1]["counts"] == {"calls": 1, "coalesced": 2}
     finish(started)  # the "killed" thread ends (a real kill would leave the run abandoned)
 
 

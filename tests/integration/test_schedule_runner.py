@@ -149,6 +149,24 @@ def test_occurrences_missed_within_the_grace_coalesce_into_one_late_run(schedule
     assert schedules.next_run_at("tick") == NOON + timedelta(minutes=3)
 
 
+def test_a_late_run_records_how_many_earlier_fire_times_it_covers(schedules, clock, receiver):
+    schedules.job_schedule("tick", EVERY_MINUTE)
+    schedules.http_schedule("ping", EVERY_MINUTE, receiver.url + "/ping")
+    runner = schedules.runner()
+    clock.advance(minutes=2, seconds=30)  # 12:00 and 12:01 coalesce into the runs for 12:02
+
+    assert finish(runner.fire_due()) == ["ok"]
+    clock.advance(minutes=1)  # on time again: 12:03 covers itself alone
+    assert finish(runner.fire_due()) == ["ok"]
+
+    late, on_time = schedules.run_rows("tick")
+    assert (late["scheduled_for"], late["counts"]) == (NOON + timedelta(minutes=2), {"calls": 1, "coalesced": 2})
+    assert on_time["counts"] == {"calls": 1}
+    late, on_time = schedules.run_rows("ping")
+    assert late["counts"] == {"outbox_row": schedules.calls()[0]["id"], "coalesced": 2}
+    assert on_time["counts"] == {"outbox_row": schedules.calls()[1]["id"]}
+
+
 def test_occurrences_beyond_the_grace_are_recorded_missed_never_dropped(schedules, clock):
     schedules.job_schedule("tick", EVERY_MINUTE, misfire_grace_seconds=60)
     clock.advance(minutes=10, seconds=30)  # 12:00 ... 12:10 passed; the grace reaches back to 12:09:30

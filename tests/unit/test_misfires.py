@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from outboxkit.schedules.definitions import ScheduleTrigger
-from outboxkit.schedules.misfires import MISSED_COUNT_LIMIT, plan_firing
+from outboxkit.schedules.misfires import COALESCED_COUNT_LIMIT, MISSED_COUNT_LIMIT, plan_firing
 
 UTC = timezone.utc
 NOON = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -38,3 +38,24 @@ def test_a_once_beyond_its_grace_is_missed_and_never_due_again():
     at = NOON
     plan = plan_firing(ScheduleTrigger.once(at=at), due=at, now=at + timedelta(hours=1), grace=timedelta(minutes=5))
     assert (plan.run_for, plan.missed_first, plan.missed_count, plan.next_run_at) == (None, at, 1, None)
+
+
+def test_the_late_run_counts_the_earlier_fire_times_within_the_grace_that_it_covers():
+    on_time = plan_firing(ScheduleTrigger.every(seconds=1), due=NOON, now=NOON + timedelta(milliseconds=5),
+                          grace=timedelta(minutes=5))
+    assert (on_time.run_for, on_time.coalesced_count) == (NOON, 0)
+    late = plan_firing(ScheduleTrigger.every(seconds=1), due=NOON, now=NOON + timedelta(seconds=3, milliseconds=5),
+                       grace=timedelta(minutes=5))
+    assert (late.run_for, late.coalesced_count) == (NOON + timedelta(seconds=3), 3)  # 12:00:00 to 12:00:02
+    week = plan_firing(ScheduleTrigger.every(seconds=1), due=NOON, now=NOON + timedelta(days=7, milliseconds=500),
+                       grace=timedelta(seconds=10))
+    assert (week.missed_last, week.coalesced_count) == (NOON + timedelta(days=7, seconds=-10), 9)  # the rest missed
+    asked = NOON + timedelta(minutes=20, seconds=7)  # a run-now instant, then the 13:00 fire time, both within grace
+    both = plan_firing(ScheduleTrigger.every(hours=1), due=asked, now=NOON + timedelta(hours=1, minutes=1),
+                       grace=timedelta(hours=1))
+    assert (both.run_for, both.coalesced_count) == (NOON + timedelta(hours=1), 1)
+
+
+def test_a_coalesced_count_stops_at_the_limit():
+    plan = plan_firing(ScheduleTrigger.every(seconds=1), due=NOON, now=NOON + timedelta(hours=1), grace=timedelta(hours=2))
+    assert plan.coalesced_count == COALESCED_COUNT_LIMIT
