@@ -12,16 +12,18 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.jobs import JobContext
 from outboxkit.schedules.runner import ScheduleRunner
 from outboxkit.schedules.store import ScheduleStore
 from tests.support.leadership import wait_until
+from tests.support.schedules import start_schedule_workers  # noqa: F401  (fixture)
 
 EVERY_SECOND = ScheduleTrigger.every(seconds=1)
 SECOND = timedelta(seconds=1)
+MINUTE = 60  # occurrences of the every-1 s job the slow variants watch
 
 
 class Ticks:
@@ -72,3 +74,33 @@ def test_an_every_second_job_alone_runs_every_occurrence(ticks, start_runners, r
 
     first = ticks.fire_times[0]
     assert ticks.fire_times[:6] == [first + step * SECOND for step in range(6)]  # none skipped, none twice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 3])
+def test_an_every_second_job_runs_60_of_60_occurrences_in_a_minute(engine, start_schedule_workers, processes):
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE schedule_worker_runs (name text, scheduled_for timestamptz, holder text)"))
+    start_schedule_workers(processes)  # at the runner's defaults, once each is firing
+    with engine.connect() as connection:
+        first = connection.execute(text("SELECT date_trunc('second', clock_timestamp()) + interval '2 seconds'")).scalar_one()
+    ScheduleStore(engine, jobs=["record"]).create(
+        ScheduleDefinition(name="tick", trigger=EVERY_SECOND, target=JobTarget(job="record")), actor="test"
+    )
+    last = first + (MINUTE - 1) * SECOND
+
+    def ran(moment: datetime) -> bool:
+        with engine.connect() as connection:
+            return bool(connection.execute(
+                text("SELECT count(*) FROM schedule_worker_runs WHERE scheduled_for >= :moment"), {"moment": moment}
+            ).scalar_one())
+
+    wait_until(lambda: ran(last), timeout=3 * MINUTE, message="the minute's last occurrence")
+    with engine.connect() as connection:
+        fire_times = connection.execute(
+            text("SELECT scheduled_for FROM schedule_worker_runs WHERE scheduled_for BETWEEN :first AND :last "
+                 "ORDER BY scheduled_for"), {"first": first, "last": last}
+        ).scalars().all()  # fmt: skip
+        holders = connection.execute(text("SELECT count(DISTINCT holder) FROM schedule_worker_runs")).scalar_one()
+    assert fire_times == [first + step * SECOND for step in range(MINUTE)]  # 60 of 60, none twice
+    assert 1 <= holders <= processes

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import text
@@ -15,31 +13,16 @@ from outboxkit.schedules.definitions import JobTarget, ScheduleDefinition, Sched
 from outboxkit.schedules.jobs import JobContext
 from outboxkit.schedules.runner import ScheduleRunner
 from outboxkit.schedules.store import ScheduleStore
-from tests.support.database import sqlalchemy_url
 from tests.support.leadership import wait_until
+from tests.support.schedules import start_schedule_workers  # noqa: F401  (fixture)
 
-ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2.0
 
 
 @pytest.fixture
-def start_worker(database_url: str) -> Iterator:
-    started: list[subprocess.Popen[str]] = []
-
-    def start(count: int = 1) -> list[subprocess.Popen[str]]:
-        """``count`` worker processes, started together; returns once each has said it is ready."""
-        command = [sys.executable, "-m", "tests.support.schedule_worker", sqlalchemy_url(database_url), str(LEASE_SECONDS)]
-        processes = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(count)]
-        started.extend(processes)
-        for process in processes:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        return processes
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
+def start_worker(start_schedule_workers: Callable[..., list[subprocess.Popen[str]]]) -> Callable:
+    """``count`` worker processes with a short lease, started together; returns once each has said it is ready."""
+    return lambda count=1: start_schedule_workers(count, lease_seconds=LEASE_SECONDS)
 
 
 def survivor_jobs(calls: list) -> dict:

@@ -1,6 +1,10 @@
 """A process that fires schedule rows, for tests that kill it.
 
-    python -m tests.support.schedule_worker <sqlalchemy url> <lease seconds>
+    python -m tests.support.schedule_worker <sqlalchemy url> [<lease seconds>]
+
+With a lease, the runner takes that lease and looks at the rows at least
+every second (the kill tests); without one, it runs at its defaults (the
+cadence tests).
 
 Its job ``slow`` prints ``started <fire time>`` and then hangs until the
 process is killed; ``record`` inserts its occurrence into
@@ -32,9 +36,9 @@ def record(context: JobContext) -> None:
 
 
 def main() -> None:
-    url, lease = sys.argv[1], float(sys.argv[2])
-    runner = ScheduleRunner(create_engine(url), jobs={"slow": slow, "record": record}, lease_seconds=lease,
-                            max_idle_seconds=1)
+    url = sys.argv[1]
+    options = {"lease_seconds": float(sys.argv[2]), "max_idle_seconds": 1.0} if len(sys.argv) > 2 else {}
+    runner = ScheduleRunner(create_engine(url), jobs={"slow": slow, "record": record}, **options)
     runner.start()
     print("ready", flush=True)
     threading.Event().wait()

@@ -7,10 +7,13 @@ and reads back what happened (run history, enqueued calls).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,11 @@ from tests.support.models import SampleEvent, ScheduledCall
 FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy
 # The receivers of the tests listen on 127.0.0.1, which the URL guard lets through only when allow-listed.
 LOOPBACK_ALLOWED = ("127.0.0.1/32",)
+from tests.support.database import sqlalchemy_url
+from tests.support.models import SampleEvent, ScheduledCall
+
+FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -127,3 +135,26 @@ def schedules(engine: Engine, clock: ManualClock) -> Iterator[ScheduleHarness]:
     harness = ScheduleHarness(engine, clock)
     yield harness
     harness.close()
+
+
+@pytest.fixture
+def start_schedule_workers(database_url: str) -> Iterator[Callable[..., list[subprocess.Popen[str]]]]:
+    """Start ``tests.support.schedule_worker`` processes on the test's database; they are killed after the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(count: int = 1, *, lease_seconds: float | None = None) -> list[subprocess.Popen[str]]:
+        """``count`` processes started together (``lease_seconds`` None: the runner's defaults), once each is ready."""
+        command = [sys.executable, "-m", "tests.support.schedule_worker", sqlalchemy_url(database_url)]
+        if lease_seconds is not None:
+            command.append(str(lease_seconds))
+        processes = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+        started.extend(processes)
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        return processes
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
