@@ -32,6 +32,14 @@ happened:
 * ``cpu_ms_per_firing``: the workers' CPU time (user + system) per run,
   counted from when each was firing (start-up imports left out).
 
+``--cadence`` is the case of one every-1 s job alone, its workers at the
+runner's defaults (no short lease, no idle cap): it runs in one process and
+then in three, each for ``--seconds`` (65 by default: a window of 60 fire
+times), and reports, for each, ``occurrences_run`` (fire times in the window
+the job ran for), ``expected`` and ``occurrences_run_per_expected`` (1.0:
+every occurrence ran), with the lateness, ``coalesced`` and ``missed`` as
+above, under ``one_process`` and ``three_processes``.
+
 ``--profile FILE`` samples the first worker with py-spy (GIL holder only,
 a CPU profile) into FILE as collapsed stacks; ``bench/profile_summary.py
 FILE`` reads it.
@@ -53,6 +61,7 @@ the faults did to the window's occurrences:
 
     python bench/schedules.py [--schedules 10000] [--period 60] [--seconds 120] [--processes 3]
     python bench/schedules.py --schedules 5 --period 2 --seconds 120 --kill-every 10 --lease 6 [--faults mixed]
+    python bench/schedules.py --cadence
 
 Server: ``DATABASE_URL`` (a libpq URL on a server where the user may create
 databases), else 127.0.0.1:5432/test.  The last line is one JSON object.
@@ -113,17 +122,21 @@ def record(context: JobContext) -> dict[str, int]:
 # -- a worker process ------------------------------------------------------------------
 
 
-def worker(url: str, lease: float) -> None:
-    """Fire schedules until SIGTERM; print the CPU time spent after start-up as JSON."""
+def worker(url: str, lease: float | None) -> None:
+    """Fire schedules until SIGTERM; print the CPU time spent after start-up as JSON.
+
+    ``lease`` None: the runner at its defaults (the cadence case); else that lease and a 5 s idle cap."""
     from outboxkit.schedules.runner import ScheduleRunner
 
     # Sessions named after the pid (the pool's, and the LISTEN one through the holder), so the driver can cut them.
     engine = create_engine(
         url, pool_size=20, max_overflow=4, connect_args={"application_name": f"bench-schedules:{os.getpid()}"}
     )
-    runner = ScheduleRunner(
-        engine, jobs={"record": record}, holder=f"bench:{os.getpid()}", lease_seconds=lease, max_idle_seconds=5
-    )
+    holder = f"bench:{os.getpid()}"
+    if lease is None:
+        runner = ScheduleRunner(engine, jobs={"record": record}, holder=holder)
+    else:
+        runner = ScheduleRunner(engine, jobs={"record": record}, holder=holder, lease_seconds=lease, max_idle_seconds=5)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     runner.start()
@@ -187,9 +200,9 @@ def claim_ms(engine: Engine, repeats: int = 30) -> float:
     return round(statistics.median(timings), 3)
 
 
-def start_worker(url: str, lease: float) -> subprocess.Popen[str]:
-    """A worker process, once it is firing (it may take seconds to start on a busy host)."""
-    command = [sys.executable, __file__, "--worker", url, "--lease", str(lease)]
+def start_worker(url: str, lease: float | None) -> subprocess.Popen[str]:
+    """A worker process, once it is firing (it may take seconds to start on a busy host); ``lease`` None: defaults."""
+    command = [sys.executable, __file__, "--worker", url] + ([] if lease is None else ["--lease", str(lease)])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     return process
@@ -254,7 +267,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         kit_metadata.create_all(engine)
         with engine.begin() as connection:
             connection.execute(text(FIRINGS_TABLE))
-        workers = [start_worker(scratch.sqlalchemy_url, args.lease) for _ in range(args.processes)]
+        lease = None if args.cadence else args.lease
+        workers = [start_worker(scratch.sqlalchemy_url, lease) for _ in range(args.processes)]
         profiler = start_profiler(workers[0].pid, args.profile) if args.profile else None
         first = datetime.now(timezone.utc) + timedelta(seconds=WARMUP_SECONDS)
         insert_schedules(engine, args.schedules, args.period, first, grace=args.grace)
@@ -275,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     continue
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait()
-                workers[victim] = start_worker(scratch.sqlalchemy_url, args.lease)
+                workers[victim] = start_worker(scratch.sqlalchemy_url, lease)
                 kills += 1
         if profiler is not None:
             stop_profiler(profiler)
@@ -294,6 +308,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             total, distinct = connection.execute(
                 text("SELECT count(*), count(DISTINCT (name, scheduled_for)) FROM bench_firings")
             ).one()
+            run_in_window = connection.execute(
+                text("SELECT count(DISTINCT (name, scheduled_for)) FROM bench_firings WHERE scheduled_for < :end"),
+                {"end": window_end},
+            ).scalar_one()
             # A missed record's started_at is when the claim found it: beyond the grace, or not (a real loss).
             missed, missed_beyond_grace = connection.execute(
                 text("SELECT count(*) FILTER (WHERE started_at - scheduled_for <= make_interval(secs => :grace)), "
@@ -314,6 +332,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "seconds": args.seconds,
             "firings": total,
             "expected_in_window": expected,
+            "occurrences_run": run_in_window,
+            "occurrences_run_per_expected": round(run_in_window / expected, 4) if expected else None,
             "fire_lateness_p50_ms": round(quantiles[49], 1),
             "fire_lateness_p99_ms": round(quantiles[98], 1),
             "duplicates": total - distinct,
@@ -324,7 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         }
         if args.kill_every:
             result.update(kills=kills, cut=cut, **fault_outcomes(engine, window_end))
-        else:
+        elif not args.cadence:
             result["cpu_ms_per_firing"] = round(cpu_ms / max(total, 1), 3)
             result[f"claim_ms_{args.schedules}"] = claim_ms(engine)
             insert_schedules(engine, 100_000 - args.schedules, args.period, first, grace=args.grace, due=False)
@@ -344,19 +364,43 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--period", type=float, default=60.0)
-    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--seconds", type=float, default=None, help="120, or 65 with --cadence")
     parser.add_argument("--processes", type=int, default=3)
-    parser.add_argument("--lease", type=float, default=60.0)
+    parser.add_argument("--lease", type=float, default=None, help="60; the worker's: none, the runner's default")
     parser.add_argument("--grace", type=int, default=300, help="each schedule's misfire grace, seconds")
     parser.add_argument("--kill-every", type=float, default=0.0)
     parser.add_argument("--faults", choices=["kill", "mixed"], default="kill",
                         help="with --kill-every: SIGKILL only, or SIGKILL and cut sessions half each")
     parser.add_argument("--profile", metavar="FILE", help="py-spy the first worker into FILE (collapsed stacks)")
+    parser.add_argument("--cadence", action="store_true",
+                        help="one every-1 s job at the runner's defaults, in one process and then in three")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.lease)
         return
+    if args.lease is None:
+        args.lease = 60.0
+    if args.cadence:
+        print(json.dumps(cadence(args)))
+        return
+    if args.seconds is None:
+        args.seconds = 120.0
     print(json.dumps(run(args)))
+
+
+def cadence(args: argparse.Namespace) -> dict[str, object]:
+    """The cadence case: one every-1 s job, workers at the runner's defaults, in one process and in three."""
+    args.schedules, args.period, args.kill_every = 1, 1.0, 0.0
+    args.seconds = args.seconds if args.seconds is not None else 60 + MARGIN_SECONDS
+    result: dict[str, object] = {"case": "cadence", "period_seconds": 1, "seconds": args.seconds}
+    for processes, key in ((1, "one_process"), (3, "three_processes")):
+        args.processes = processes
+        measured = run(args)
+        result[key] = {name: measured[name] for name in (
+            "occurrences_run", "expected_in_window", "occurrences_run_per_expected", "fire_lateness_p50_ms",
+            "fire_lateness_p99_ms", "duplicates", "missed", "coalesced", "unfired_at_stop",
+        )}  # fmt: skip
+    return result
 
 
 if __name__ == "__main__":
