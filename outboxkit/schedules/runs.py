@@ -52,10 +52,8 @@ logger = logging.getLogger(__name__)
 # lease was gone already (it expired and was swept).  The trim keeps the newest :keep finished runs and
 # every run in progress: a running row is the fence of an occurrence still going, which its outcome (or the
 # sweep's 'abandoned') updates later.  Every CTE sees the snapshot from before the statement, where the run
-# recorded here is still 'running': it is counted among the finished ones and never trimmed.
-# lease was gone already (it expired and was swept).  The job's counts keep the claim's ``coalesced`` (the
-# earlier fire times this run covers).  The trim keeps the newest :keep runs (every CTE sees
-# the snapshot from before the statement, so the run recorded here is among them).
+# recorded here is still 'running': it is counted among the finished ones and never trimmed.  The job's counts
+# keep the claim's ``coalesced`` (the earlier fire times this run covers).
 _RECORD_OUTCOME = text(
     """
     WITH released AS (

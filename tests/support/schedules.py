@@ -26,15 +26,12 @@ from outboxkit.schedules.runner import Firing, ScheduleRunner
 from outboxkit.schedules.store import ScheduleStore
 from outboxkit.storage.tables import job_runs, schedule_leases
 from outboxkit.url_guard import UrlGuard
+from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent, ScheduledCall
 
 FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy
 # The receivers of the tests listen on 127.0.0.1, which the URL guard lets through only when allow-listed.
 LOOPBACK_ALLOWED = ("127.0.0.1/32",)
-from tests.support.database import sqlalchemy_url
-from tests.support.models import SampleEvent, ScheduledCall
-
-FUTURE_TIMEOUT = 30.0  # seconds; the machine is busy
 ROOT = Path(__file__).resolve().parents[2]
 
 
