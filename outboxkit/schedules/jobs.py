@@ -6,8 +6,7 @@ refused when the job is registered::
 
     def expire_trials(context: JobContext) -> dict[str, int]:
         expired = context.session.execute(update(Trial)...).rowcount
-        context.session.commit()
-        return {"expired": expired}
+        return {"expired": expired}  # the runner commits the session when the job returns
 
     kit.scheduler.add_job("billing.expire-trials", expire_trials,
                           cron(timezone="Europe/Berlin", hour=3, minute=30))
@@ -20,7 +19,8 @@ Every run goes through ``JobRunner.run``, which
   that both believe they lead (the short window of a lost lock) therefore
   cannot run one occurrence twice.  The fence is a committed row, not a
   lock: transaction-level advisory locks vanish at commit and guard nothing;
-* gives the job a fresh ``Session`` and closes it in ``finally``;
+* gives the job a fresh ``Session``, commits it when the job returns and
+  closes it in ``finally`` (which rolls back what a job that raised wrote);
 * never lets an exception escape into APScheduler: it is logged with its
   traceback and recorded as the run's ``error``;
 * records the run's end, outcome and counts, then trims the job's history to
@@ -82,10 +82,11 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 class JobContext:
     """What one run of a job gets: its identity, its fire time and a fresh session.
 
-    ``session`` is this run's own ``Session`` on the kit's engine; the job
-    commits it itself (``context.session.commit()``).  The runner only
-    closes it after the job returns or raises, and closing rolls back
-    whatever was not committed.  ``scheduled_for`` is the occurrence's fire
+    ``session`` is this run's own ``Session`` on the kit's engine.  When the
+    job returns, the runner commits it (a failed commit makes the run an
+    ``error``); when the job raises, whatever it did not commit itself is
+    rolled back.  A job may commit as it goes (``context.session.commit()``),
+    for work in several transactions.  ``scheduled_for`` is the occurrence's fire
     time (the fence's key), ``leader`` the ``host:pid`` running it.
     """
 
@@ -325,8 +326,10 @@ class JobRunner:
     ) -> RunRecord:
         """Call a job's function once, with a fresh session, outside any fence; never raises.
 
-        The function's counts make an ``ok`` record; an exception (or a
-        ``JobFailed``) an ``error`` one, logged.  Recording it is the caller's.
+        The function's counts make an ``ok`` record once its session is
+        committed; an exception (or a ``JobFailed``, or a failed commit) an
+        ``error`` one, logged, with the session rolled back.  Recording it is
+        the caller's.
         """
         session = Session(self.engine)
         try:
@@ -335,6 +338,7 @@ class JobRunner:
             if inspect.isawaitable(returned):  # an async job gets its own event loop, in this worker thread
                 returned = asyncio.run(_await(returned))
             counts = _counts(returned)
+            session.commit()  # what the job wrote is kept when it returns; closing below rolls back a job that raised
         except JobFailed as exc:
             logger.log(logging.DEBUG if exc.quiet else logging.ERROR, "%s: %s", job_name, exc,
                        extra=log_fields("job.failed", job=job_id))

@@ -12,6 +12,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
+from outboxkit.schedules import ScheduleTrigger
 from outboxkit.schedules.jobs import INTERVAL_ANCHOR, JobFailed, calendar_interval, cron, every, once
 from outboxkit.storage.tables import job_runs
 from tests.support.leadership import wait_until
@@ -107,28 +108,37 @@ def test_job_failed_and_bad_return_values_are_recorded_as_errors(kit, engine):
     assert [run["outcome"] for run in runs(engine, "test.odd")] == ["error"]
 
 
-def test_a_job_keeps_only_what_it_commits_on_its_context_session(kit, engine):
-    # docs/election.md: the runner closes context.session, which rolls back whatever the job did not commit.
+def test_a_job_that_returns_keeps_its_writes_and_one_that_raises_keeps_none(kit, engine):
+    # The runner commits context.session when the job returns and rolls it back when it raises, for the
+    # elected scheduler and for schedules as rows alike (they share the run discipline).
     with engine.begin() as connection:
         connection.execute(text("CREATE TABLE job_marks (name text)"))
 
-    def mark(name: str, *, commit: bool):
+    def mark(name: str, *, commit: bool = False, fail: bool = False):
         def job(context):
             context.session.execute(text("INSERT INTO job_marks VALUES (:name)"), {"name": name})
             if commit:
                 context.session.commit()
+            if fail:
+                raise RuntimeError("after writing")
             return {"marked": 1}
 
         return job
 
     kit.scheduler.add_job("test.commits", mark("committed", commit=True), every(minutes=1))
-    kit.scheduler.add_job("test.forgets", mark("forgotten", commit=False), every(minutes=1))
+    kit.scheduler.add_job("test.returns", mark("returned"), every(minutes=1))
+    kit.scheduler.add_job("test.raises", mark("raised", fail=True), every(minutes=1))
+    kit.schedules.add_job("rows-returns", mark("row schedule returned"), ScheduleTrigger.every(minutes=1))
+    kit.schedules.add_job("rows-raises", mark("row schedule raised", fail=True), ScheduleTrigger.every(minutes=1))
     moment = datetime(2030, 1, 1, tzinfo=UTC)
-    outcomes = [kit.scheduler.run_job(job_id, scheduled_for=moment).outcome for job_id in ("test.commits", "test.forgets")]
+    outcomes = [kit.scheduler.run_job(job_id, scheduled_for=moment).outcome
+                for job_id in ("test.commits", "test.returns", "test.raises")]
+    outcomes += [kit.schedules.run_job(name, scheduled_for=moment).outcome for name in ("rows-returns", "rows-raises")]
 
-    assert outcomes == ["ok", "ok"]  # a job that forgot to commit still ends ok ...
+    assert outcomes == ["ok", "ok", "error", "ok", "error"]
     with engine.connect() as connection:
-        assert connection.execute(text("SELECT name FROM job_marks")).scalars().all() == ["committed"]  # ... with nothing kept
+        kept = sorted(connection.execute(text("SELECT name FROM job_marks")).scalars().all())
+    assert kept == ["committed", "returned", "row schedule returned"]
 
 
 def test_async_job_runs_on_its_own_event_loop(kit, engine):
