@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import text
 
-from outboxkit import schedule_leases
+from outboxkit.schedules import leases as schedule_leases
 from outboxkit.schedules.definitions import ScheduleTrigger
 from outboxkit.schedules.runner import Firing, ScheduleRunner
 from tests.support.schedules import FUTURE_TIMEOUT, ScheduleHarness, finish, schedules  # noqa: F401  (fixtures)
