@@ -16,7 +16,7 @@ never answers (a blackholed partner) until told to answer.
    ``healthy_ratio_median_of_pairs`` the median of each pair's ratio), and
    the load average beside each pair.  **Issue 17's target** is
    ``healthy_ratio`` of the drain loop with the breaker on (default
-   options), >= 0.9: the line ``ISSUE 17 TARGET`` before the JSON names it,
+   options), >= 0.9: the line ``TARGET`` before the JSON names it,
    and the JSON starts with it (``target_healthy_ratio``,
    ``target_healthy_ratio_goal``, ``target_healthy_ratio_met``).  Once with the drain loop
    (``Drainer.start``, as the kit runs it), once with ``Drainer.drain``
@@ -401,7 +401,7 @@ def main() -> None:
             connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
     target = isolation_target(isolation)
     if target:
-        print(f"ISSUE 17 TARGET: {target['figure']} = {target['value']} (target >= {target['target']}): "
+        print(f"TARGET: {target['figure']} = {target['value']} (target >= {target['target']}): "
               f"{target['definition']}; per pair {target['per_pair']}", flush=True)
     result = {
         **target_keys(target),
