@@ -296,6 +296,10 @@ class OutboxKitSettings(BaseSettings):
     # Attempt history kept per outbox in outboxkit_attempts, in days (the
     # drainers trim older attempts); 0 records no attempt history.
     attempt_history_days: float = Field(default=7.0, ge=0, le=3650, allow_inf_nan=False)
+    # Inbox records (outboxkit.inbox) kept, in days, then pruned by the elected leader's hourly
+    # job; None (the default) runs no inbox retention.  Must exceed the senders' longest retry
+    # schedule, or a late retry is handled twice (docs/inbox.md).
+    inbox_retention_days: float | None = Field(default=None, ge=1 / 24, le=3650, allow_inf_nan=False)
     # Kill switch: no election and no scheduler in this process (e.g. a one-off script).
     scheduler_enabled: bool = True
     # Schedules as rows (docs/schedules.md): every process that runs the kit

@@ -40,6 +40,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from outboxkit.drain.pooler_checks import check_engine, session_source_accepted
 from outboxkit.errors import ConfigurationError, UnknownJobError
+from outboxkit.inbox.retention import inbox_retention_job
 from outboxkit.leader.election import LeaderElection, leader_application_name
 from outboxkit.leader.retention import retention_job
 from outboxkit.model import Outbox
@@ -166,6 +167,9 @@ class OutboxScheduler:
             if kit.options(outbox).retain_done_for is not None:  # opt-in retention of delivered rows
                 retention = retention_job(kit, outbox)
                 self._jobs[retention.id] = retention
+        if self.settings.inbox_retention_days is not None:  # opt-in pruning of the inbox (outboxkit.inbox.retention)
+            pruning = inbox_retention_job(kit.engine, kit.clock, retention_days=self.settings.inbox_retention_days)
+            self._jobs[pruning.id] = pruning
 
     # -- registry ------------------------------------------------------------
 

@@ -50,6 +50,14 @@ Python job in progress: its holder and an expiry the holder renews
 are recorded in ``outboxkit_job_runs`` under the schedule's name.
 ``outboxkit_schedule_audit`` records every change to a schedule (who, when,
 the action, the row before and after), written in the change's transaction.
+
+``outboxkit_inbox`` is the receiving side's record of handled messages
+(``outboxkit.inbox``): one row per (``source``, ``message_id``), inserted with
+``ON CONFLICT DO NOTHING`` in the consumer's own transaction, so it commits
+with the business write or not at all.  Its index on ``received_at`` serves
+the retention that prunes it.  ``outboxkit_inbox_sources`` holds one row per
+source with what the records cannot say: duplicates dropped and handler
+failures (whose transactions rolled back), each with when it last happened.
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ __all__ = [
     "attempts",
     "destination_rates",
     "destinations",
+    "inbox",
+    "inbox_sources",
     "job_runs",
     "kit_metadata",
     "outbox_minutes",
@@ -326,4 +336,25 @@ kit_secrets = Table(
     Column("name", String(100), primary_key=True),
     Column("value", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Added by migration outboxkit_0012_inbox.
+inbox = Table(
+    "outboxkit_inbox",
+    kit_metadata,
+    Column("source", String(200), primary_key=True),
+    Column("message_id", String(300), primary_key=True),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_outboxkit_inbox_received_at", "received_at"),
+)
+
+inbox_sources = Table(
+    "outboxkit_inbox_sources",
+    kit_metadata,
+    Column("source", String(200), primary_key=True),
+    Column("duplicates", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_duplicate_at", DateTime(timezone=True)),
+    Column("handler_failures", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_failure_at", DateTime(timezone=True)),
+    Column("last_error", Text),
 )

@@ -9,7 +9,6 @@ history.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -19,6 +18,7 @@ from sqlalchemy import Engine, text
 
 from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
 from outboxkit.leader.retention import RetentionLimits, delete_delivered_rows, retention_job_id
+from tests.support.lock_waits import wait_for_a_lock_wait
 from tests.support.models import SampleEvent
 
 DAY = 86400.0
@@ -154,20 +154,7 @@ def run_in_thread(function: Callable[[], int]) -> Iterator[list[int]]:
 
 
 def wait_until_a_delete_waits_for_a_lock(engine: Engine, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    with engine.connect() as observer:
-        while time.monotonic() < deadline:
-            waiting = observer.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM%'"
-                )
-            ).scalar()
-            observer.rollback()
-            if waiting:
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"no retention DELETE waited for a row lock within {timeout} s")
+    wait_for_a_lock_wait(engine, statement="DELETE FROM", timeout=timeout)
 
 
 # -- the scheduled job -----------------------------------------------------------

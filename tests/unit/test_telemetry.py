@@ -38,7 +38,7 @@ def test_every_event_name_the_kit_logs_is_documented_in_operations_md():
     # such as the "job.html" template is not one.
     families = (
         "drain|election|job|worker|metrics|admin|attempts|integration|notify|pause|retention|scheduler|telemetry"
-        "|destination|pooler|schedule"
+        "|destination|pooler|schedule|inbox"
     )
     literals = re.findall(rf'"((?:{families})\.[a-z_]+)"', source)
     logged = {name for name in literals if not name.endswith((".html", ".css", ".js", ".py"))}
