@@ -45,6 +45,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     ├── RunNowLimited               (operator) one person asked "run now" more often than
     │                               OUTBOXKIT_SCHEDULE_RUN_NOW_PER_MINUTE; nothing was done
     ├── BodyTooLarge                (admin) a request body over the admin's cap
+    ├── InvalidWebhookSignature     (inbox) a webhook whose signature, id or timestamp does
+    │                               not verify against the receiver's secrets; nothing was written
     ├── OperatorQueryTimeout        (operator) a transaction of the admin or the CLI ran
     │                               past OUTBOXKIT_ADMIN_STATEMENT_TIMEOUT_SECONDS and was
     │                               cancelled; it changed nothing: narrow the filter
@@ -91,6 +93,7 @@ __all__ = [
     "InvalidScheduleError",
     "InvalidTypeError",
     "InvalidValueError",
+    "InvalidWebhookSignature",
     "JobFailed",
     "KitClosedError",
     "LifecycleError",
@@ -286,6 +289,10 @@ class BodyTooLarge(OutboxKitError):
     def __init__(self, limit: int) -> None:
         self.limit = limit
         super().__init__(f"the request body is larger than {limit:,} bytes; nothing was changed")
+
+
+class InvalidWebhookSignature(OutboxKitError):
+    """A webhook the inbox refused before its transaction: a missing header, a stale timestamp, no matching signature."""
 
 
 class OperatorQueryTimeout(OutboxKitError):

@@ -14,6 +14,8 @@ Where to start reading:
 
 * ``store``: ``record_message``, the one call, and the counts beside it;
 * ``consumer``: ``InboxConsumer``, record then handle then commit, failures counted;
+* ``verify``: Standard Webhooks verification (the only importer of ``standardwebhooks``);
+* ``webhooks``: ``WebhookReceiver``, the FastAPI route (verify, record, handle, answer);
 * ``views``: per source, what operators see (admin, CLI);
 * ``retention``: pruning records past the window (``OUTBOXKIT_INBOX_RETENTION_DAYS``).
 
