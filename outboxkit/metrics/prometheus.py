@@ -61,6 +61,7 @@ from sqlalchemy.exc import ProgrammingError
 from outboxkit.errors import ConfigurationError
 from outboxkit.metrics.destination_gauges import DEFAULT_SERIES_LIMIT, DestinationGauges
 from outboxkit.metrics.health import HealthServer
+from outboxkit.metrics.inbox import InboxMetrics
 from outboxkit.storage.operator_queries import admin_queries_for
 from outboxkit.storage.pauses import paused_outboxes
 from outboxkit.telemetry.hooks import Observer, log_fields, status_class
@@ -122,6 +123,8 @@ class OutboxMetrics(Observer):
         self._prometheus = prometheus
         self._define(prometheus)
         self.destination_gauges = DestinationGauges(prometheus, self.registry, series_limit=limit)
+        # The inbox's counters, fed by a receiver given ``observers=[metrics.inbox]`` (outboxkit.metrics.inbox).
+        self.inbox = InboxMetrics(prometheus, self.registry)
         self._attempts: dict[tuple[str, str, str], Any] = {}  # labelled children, cached off the hot path
         self._per_outbox: dict[str, tuple[Any, Any]] = {}
         self._leading = False

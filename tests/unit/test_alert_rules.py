@@ -25,6 +25,7 @@ DASHBOARD_FILE = DOCS / "grafana-dashboard.json"
 PROMISED = {
     "OutboxkitDeliveryLagging", "OutboxkitStuckRowsGrowing", "OutboxkitNoLeader", "OutboxkitDeliveryFailureRatio",
     "OutboxkitOutboxPaused", "OutboxkitJobErrors", "OutboxkitDestinationOpen", "OutboxkitDestinationDisabled",
+    "OutboxkitInboxDuplicatesRising",
 }
 
 
@@ -91,6 +92,11 @@ def unit_tests() -> dict:
                            state="disabled"),
                     series("outboxkit_destination_state", "0x25", outbox="grants", destination="https://b:443",
                            state="disabled"),
+                    # half of billing's messages are duplicates; one in 61 of shipping's
+                    series("outboxkit_inbox_messages_total", "0+60x40", source="billing", outcome="handled"),
+                    series("outboxkit_inbox_messages_total", "0+60x40", source="billing", outcome="duplicate"),
+                    series("outboxkit_inbox_messages_total", "0+60x40", source="shipping", outcome="handled"),
+                    series("outboxkit_inbox_messages_total", "0+1x40", source="shipping", outcome="duplicate"),
                 ],
                 "alert_rule_test": [
                     {"eval_time": "1m", "alertname": "OutboxkitDeliveryLagging", "exp_alerts": []},
@@ -180,6 +186,18 @@ def unit_tests() -> dict:
                             fired(
                                 "OutboxkitDestinationDisabled", "outbox grants: destination https://c:443 is disabled",
                                 outbox="grants", destination="https://c:443",
+                            )
+                        ],
+                    },
+                    {"eval_time": "10m", "alertname": "OutboxkitInboxDuplicatesRising", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "OutboxkitInboxDuplicatesRising",
+                        "exp_alerts": [
+                            fired(
+                                "OutboxkitInboxDuplicatesRising",
+                                "inbox source billing: 50% of its messages are duplicates",
+                                source="billing",
                             )
                         ],
                     },
