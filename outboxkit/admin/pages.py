@@ -30,6 +30,7 @@ from outboxkit.admin.confirm_pages import add_drain_now_confirm, add_pause_confi
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.destination_pages import add_destination_pages
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
+from outboxkit.admin.inbox_pages import add_inbox_pages
 from outboxkit.admin.page_frame import PageRoutes, back_target
 from outboxkit.admin.page_inputs import (
     PAGE_SIZES,
@@ -101,6 +102,7 @@ def pages_router(
     add_jobs(routes)
     add_job(routes)
     add_destination_pages(routes)
+    add_inbox_pages(routes)
     add_static(routes)
     return routes.router
 

@@ -14,6 +14,7 @@ from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.destination_api import destination_api_router
 from outboxkit.admin.export_route import export_router
 from outboxkit.admin.flash import FlashNotices
+from outboxkit.admin.inbox_api import inbox_api_router
 from outboxkit.admin.pages import pages_router
 from outboxkit.admin.route_guard import admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
@@ -181,6 +182,7 @@ def create_admin_router(
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
     router.include_router(api_router(service, actor=actor, route_class=route_class))
     router.include_router(destination_api_router(service, actor=actor, route_class=route_class))
+    router.include_router(inbox_api_router(service, route_class=route_class))
     router.include_router(export_router(service, route_class=route_class))
     schedules = ScheduleAdmin(kit, jobs=schedule_jobs)
     router.include_router(schedule_api_router(schedules, actor=actor, route_class=route_class))
