@@ -236,7 +236,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
-            "outboxkit_destination_rates", "outboxkit_secrets",
+            "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
         }
         assert "outboxkit_0012" in heads and len(heads) == 2
         assert triggers_installed == ["outboxkit_notify_grant_outbox_insert"]
@@ -254,7 +254,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "alembic_version", "outboxkit_job_runs", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
-            "outboxkit_destination_rates", "outboxkit_secrets",
+            "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
         } and functions == []
     finally:
         database_factory.drop(url)
