@@ -4,7 +4,7 @@ A record must outlive every redelivery of its message: while a sender may
 still retry a message, its record is what turns the retry into a dropped
 duplicate.  So the window (``OUTBOXKIT_INBOX_RETENTION_DAYS``) must exceed the
 sender's longest retry schedule (for outboxkit's default backoff, 24
-attempts over about 19.4 hours); a week is a safe start.
+attempts over about 18.4 hours); a week is a safe start.
 
 ``prune_inbox`` deletes records whose ``received_at`` is before the cutoff, in
 batches of ``batch_size`` on the ``received_at`` index, each batch its own
