@@ -13,6 +13,8 @@
 Each request goes through these steps, in order; each answer says what the
 sender should do:
 
+0. **read** the body, at most ``max_body_bytes`` (1 MiB by default).  Larger:
+   ``413``, nothing written.
 1. **verify** the Standard Webhooks signature (``outboxkit.inbox.verify``:
    the receiver's secrets, the timestamp tolerance).  Refused: ``401``,
    nothing written, no transaction opened.
@@ -35,7 +37,6 @@ extra); ``standardwebhooks`` is imported by ``outboxkit.inbox.verify``.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,14 +50,14 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from outboxkit.clock import Clock
-from outboxkit.errors import InvalidWebhookSignature
+from outboxkit.errors import ConfigurationError, InvalidWebhookSignature
 from outboxkit.inbox.consumer import ConsumeOutcome, InboxConsumer, InboxObserver
 from outboxkit.inbox.store import MESSAGE_ID_LIMIT
 from outboxkit.inbox.verify import DEFAULT_TOLERANCE_SECONDS, WebhookVerifier
 
-__all__ = ["WebhookHandler", "WebhookMessage", "WebhookReceiver"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "WebhookHandler", "WebhookMessage", "WebhookReceiver"]
 
-logger = logging.getLogger(__name__)
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class WebhookReceiver:
     ``whsec_...`` secrets accepted (several while rotating);
     ``tolerance_seconds`` how far a request's timestamp may be from
     ``clock``.  ``observers`` hear each outcome (e.g. ``InboxMetrics``).
+    A body over ``max_body_bytes`` is refused before it is read whole.
     """
 
     def __init__(
@@ -92,7 +94,11 @@ class WebhookReceiver:
         tolerance_seconds: float = DEFAULT_TOLERANCE_SECONDS,
         clock: Clock | None = None,
         observers: Iterable[InboxObserver] = (),
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise ConfigurationError(f"max_body_bytes must be a positive number of bytes, got {max_body_bytes!r}")
+        self.max_body_bytes = max_body_bytes
         self.verifier = WebhookVerifier(secrets, tolerance_seconds=tolerance_seconds, clock=clock)
         self.consumer = InboxConsumer(engine, source=source, observers=observers)
         self.handler = handler
@@ -109,7 +115,9 @@ class WebhookReceiver:
 
     async def endpoint(self, request: Request) -> JSONResponse:
         """The route itself, for applications that mount it their own way."""
-        body = await request.body()
+        body = await self._read_body(request)
+        if body is None:
+            return JSONResponse({"detail": f"the body is larger than {self.max_body_bytes:,} bytes"}, status_code=413)
         try:
             verified = self.verifier.verify(body, request.headers)
         except InvalidWebhookSignature as exc:
@@ -130,6 +138,19 @@ class WebhookReceiver:
         except Exception:
             return JSONResponse({"detail": "the handler failed; retry"}, status_code=500)
         return JSONResponse({"status": outcome})
+
+    async def _read_body(self, request: Request) -> bytes | None:
+        """The body, or None as soon as it is known to be over the cap (declared, or as it arrives)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def receive(self, message: WebhookMessage) -> ConsumeOutcome:
         """Record and handle a verified message in one transaction (steps 3 and 4), without HTTP."""

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit import Delivery, ManualClock
+from outboxkit.errors import ConfigurationError
 from outboxkit.inbox.webhooks import WebhookMessage, WebhookReceiver
 from outboxkit.testing import RecordingTransport
 from outboxkit.transports.signing import SigningTransport, WebhookSecrets
@@ -43,8 +44,8 @@ def handle(session: Session, message: WebhookMessage) -> None:
     apply(session, message.message_id)
 
 
-def client_for(engine, *, secrets=(NEW_SECRET,), clock=None, handler=handle) -> TestClient:
-    receiver = WebhookReceiver(engine, source="billing", secrets=list(secrets), handler=handler, clock=clock)
+def client_for(engine, *, secrets=(NEW_SECRET,), clock=None, handler=handle, **options) -> TestClient:
+    receiver = WebhookReceiver(engine, source="billing", secrets=list(secrets), handler=handler, clock=clock, **options)
     app = FastAPI()
     app.include_router(receiver.router("/webhooks/billing"))
     return TestClient(app)
@@ -176,6 +177,27 @@ def test_an_id_too_long_for_the_inbox_is_400(business):
     answer = client_for(business).post("/webhooks/billing", content=body, headers=reference_signed("m" * 301, body))
     assert answer.status_code == 400 and "webhook-id" in answer.json()["detail"]
     assert nothing_written(business)
+
+
+def test_a_body_over_the_cap_is_413_and_writes_nothing(business):
+    client = client_for(business, max_body_bytes=100)
+    body, headers = kit_signed("m-1", {"padding": "x" * 200}, NEW_SECRET)
+    assert client.post("/webhooks/billing", content=body, headers=headers).status_code == 413
+
+    def chunks():  # no Content-Length: the cap holds as the body arrives
+        yield body[:60]
+        yield body[60:]
+
+    assert client.post("/webhooks/billing", content=chunks(), headers=headers).status_code == 413
+    assert nothing_written(business)
+    small_body, small_headers = kit_signed("m-2", {"amount": 1}, NEW_SECRET)
+    assert client.post("/webhooks/billing", content=small_body, headers=small_headers).json() == {"status": "handled"}
+
+
+@pytest.mark.parametrize("cap", [0, -1, True, 1.5])
+def test_a_bad_cap_is_refused_at_start_up(business, cap):
+    with pytest.raises(ConfigurationError, match="max_body_bytes"):
+        WebhookReceiver(business, source="billing", secrets=[NEW_SECRET], handler=handle, max_body_bytes=cap)
 
 
 # -- failures ----------------------------------------------------------------------------
