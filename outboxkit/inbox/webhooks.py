@@ -26,8 +26,8 @@ sender should do:
    and the handler does not run.  Handled: ``200 {"status": "handled"}``
    after the commit.
 4. A handler that raises (or a database that fails) rolls the transaction
-   back: ``500`` (``503`` for a database error), so the sender retries and
-   the retry handles the message.
+   back: ``500`` (``503`` when the database cannot be reached), so the
+   sender retries and the retry handles the message.
 
 The database work runs on a thread (``run_in_threadpool``), so the event loop
 never waits on it.  This module imports FastAPI and Starlette (the ``admin``
@@ -45,7 +45,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -133,7 +133,7 @@ class WebhookReceiver:
         message = WebhookMessage(message_id=verified.message_id, timestamp=verified.timestamp, payload=payload, body=body)
         try:
             outcome = await run_in_threadpool(self.receive, message)
-        except DBAPIError:
+        except (OperationalError, InterfaceError):  # the connection, not a statement of the handler's
             return JSONResponse({"detail": "the database is unavailable; retry"}, status_code=503)
         except Exception:
             return JSONResponse({"detail": "the handler failed; retry"}, status_code=500)

@@ -223,6 +223,15 @@ def test_a_handler_error_is_500_rolls_back_and_the_retry_is_handled(business):
     assert failures == 1
 
 
+def test_a_failing_statement_of_the_handler_is_500_not_503(business):
+    def broken(session: Session, message: WebhookMessage) -> None:
+        session.execute(text("INSERT INTO no_such_table VALUES (1)"))
+
+    body, headers = kit_signed("m-1", {"amount": 5}, NEW_SECRET)
+    assert client_for(business, handler=broken).post("/webhooks/billing", content=body, headers=headers).status_code == 500
+    assert records(business) == set()
+
+
 def test_an_unreachable_database_is_503_so_the_sender_retries(database_url):
     missing = create_engine(sqlalchemy_url(database_url.rsplit("/", 1)[0] + "/outboxkit_no_such_database"))
     try:
