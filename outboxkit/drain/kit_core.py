@@ -30,6 +30,7 @@ from outboxkit.settings import OutboxKitSettings
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.database import kit_engine
 from outboxkit.storage.operator_pool import OperatorDatabase
+from outboxkit.storage.pooler_verdict import PoolerVerdict
 from outboxkit.telemetry.hooks import Telemetry
 from outboxkit.transports.base import Transport
 from outboxkit.transports.guarded import GuardedTransport
@@ -85,6 +86,8 @@ class KitCore:
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.telemetry.tracing)
         # The one guard of URLs that do not come from code: schedules' HTTP targets at save and at send.
         self.url_guard = UrlGuard(allow=self.settings.allow_list)
+        # What the pooler checks decided for this kit: once, and a refusal sticks (outboxkit.drain.pooler_checks).
+        self.pooler_verdict = PoolerVerdict()
 
     def _register(self, outbox: type[Outbox]) -> None:
         if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):

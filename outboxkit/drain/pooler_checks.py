@@ -11,7 +11,12 @@ Two checks, run by ``DrainWorker.start`` and ``OutboxScheduler.elect``
   unless ``OUTBOXKIT_PREPARED_STATEMENTS`` says the pooler keeps them.
 
 A failure raises ``ConfigurationError`` in production and is a warning
-elsewhere (the fail direction of ``OUTBOXKIT_ENVIRONMENT``).  Each check
+elsewhere (the fail direction of ``OUTBOXKIT_ENVIRONMENT``).  Each is
+decided once per kit (``outboxkit.storage.pooler_verdict``): the first check's
+answer stands for the drain loops and the election alike, and a refusal
+sticks, so every later start of the kit raises it again.  In production
+the leader re-checks the engine on every tick (``recheck_engine``); a
+refusal then stops the scheduler and the kit's drain loops.  Each check
 waits at most ``CHECK_SECONDS`` for the database: one that does not answer
 (a dead network path) must not hold up the application's start, and the
 background threads prove their own connections again anyway.
@@ -31,7 +36,7 @@ from outboxkit.telemetry.log_events import log_fields
 if TYPE_CHECKING:
     from outboxkit.drain.kit_core import KitCore as OutboxKit
 
-__all__ = ["CHECK_SECONDS", "check_engine", "session_source_accepted"]
+__all__ = ["CHECK_SECONDS", "check_engine", "recheck_engine", "session_source_accepted"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,31 +49,86 @@ def session_source_accepted(kit: OutboxKit, application_name: str, *, purpose: s
 
     False (outside production) means "refused, go on without that
     connection".  An unreachable database counts as accepted: the threads
-    prove the connection when they get one.
+    prove the connection when they get one.  The first answer stands for
+    the kit (both connections come from the same source).
     """
+    verdict = kit.pooler_verdict
+    _raise_kept_refusal(kit)
+    accepted = verdict.session_source_accepted
+    if accepted is not None:
+        return accepted
     connect = kit.session_connector(application_name)
     try:
         _within_time(lambda: check_session(connect, purpose=purpose, source=kit.session_source), what=purpose)
     except NotASessionError as exc:
         if kit.settings.is_production:
+            verdict.refuse(exc)
             raise
+        verdict.session_source_checked(False)
         logger.warning("%s; not in production, so this process goes on without it", exc,
                        extra=log_fields("pooler.session_refused"))
         return False
+    verdict.session_source_checked(True)
     return True
 
 
 def check_engine(kit: OutboxKit) -> None:
-    """Refuse (production) or warn about an engine that prepares statements through a transaction pool."""
+    """Refuse (production) or warn about an engine that prepares statements through a transaction pool.
+
+    Checked once per kit: a later call repeats the first one's answer.
+    """
+    _raise_kept_refusal(kit)
+    if kit.pooler_verdict.engine_decided:
+        return
+    message = _engine_problem(kit)
+    kit.pooler_verdict.engine_checked()
+    if message is None:
+        return
+    if kit.settings.is_production:
+        error = ConfigurationError(message)
+        kit.pooler_verdict.refuse(error)
+        raise error
+    logger.warning("%s; not in production, so the kit goes on", message, extra=log_fields("pooler.engine_prepares"))
+
+
+def recheck_engine(kit: OutboxKit) -> bool:
+    """The leader's re-check on its tick: False when the kit refuses its engine (now or before).
+
+    Only in production, where a refusal is final: it is kept
+    (``PoolerVerdict.refuse``), which stops the kit's drain loops, and the
+    election that asked stops leading.  Outside production a refusal is a
+    warning at start, not repeated on every tick.
+    """
+    if not kit.settings.is_production:
+        return True
+    if kit.pooler_verdict.refusal is not None:
+        return False
+    message = _engine_problem(kit)
+    if message is None:
+        return True
+    logger.error("%s; refused on the leader's re-check: this process stops leading and draining", message,
+                 extra=log_fields("pooler.engine_refused_on_tick"))
+    kit.pooler_verdict.refuse(ConfigurationError(message))
+    return False
+
+
+def _raise_kept_refusal(kit: OutboxKit) -> None:
+    refusal = kit.pooler_verdict.refusal
+    if refusal is not None and kit.settings.is_production:
+        raise type(refusal)(f"this kit refused its connections already, which stands for all of it: {refusal}")
+
+
+def _engine_problem(kit: OutboxKit) -> str | None:
+    """Why the engine is not fit to drain or schedule through its pooler, or None."""
     if kit.settings.prepared_statements:
-        return  # the operator says the pooler keeps prepared statements (PgBouncer 1.21+), or there is none
+        return None  # the operator says the pooler keeps prepared statements (PgBouncer 1.21+), or there is none
     engine = kit.engine
     threshold = _within_time(
         lambda: automatic_prepares_through_a_pool(engine, application_name="outboxkit-engine-check"), what="the engine"
     )
     if threshold is None:
-        return
-    message = (
+        return None
+    return (
         f"the engine connects through a transaction-mode pooler, and psycopg prepares a statement on a "
         f"connection once it has run {threshold} times (prepare_threshold={threshold}): before PgBouncer 1.21, "
         "or without max_prepared_statements, the next run lands on a server connection that never saw it "
@@ -77,9 +137,6 @@ def check_engine(kit: OutboxKit) -> None:
         "max_prepared_statements > 0 set OUTBOXKIT_PREPARED_STATEMENTS=true instead "
         "(docs/operations.md, 'PgBouncer and other poolers')"
     )
-    if kit.settings.is_production:
-        raise ConfigurationError(message)
-    logger.warning("%s; not in production, so the kit goes on", message, extra=log_fields("pooler.engine_prepares"))
 
 
 def _within_time(check: Callable[[], Result], *, what: str) -> Result | None:

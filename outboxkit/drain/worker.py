@@ -89,6 +89,7 @@ class DrainWorker:
         self._drainers: list[Drainer] = []
         self._listener: NotifyListener | None = None
         self._stopped = threading.Event()
+        kit.pooler_verdict.on_refusal(self._refused)  # a refusal by any of the kit's checks stops these loops too
 
     @property
     def running(self) -> bool:
@@ -147,6 +148,14 @@ class DrainWorker:
             " (woken by NOTIFY)" if listen else " (no NOTIFY: due times and polling only)",
             extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
+
+    def _refused(self, error: Exception) -> None:
+        if not self.running:
+            return
+        logger.error("the kit refused its engine (%s); stopping the drain loops", error,
+                     extra=log_fields("worker.refused"))
+        # In a thread of its own: the refusal may come from the election's tick, which must not wait for sends.
+        threading.Thread(target=self.stop, name="outboxkit-worker-refused", daemon=True).start()
 
     def readiness(self) -> str | None:
         """None when this worker is ready (its drain loops run and the database answers), else why not.

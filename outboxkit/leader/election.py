@@ -42,7 +42,9 @@ machine, and the invariant each step protects:
     still ours (an unlock on the backend that took it, or ending that backend
     if a pooler stranded it there), close the connection, become ``STANDBY``.  The run-history fence
     (``outboxkit_job_runs``) covers the short window in which a job already
-    running finishes after the demotion.
+    running finishes after the demotion.  Then ``recheck()``, when given
+    (the kit re-checks its engine against poolers): False stops the
+    scheduler the same way and ends the election for good (``STOPPED``).
 
 ``UNELECTED`` -- the campaign itself failed (no connection, an SQL error)
     and the kit is not in production (``fail_open``): the scheduler runs
@@ -156,6 +158,7 @@ class LeaderElection:
         sleep: Sleep = wait_on_event,
         telemetry: Telemetry | None = None,
         source: str | None = None,
+        recheck: Callable[[], bool] | None = None,
     ) -> None:
         if leader_tick_seconds <= 0 or standby_probe_seconds <= 0:
             raise InvalidValueError("leader_tick_seconds and standby_probe_seconds must be positive")
@@ -184,6 +187,7 @@ class LeaderElection:
         )
         self._on_elected = on_elected
         self._on_demoted = on_demoted
+        self._recheck = recheck
         self._sleep = sleep
         self._state = ElectionState.STANDBY
         self._changed = threading.Condition()
@@ -247,6 +251,9 @@ class LeaderElection:
                         break
                     if not self._still_held():
                         self._demote("the leader lock is gone or out of reach (connection lost, terminated or moved)")
+                    elif not self._rechecked():
+                        self._demote("the kit refused its connections on this tick's re-check")
+                        self._stopping.set()  # a refusal is final: no more campaigns
                 if self.state in (ElectionState.STANDBY, ElectionState.UNELECTED):
                     if self._sleep(self.standby_probe_seconds, self._stopping):
                         break
@@ -369,6 +376,16 @@ class LeaderElection:
         except Exception as exc:
             logger.debug("leader tick failed: %s", exc)
             return False
+
+    def _rechecked(self) -> bool:
+        if self._recheck is None:
+            return True
+        try:
+            return self._recheck()
+        except Exception:
+            logger.exception("the leader's re-check failed; it is tried again on the next tick",
+                             extra=log_fields("election.recheck_failed", leader=self.identity))
+            return True
 
     def _release(self) -> None:
         connection, identity = self._connection, self._identity

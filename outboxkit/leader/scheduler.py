@@ -38,7 +38,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from outboxkit.drain.pooler_checks import check_engine, session_source_accepted
+from outboxkit.drain.pooler_checks import check_engine, recheck_engine, session_source_accepted
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.inbox.retention import inbox_retention_job
 from outboxkit.leader.election import LeaderElection, leader_application_name
@@ -319,6 +319,7 @@ class OutboxScheduler:
                     "standby_probe_seconds": self.settings.standby_probe_seconds,
                     "fail_open": not self.settings.is_production,
                     "telemetry": self.kit.telemetry,
+                    "recheck": lambda: recheck_engine(self.kit),  # a fooled start-up check is caught while leading
                     **overrides,
                 }
                 self._election = LeaderElection(on_elected=self.start, on_demoted=self.shutdown, **options)  # type: ignore[arg-type]

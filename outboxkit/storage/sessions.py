@@ -16,19 +16,26 @@ one a "connection" is no session at all:
 So before the kit takes the lock or LISTENs, ``prove_session`` checks the
 two things a session guarantees and a transaction pool does not:
 
-1. *No one else shares its backend.*  A second connection from the same
-   source opens a transaction and reads ``pg_backend_pid()``.  Behind a
-   transaction pool it is handed a free server connection, and the one our
-   connection just used is free (with a pool of one it is the only one;
-   PgBouncer reuses the most recently released first), so the pids match.
-2. *Its backend does not change.*  While the second connection holds its
-   transaction open, our connection must still be on the backend it
-   started on, with the token it set there (a custom setting that only that
-   backend has).
+1. *Its backend does not change.*  Our connection must still be on the
+   backend it started on, with the token it set there (a custom setting
+   that only that backend has): at the start of each round, right after the
+   second connection released the server connection it used, which a
+   transaction pool hands out next (PgBouncer reuses the most recently
+   released first), and again while the second connection holds a
+   transaction open.
+2. *No one else shares its backend.*  The second connection opens a
+   transaction and reads ``pg_backend_pid()``.  Behind a transaction pool
+   it is handed a free server connection, and the one our connection just
+   used is free and was released last, so the pids match.
 
-Three rounds of this.  With a pool of one the proof fails every time; with
-a larger idle pool the reuse order makes it fail; under heavy load from
-other clients a round could in principle be fooled, which is why the
+Three rounds of this.  Each step of a round runs right after the other
+connection's release, so a transaction pool is caught unless another
+client takes and releases server connections between every two of our
+statements: with a pool of one the proof fails every time, and two
+processes proving at the same moment do not fool each other (the order
+matters: a round that let the second connection release last would hand it
+the same other backend round after round).  Under heavy load from other
+clients a proof could in principle still be fooled, which is why the
 leader also re-checks its backend on every tick (``on_own_backend``) and
 demotes itself when it moved.  A direct connection or a session-mode pool
 passes every time.
@@ -106,6 +113,8 @@ def prove_session(connection: psycopg.Connection, connect: SessionConnector, *, 
     other = connect()
     try:
         for _ in range(PROOF_ROUNDS):
+            if not on_own_backend(connection, identity):
+                raise not_a_session(purpose, source, "its statements ran on different server backends")
             with other.transaction():
                 row = other.execute("SELECT pg_backend_pid()").fetchone()
                 if row is not None and row[0] == identity.backend_pid:

@@ -29,7 +29,7 @@ from outboxkit.leader.election import ElectionState
 from tests.support.database import sqlalchemy_url
 from tests.support.leadership import holder_count, wait_until
 from tests.support.models import SampleEvent
-from tests.support.pgbouncer import PgBouncer
+from tests.support.pgbouncer import PgBouncer, transaction_and_session_pools
 from tests.support.receiver import Reply
 
 ADMIN = ("admin", "pgbouncer-test-password")
@@ -39,15 +39,10 @@ ENGINE_POOL = {"pool_size": 3, "max_overflow": 2}  # the session pool must hold 
 
 @pytest.fixture(scope="module")
 def bouncers(database_factory) -> Iterator[dict[str, PgBouncer]]:
-    transaction = PgBouncer(database_factory.server, pool_mode="transaction", pool_size=5)
-    # Per process: the engine's pool_size + max_overflow, plus 2 (the lock and LISTEN connections), plus the
-    # start-up proof's second connection for a moment; 20 leaves room for the test's own connections.
-    session = PgBouncer(database_factory.server, pool_mode="session", pool_size=20)
-    try:
-        yield {"transaction": transaction.start(), "session": session.start()}
-    finally:
-        transaction.stop()
-        session.stop()
+    # Session pool, per process: the engine's pool_size + max_overflow, plus 2 (the lock and LISTEN connections),
+    # plus the start-up proof's second connection for a moment; 20 leaves room for the test's own connections.
+    with transaction_and_session_pools(database_factory.server, transaction_size=5, session_size=20) as pools:
+        yield pools
 
 
 class ReceiverScript:

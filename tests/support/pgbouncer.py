@@ -22,13 +22,15 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-__all__ = ["PgBouncer", "pgbouncer_binary", "require_pgbouncer"]
+__all__ = ["PgBouncer", "pgbouncer_binary", "require_pgbouncer", "transaction_and_session_pools"]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
 # Set by .ci/run: there a missing pgbouncer is a failure, not a skip.
@@ -167,3 +169,15 @@ class PgBouncer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@contextmanager
+def transaction_and_session_pools(server_url: str, *, transaction_size: int, session_size: int) -> Iterator[dict[str, PgBouncer]]:
+    """Two pgbouncers in front of the server, ``{"transaction": ..., "session": ...}``, stopped on exit."""
+    transaction = PgBouncer(server_url, pool_mode="transaction", pool_size=transaction_size)
+    session = PgBouncer(server_url, pool_mode="session", pool_size=session_size)
+    try:
+        yield {"transaction": transaction.start(), "session": session.start()}
+    finally:
+        transaction.stop()
+        session.stop()
