@@ -20,8 +20,9 @@ in the table's order) and then the application's, as text.
   that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return,
   which a spreadsheet would run as a formula, is written with a leading
   ``'`` (formula injection, as OWASP describes it): ``=HYPERLINK(...)``
-  exports as ``'=HYPERLINK(...)``.  Numbers the kit wrote (ids, attempts,
-  status codes) are written as they are.
+  exports as ``'=HYPERLINK(...)``.  Numbers are written as they are: the
+  kit's (ids, attempts, status codes) and those of the application's
+  integer and numeric columns (``-5`` stays ``-5``); the guard is for text.
 """
 
 from __future__ import annotations
@@ -69,8 +70,12 @@ class RowExport:
 
     def _chunks(self, queries: ExportQueries, *, row_filter: RowFilter, status: str | None, format: str) -> Iterator[bytes]:
         names = queries.column_names
-        encode = _csv_lines if format == "csv" else _ndjson_lines
-        header = _csv_lines(names, [names]) if format == "csv" else b""
+        numbers = frozenset(index for index, name in enumerate(names) if name in queries.number_column_names)
+
+        def encode(names: list[str], rows: Sequence[Sequence[Any]]) -> bytes:
+            return _csv_lines(rows, numbers=numbers) if format == "csv" else _ndjson_lines(names, rows)
+
+        header = _csv_lines([names]) if format == "csv" else b""
         after_id = 0
         while True:
             with self.kit.operator_database.connect() as connection:
@@ -97,17 +102,18 @@ def _ndjson_lines(names: list[str], rows: Sequence[Sequence[Any]]) -> bytes:
     return "".join(line + "\n" for line in lines).encode()
 
 
-def _csv_lines(names: list[str], rows: Sequence[Sequence[Any]]) -> bytes:
+def _csv_lines(rows: Sequence[Sequence[Any]], *, numbers: frozenset[int] = frozenset()) -> bytes:
+    """CSV lines of ``rows``; the cells at ``numbers`` hold a number column's text, written as it is."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     for row in rows:
-        writer.writerow(_csv_cell(value) for value in row)
+        writer.writerow(_csv_cell(value, number=index in numbers) for index, value in enumerate(row))
     return buffer.getvalue().encode()
 
 
-def _csv_cell(value: Any) -> Any:
+def _csv_cell(value: Any, *, number: bool) -> Any:
     if value is None:
         return ""
-    if isinstance(value, str):
+    if isinstance(value, str) and not number:
         return spreadsheet_safe(value)
     return _plain(value)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, text, types
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import STATUSES, Outbox
@@ -36,6 +36,11 @@ class ExportQueries:
         kit_columns = ["id"] + [column.name for column in table.columns if column.name in KIT_COLUMNS - {"id"}]
         self.kit_column_names: list[str] = kit_columns
         self.payload_column_names: list[str] = self.admin.payload_column_names
+        # The application's number columns: their text is a number, never a formula (see operations.export).
+        self.number_column_names: frozenset[str] = frozenset(
+            column.name for column in table.columns if column.name in self.payload_column_names
+            and isinstance(column.type, (types.Integer, types.Numeric))
+        )
         selected = [f"outbox.{name}" for name in kit_columns]
         selected += [
             f"CAST({self.admin.shown(name, 'outbox.' + quoted)} AS text)" for name, quoted, _ in self.admin.payload_columns

@@ -8,6 +8,7 @@ import json
 import tracemalloc
 
 import pytest
+from sqlalchemy import text
 
 from outboxkit.operations.export import RowExport, spreadsheet_safe
 from outboxkit.storage.row_filter import RowFilter
@@ -67,6 +68,21 @@ def test_csv_quotes_what_needs_quoting_and_defuses_spreadsheet_formulas(admin):
     assert [row[header.index("last_error")] for row in rows] == events
     assert {row[header.index("claimed_until")] for row in rows} == {""}  # missing values are empty cells
     assert {row[header.index("attempts")] for row in rows} == {"1"}
+
+
+def test_csv_writes_negative_numbers_of_number_columns_as_numbers(admin):
+    with admin.engine.begin() as connection:
+        grant = connection.execute(text("INSERT INTO grants (workspace, amount) VALUES ('-ws', -5) RETURNING id")).scalar()
+        connection.execute(
+            text("INSERT INTO credit_grant_outbox (grant_id, workspace, amount) VALUES (:grant, '-ws', -5), (:grant, '=x', 7)"),
+            {"grant": grant},
+        )
+
+    response = admin.client.get("/admin/api/outboxes/credit-grants/export", params={"format": "csv"})
+
+    assert response.status_code == 200
+    header, *rows = list(csv.reader(io.StringIO(response.text, newline="")))
+    assert [(row[header.index("amount")], row[header.index("workspace")]) for row in rows] == [("-5", "'-ws"), ("7", "'=x")]
 
 
 def test_spreadsheet_safe_prefixes_only_formula_starts():
