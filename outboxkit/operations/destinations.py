@@ -224,7 +224,7 @@ class DestinationOperations:
     # -- plumbing ------------------------------------------------------------
 
     def _state(self, connection: Connection, outbox: type[Outbox], destination: str, *, lock: bool = False) -> DestinationState:
-        state = read_state(connection, outbox, destination, lock=lock) if 0 < len(destination) <= NAME_LIMIT else None
+        state = read_state(connection, outbox, destination, lock=lock) if _could_be_a_name(destination) else None
         if state is None:
             listed = destination_views(connection, outbox, now=self.kit.clock.now(), cap=0, limit=11)
             raise UnknownDestinationError(outbox.__outbox__.job_name, destination, [view.state.destination for view in listed])
@@ -293,3 +293,15 @@ def _model(view: DestinationView, now: datetime) -> DestinationModel:
         waiting_until=(state.held_until if held else None) or (instants[-1] if instants else None),
         changed_by=state.changed_by,
     )
+
+
+def _could_be_a_name(destination: str) -> bool:
+    """Whether ``destination`` could name a stored destination: 1 to ``NAME_LIMIT`` characters PostgreSQL can
+    hold as text (no NUL, no lone surrogate).  Any other name is unknown without asking the database."""
+    if not 0 < len(destination) <= NAME_LIMIT or "\x00" in destination:
+        return False
+    try:
+        destination.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

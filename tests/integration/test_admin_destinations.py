@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
+
 from outboxkit.breaker import Signal
+from outboxkit.errors import UnknownDestinationError
+from outboxkit.operations.destinations import DestinationOperations
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
     add_webhooks,
@@ -119,4 +123,24 @@ def test_the_pages_answer_an_unknown_destination_and_a_missing_name_with_the_err
                                data={"destination": "http://nowhere:1", "csrf_token": token})
     empty = admin.client.post("/admin/outboxes/webhooks/destination/resume", data={"csrf_token": token})
     assert posted.status_code == 404 and empty.status_code == 422 and "bad form: destination" in empty.text
+    assert (snapshot(admin.engine), destination_row(admin.engine)) == before
+
+
+def test_a_destination_name_postgresql_cannot_hold_is_a_clear_404_everywhere_and_changes_nothing(admin):
+    open_breaker(admin.engine, at=START)
+    token = TOKEN.search(admin.client.get("/admin/outboxes/webhooks/destination", params={"name": DEAD}).text).group(1)
+    before = snapshot(admin.engine), destination_row(admin.engine)
+    for action in ("resume", "disable", "probe"):
+        for name in (DEAD + "\x00", "\x00"):
+            api = admin.client.post(f"/admin/api/outboxes/webhooks/destinations/{action}", json={"destination": name})
+            assert api.status_code == 404 and "has no destination" in api.json()["detail"], (action, name)
+        page = admin.client.post(f"/admin/outboxes/webhooks/destination/{action}",
+                                 data={"destination": DEAD + "\x00", "csrf_token": token})
+        assert page.status_code == 404 and "has no destination" in page.text, action
+    assert admin.client.get("/admin/api/outboxes/webhooks/destination", params={"name": DEAD + "\x00"}).status_code == 404
+    assert admin.client.get("/admin/outboxes/webhooks/destination", params={"name": DEAD + "\x00"}).status_code == 404
+    operations = DestinationOperations(admin.kit)  # the CLI's way in: a lone surrogate can come from argv
+    for perform in (operations.resume, operations.disable, operations.probe):
+        with pytest.raises(UnknownDestinationError):
+            perform("webhooks", "http://a\ud800:1", actor="admin")
     assert (snapshot(admin.engine), destination_row(admin.engine)) == before
