@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from fastapi import APIRouter, Request, params
+from fastapi import APIRouter, HTTPException, Request, params
+from fastapi.routing import APIRoute
+from starlette.routing import Match
+from starlette.types import Scope
 
 from outboxkit.admin.api import MAX_PAGE_SIZE, api_router
 from outboxkit.admin.csrf import CsrfTokens
@@ -16,7 +20,7 @@ from outboxkit.admin.export_route import export_router
 from outboxkit.admin.flash import FlashNotices
 from outboxkit.admin.inbox_api import inbox_api_router
 from outboxkit.admin.pages import pages_router
-from outboxkit.admin.route_guard import admin_route_class
+from outboxkit.admin.route_guard import AdminRoute, admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
 from outboxkit.admin.schedule_pages import schedule_pages_router
 from outboxkit.admin.signed_values import Signer
@@ -90,6 +94,7 @@ def create_admin_router(
     page_size: int = 50,
     preview_chars: int = 10_000,
     schedule_jobs: Collection[str] = (),
+    include_in_schema: bool = True,
 ) -> APIRouter:
     """The admin as a FastAPI router; mount it under a prefix of your choice::
 
@@ -134,6 +139,16 @@ def create_admin_router(
 
     ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
     200); ``preview_chars`` caps each payload column in the row detail.
+
+    ``include_in_schema=False`` keeps the admin's operations out of the
+    host application's OpenAPI schema (its public ``/openapi.json`` and
+    ``/docs``); the routes are served and guarded the same.
+
+    Under its prefix the admin answers every path: one it does not have is
+    a 404, a method a path does not take a 405 (with ``Allow``), both after
+    ``dependencies`` and with the admin's security headers.  So mount it
+    under a prefix of its own (a route of yours under the same prefix,
+    included after it, would never be reached).
     """
     dependencies = list(dependencies)
     for dependency in dependencies:
@@ -180,18 +195,52 @@ def create_admin_router(
         403: {"description": "The application's auth dependency refused the request (not allowed)."},
     }
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
-    router.include_router(api_router(service, actor=actor, route_class=route_class))
-    router.include_router(destination_api_router(service, actor=actor, route_class=route_class))
-    router.include_router(inbox_api_router(service, route_class=route_class))
-    router.include_router(export_router(service, route_class=route_class))
     schedules = ScheduleAdmin(kit, jobs=schedule_jobs)
-    router.include_router(schedule_api_router(schedules, actor=actor, route_class=route_class))
-    router.include_router(
-        pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class)
-    )
-    router.include_router(
+    parts = (
+        api_router(service, actor=actor, route_class=route_class),
+        destination_api_router(service, actor=actor, route_class=route_class),
+        inbox_api_router(service, route_class=route_class),
+        export_router(service, route_class=route_class),
+        schedule_api_router(schedules, actor=actor, route_class=route_class),
+        pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class),
         schedule_pages_router(
             service, schedules, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
-        )
+        ),
     )
+    for part in parts:
+        router.include_router(part, include_in_schema=include_in_schema)
+    known = [(route.path_regex, route.methods or set()) for part in parts for route in part.routes if isinstance(route, APIRoute)]
+    _answer_unknown_paths(router, route_class, known)
     return router
+
+
+_EVERY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _answer_unknown_paths(
+    router: APIRouter, route_class: type[AdminRoute], known: list[tuple[re.Pattern[str], set[str]]]
+) -> None:
+    """A last route that answers the admin's 404 and 405 itself, so they carry its headers (the host's would not).
+
+    ``known`` are the admin's routes (path pattern below the prefix, methods).
+    """
+
+    def unknown_path(path: str) -> None:
+        allowed = sorted({method for pattern, methods in known if pattern.match("/" + path) for method in methods})
+        if allowed:
+            raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"Allow": ", ".join(allowed)})
+        raise HTTPException(status_code=404, detail="Not Found")
+
+    class UnknownAdminPath(route_class):  # type: ignore[valid-type,misc]
+        def matches(self, scope: Scope) -> tuple[Match, Scope]:
+            match, child_scope = super().matches(scope)
+            path, root = scope.get("path", ""), scope.get("root_path", "")
+            below_root = path[len(root):] if root and path.startswith(root) else path
+            if match is not Match.NONE and below_root == "/" + child_scope["path_params"]["path"]:
+                return Match.NONE, {}  # included without a prefix: the host's own paths stay the host's
+            return match, child_scope
+
+    router.add_api_route(
+        "/{path:path}", unknown_path, methods=_EVERY_METHOD, include_in_schema=False,
+        name="outboxkit_admin_unknown_path", route_class_override=UnknownAdminPath,
+    )

@@ -232,6 +232,24 @@ def test_every_admin_answer_carries_the_security_headers(admin, signed_in):
     assert css.headers["cache-control"] == "max-age=3600" and css.headers["x-content-type-options"] == "nosniff"
 
 
+@pytest.mark.parametrize("signed_in", [True, False])
+def test_an_unknown_path_or_method_under_the_admin_prefix_carries_the_security_headers(admin, signed_in):
+    signed = {} if signed_in else {"auth": ("admin", "wrong")}
+    for method, path, expected in [
+        ("GET", "/admin/no-such-page", 404),
+        ("GET", "/admin/api/no/such/thing", 404),
+        ("POST", "/admin/", 405),
+        ("DELETE", "/admin/api/outboxes", 405),
+    ]:
+        response = admin.client.request(method, path, **signed)
+        assert response.status_code == (expected if signed_in else 401), (method, path)
+        for name, value in SECURITY_HEADERS.items():
+            assert response.headers.get(name) == value, (method, path, response.status_code, name)
+        if signed_in and expected == 405:
+            assert "GET" in response.headers["allow"]
+    assert admin.client.get("/not-the-admin").status_code == 404  # the application's own paths are its own
+
+
 # -- strict input types ---------------------------------------------------------------
 
 LOOSE_BOOLEANS = ["no", "off", "0", 0, 1, "false", "", None, [], {}]

@@ -197,3 +197,33 @@ def test_a_custom_actor_dependency_names_who_acted(admin):
     with TestClient(app) as client:
         client.post("/admin/api/outboxes/webhooks/reset", json={"ids": [row_id]})
     assert audit_entries(admin.engine)[-1]["actor"] == "ops@example.com"
+
+
+def test_the_admin_can_be_kept_out_of_the_hosts_openapi_schema(admin):
+    guard = [Depends(lambda: None)]
+    listed, unlisted = FastAPI(), FastAPI()
+    listed.include_router(create_admin_router(admin.kit, dependencies=guard), prefix="/admin")
+    unlisted.include_router(create_admin_router(admin.kit, dependencies=guard, include_in_schema=False), prefix="/admin")
+
+    @unlisted.get("/orders")
+    def orders() -> list[str]:
+        return []
+
+    with TestClient(listed) as client:
+        assert any(path.startswith("/admin/") for path in client.get("/openapi.json").json()["paths"])
+    with TestClient(unlisted) as client:
+        assert list(client.get("/openapi.json").json()["paths"]) == ["/orders"]
+        assert client.get("/admin/api/outboxes").status_code == 200  # still served, only not listed
+
+
+def test_the_admin_included_without_a_prefix_leaves_the_hosts_other_paths_alone(admin):
+    app = FastAPI()
+    app.include_router(create_admin_router(admin.kit, dependencies=[Depends(lambda: None)]))
+
+    @app.get("/orders")
+    def orders() -> list[str]:
+        return ["kept"]
+
+    with TestClient(app) as client:
+        assert client.get("/orders").json() == ["kept"]  # included after the admin, still reached
+        assert client.get("/api/outboxes").status_code == 200
