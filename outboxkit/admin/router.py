@@ -95,6 +95,7 @@ def create_admin_router(
     preview_chars: int = 10_000,
     schedule_jobs: Collection[str] = (),
     include_in_schema: bool = True,
+    max_exports: int = 2,
 ) -> APIRouter:
     """The admin as a FastAPI router; mount it under a prefix of your choice::
 
@@ -140,6 +141,10 @@ def create_admin_router(
     ``page_size`` is the pages' rows per page (the API takes ``limit``, 1 to
     200); ``preview_chars`` caps each payload column in the row detail.
 
+    ``max_exports`` (1 to 100) is how many exports this admin streams at
+    once; another gets 429 with ``Retry-After`` (an export's encoding costs
+    the CPU the application's requests run on).
+
     ``include_in_schema=False`` keeps the admin's operations out of the
     host application's OpenAPI schema (its public ``/openapi.json`` and
     ``/docs``); the routes are served and guarded the same.
@@ -175,6 +180,8 @@ def create_admin_router(
         raise ConfigurationError(f"page_size must be an integer from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
     if isinstance(preview_chars, bool) or not isinstance(preview_chars, int) or not 100 <= preview_chars <= 1_000_000:
         raise ConfigurationError(f"preview_chars must be an integer from 100 to 1000000, got {preview_chars!r}")
+    if isinstance(max_exports, bool) or not isinstance(max_exports, int) or not 1 <= max_exports <= 100:
+        raise ConfigurationError(f"max_exports must be an integer from 1 to 100, got {max_exports!r}")
     if job_source is not None and not isinstance(job_source, JobSource):
         raise ConfigurationError(f"job_source must have a jobs() -> list[JobInfo] method, got {job_source!r}")
     if isinstance(schedule_jobs, str) or not all(isinstance(job, str) for job in schedule_jobs):
@@ -200,7 +207,7 @@ def create_admin_router(
         api_router(service, actor=actor, route_class=route_class),
         destination_api_router(service, actor=actor, route_class=route_class),
         inbox_api_router(service, route_class=route_class),
-        export_router(service, route_class=route_class),
+        export_router(service, route_class=route_class, max_exports=max_exports),
         schedule_api_router(schedules, actor=actor, route_class=route_class),
         pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class),
         schedule_pages_router(

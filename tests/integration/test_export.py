@@ -5,11 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 import tracemalloc
 
+import psycopg
 import pytest
+from exampleapp.models import CreditGrantOutbox, WebhookOutbox
+from fastapi import Depends, FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from outboxkit import OutboxKit, OutboxKitSettings
+from outboxkit.admin import create_admin_router
 from outboxkit.operations.export import RowExport, spreadsheet_safe
 from outboxkit.storage.row_filter import RowFilter
 from tests.support.admin import (  # noqa: F401  (fixtures)
@@ -20,6 +27,7 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     row_of,
     snapshot,
 )
+from tests.support.leadership import wait_until
 
 EXPORT = "/admin/api/outboxes/webhooks/export"
 KIT_COLUMNS = [
@@ -174,3 +182,35 @@ def test_exporting_many_rows_holds_one_batch_in_memory_whatever_the_number_of_ro
         assert max(early_peak, later_peak) < bound, f"{export_format}: peak {later_peak:,} for {exported_bytes:,} bytes"
         print(f"{export_format}: {total_rows} rows, {exported_bytes:,} bytes, peaks {early_peak:,} / {later_peak:,}")
     assert snapshot(admin.engine) == before  # an export changes nothing
+
+
+def test_exports_past_max_exports_get_a_429_at_once_until_one_ends(admin, admin_database_url):
+    add_webhooks(admin.engine, 3, status="stuck")
+    # The admin's time limit is raised so the held export waits for the test, not for the limit.
+    settings = OutboxKitSettings(admin_statement_timeout_seconds=120)
+    kit = OutboxKit(admin.engine, [CreditGrantOutbox, WebhookOutbox], settings=settings)
+    app = FastAPI()
+    app.include_router(create_admin_router(kit, dependencies=[Depends(lambda: None)], max_exports=1), prefix="/admin")
+    held: list[object] = []
+    try:
+        with TestClient(app) as client, psycopg.connect(admin_database_url, autocommit=True) as blocker:
+            with blocker.transaction():
+                blocker.execute("LOCK TABLE webhook_outbox IN ACCESS EXCLUSIVE MODE")  # the first export's read waits
+                first = threading.Thread(target=lambda: held.append(client.get(EXPORT)))
+                first.start()
+                wait_until(lambda: _export_waiting_on_the_lock(blocker), timeout=30, message="the first export waiting")
+                refused = client.get(EXPORT, params={"format": "csv"})
+                assert refused.status_code == 429 and "max_exports" in refused.json()["detail"]
+                assert refused.headers["retry-after"] and refused.headers["x-frame-options"] == "DENY"
+            first.join(30)
+            assert [response.status_code for response in held] == [200]
+            assert len(held[0].text.splitlines()) == 3
+            assert client.get(EXPORT).status_code == 200  # the slot came back when the stream ended
+    finally:
+        kit.close()
+
+
+def _export_waiting_on_the_lock(connection: psycopg.Connection) -> bool:
+    waiting = "SELECT count(*) FROM pg_locks WHERE relation = 'webhook_outbox'::regclass AND NOT granted"
+    row = connection.execute(waiting).fetchone()
+    return bool(row and row[0])
