@@ -233,7 +233,8 @@ def _answer_unknown_paths(
     """
 
     def unknown_path(path: str) -> None:
-        allowed = sorted({method for pattern, methods in known if pattern.match("/" + path) for method in methods})
+        # The first route whose path matches answers for it, as the host's router would have.
+        allowed = next((sorted(methods) for pattern, methods in known if pattern.match("/" + path)), None)
         if allowed:
             raise HTTPException(status_code=405, detail="Method Not Allowed", headers={"Allow": ", ".join(allowed)})
         raise HTTPException(status_code=404, detail="Not Found")
