@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
+from outboxkit.drain.pooler_checks import check_engine
 from outboxkit.errors import ConfigurationError, LifecycleError, MigrationRequired, error_summary, first_line
 from outboxkit.results import RunRecord
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
@@ -102,6 +103,7 @@ class KitSchedules:
         self._starter: threading.Thread | None = None  # start_in_background's thread while it starts
         self._cancel = threading.Event()
         self._start_problem: str | None = None  # why the last start in the background failed, for readiness()
+        kit.pooler_verdict.on_refusal(self._refused)  # a refusal by any of the kit's checks stops this loop too
 
     # -- declaring -----------------------------------------------------------
 
@@ -333,6 +335,7 @@ class KitSchedules:
 
     def _start(self, cancel: threading.Event) -> bool:
         """Sync, then start the runner unless ``cancel`` was set meanwhile; whether it started."""
+        check_engine(self.kit)  # the loop claims and fires through the engine: the kit's pooler verdict applies
         self.sync()
         with self._lock:
             if cancel.is_set():
@@ -360,6 +363,10 @@ class KitSchedules:
                              extra=log_fields("schedule.needs_migration"))
                 self._record_start_problem(cancel, str(exc))
                 return
+            except ConfigurationError as exc:  # the kit refused its engine (production): final, no retries
+                logger.error("the schedule loop did not start: %s", exc, extra=log_fields("schedule.refused"))
+                self._record_start_problem(cancel, str(exc))
+                return
             except Exception as exc:
                 self._record_start_problem(cancel, error_summary(exc)[:300])
                 if not warned:
@@ -368,6 +375,14 @@ class KitSchedules:
                                    extra=log_fields("schedule.start_retrying"))
                     warned = True
             cancel.wait(retry_seconds)
+
+    def _refused(self, error: Exception) -> None:
+        if not self.running:
+            return
+        logger.error("the kit refused its engine (%s); stopping the schedule loop", error,
+                     extra=log_fields("schedule.refused"))
+        # In a thread of its own: the refusal may come from the election's tick, which must not wait for runs.
+        threading.Thread(target=self.stop, name="outboxkit-schedules-refused", daemon=True).start()
 
     def _record_start_problem(self, cancel: threading.Event, problem: str) -> None:
         """Why the start failed, for ``readiness()``; a start that ``stop()`` cancelled meanwhile leaves no reason."""

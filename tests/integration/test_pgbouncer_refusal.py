@@ -130,16 +130,40 @@ def test_an_engine_the_start_up_check_let_through_is_refused_on_the_leaders_tick
     )
     kit = OutboxKit(pooled, [SampleEvent], settings=settings)
     try:
+        kit.schedules.start()
         kit.worker.start()
-        election = kit.scheduler.elect()  # decided once: the worker's check stands, no second look at start
-        assert kit.worker.running and checks == [None]
+        election = kit.scheduler.elect()  # decided once: the first check stands, no second look at start
+        assert kit.worker.running and kit.schedules.running and checks == [None]
         assert election.wait_for(ElectionState.STOPPED, timeout=30), "the leader's re-check refuses and stops it"
         assert not kit.scheduler.running
         wait_until(lambda: not kit.worker.running, timeout=30, message="the drain loops stopped by the refusal")
+        wait_until(lambda: not kit.schedules.running, timeout=30, message="the schedule loop stopped by the refusal")
         assert checks[-1] == 5
         with pytest.raises(ConfigurationError, match="refused its connections already"):
             kit.worker.start()  # the refusal sticks
         assert holder_count(engine) == 0
     finally:
+        kit.schedules.stop()
+        kit.close()
+        pooled.dispose()
+
+
+def test_the_schedule_loop_on_a_refused_engine_is_refused_too(database_url, bouncers):
+    pooled = create_engine(sqlalchemy_url(bouncers["transaction"].url_for(database_url)), **ENGINE_POOL)
+    settings = OutboxKitSettings(
+        environment="production", lock_database_url=bouncers["session"].url_for(database_url), drain_interval_seconds=3600
+    )
+    kit = OutboxKit(pooled, [SampleEvent], settings=settings)
+    try:
+        with pytest.raises(ConfigurationError, match="prepare_threshold=5"):
+            kit.schedules.start()  # the loop claims and fires through the engine as well
+        assert not kit.schedules.running
+        with pytest.raises(ConfigurationError, match="refused its connections already"):
+            kit.worker.start()
+        kit.schedules.start_in_background()  # as the lifespan starts it: one error line, no retries
+        wait_until(lambda: "did not start" in (kit.schedules.readiness() or ""), timeout=30, message="the refusal")
+        assert "refused its connections already" in kit.schedules.readiness() and not kit.schedules.running
+    finally:
+        kit.schedules.stop()
         kit.close()
         pooled.dispose()
