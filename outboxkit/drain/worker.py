@@ -44,6 +44,7 @@ from outboxkit.errors import error_summary
 from outboxkit.model import Outbox
 from outboxkit.storage.notify import NotifyListener, channel_for, listener_application_name
 from outboxkit.storage.pauses import PAUSES_CHANNEL
+from outboxkit.storage.pooler_verdict import stop_when_refused
 from outboxkit.telemetry.hooks import log_fields
 
 if TYPE_CHECKING:
@@ -89,7 +90,10 @@ class DrainWorker:
         self._drainers: list[Drainer] = []
         self._listener: NotifyListener | None = None
         self._stopped = threading.Event()
-        kit.pooler_verdict.on_refusal(self._refused)  # a refusal by any of the kit's checks stops these loops too
+        # A refusal by any of the kit's checks stops the drain loops too.
+        stop_when_refused(
+            kit.pooler_verdict, running=lambda: self.running, stop=self.stop, what="the drain loops", event="worker.refused"
+        )
 
     @property
     def running(self) -> bool:
@@ -148,14 +152,6 @@ class DrainWorker:
             " (woken by NOTIFY)" if listen else " (no NOTIFY: due times and polling only)",
             extra=log_fields("worker.started", outboxes=[drainer.job_name for drainer in drainers]),
         )
-
-    def _refused(self, error: Exception) -> None:
-        if not self.running:
-            return
-        logger.error("the kit refused its engine (%s); stopping the drain loops", error,
-                     extra=log_fields("worker.refused"))
-        # In a thread of its own: the refusal may come from the election's tick, which must not wait for sends.
-        threading.Thread(target=self.stop, name="outboxkit-worker-refused", daemon=True).start()
 
     def readiness(self) -> str | None:
         """None when this worker is ready (its drain loops run and the database answers), else why not.

@@ -64,6 +64,7 @@ from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefin
 from outboxkit.schedules.jobs import KIT_JOB_PREFIX, JobFunction, check_job_function
 from outboxkit.schedules.runner import Firing, ScheduleRunner, default_holder
 from outboxkit.schedules.store import ScheduleStore
+from outboxkit.storage.pooler_verdict import stop_when_refused
 from outboxkit.telemetry.log_events import log_fields
 
 if TYPE_CHECKING:
@@ -103,7 +104,10 @@ class KitSchedules:
         self._starter: threading.Thread | None = None  # start_in_background's thread while it starts
         self._cancel = threading.Event()
         self._start_problem: str | None = None  # why the last start in the background failed, for readiness()
-        kit.pooler_verdict.on_refusal(self._refused)  # a refusal by any of the kit's checks stops this loop too
+        # A refusal by any of the kit's checks stops the schedule loop too.
+        stop_when_refused(
+            kit.pooler_verdict, running=lambda: self.running, stop=self.stop, what="the schedule loop", event="schedule.refused"
+        )
 
     # -- declaring -----------------------------------------------------------
 
@@ -375,14 +379,6 @@ class KitSchedules:
                                    extra=log_fields("schedule.start_retrying"))
                     warned = True
             cancel.wait(retry_seconds)
-
-    def _refused(self, error: Exception) -> None:
-        if not self.running:
-            return
-        logger.error("the kit refused its engine (%s); stopping the schedule loop", error,
-                     extra=log_fields("schedule.refused"))
-        # In a thread of its own: the refusal may come from the election's tick, which must not wait for runs.
-        threading.Thread(target=self.stop, name="outboxkit-schedules-refused", daemon=True).start()
 
     def _record_start_problem(self, cancel: threading.Event, problem: str) -> None:
         """Why the start failed, for ``readiness()``; a start that ``stop()`` cancelled meanwhile leaves no reason."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from outboxkit.errors import ConfigurationError
 from outboxkit.telemetry.log_events import log_fields
 
-__all__ = ["PoolerVerdict"]
+__all__ = ["PoolerVerdict", "stop_when_refused"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +90,21 @@ class PoolerVerdict:
                 self._listeners.append(listener)
         if refusal is not None:
             listener(refusal)
+
+
+def stop_when_refused(
+    verdict: PoolerVerdict, *, running: Callable[[], bool], stop: Callable[[], None], what: str, event: str
+) -> None:
+    """When the kit refuses, stop ``what`` (``stop()``) if it ``running()``, logging ``event`` once.
+
+    The stop runs in a thread of its own: the refusal may come from the
+    election's tick, which must not wait for sends or runs to finish.
+    """
+
+    def refused(error: ConfigurationError) -> None:
+        if not running():
+            return
+        logger.error("the kit refused its engine (%s); stopping %s", error, what, extra=log_fields(event))
+        threading.Thread(target=stop, name=f"outboxkit-refused-{event}", daemon=True).start()
+
+    verdict.on_refusal(refused)
