@@ -15,7 +15,7 @@ elsewhere (the fail direction of ``OUTBOXKIT_ENVIRONMENT``).  Each is
 decided once per kit (``outboxkit.storage.pooler_verdict``): the first check's
 answer stands for the drain loops and the election alike, and a refusal
 sticks, so every later start of the kit raises it again.  In production
-the leader re-checks the engine on every tick (``recheck_engine``); a
+the leader re-checks the engine from its tick (``recheck_engine``); a
 refusal then stops the scheduler and the kit's drain loops.  Each check
 waits at most ``CHECK_SECONDS`` for the database: one that does not answer
 (a dead network path) must not hold up the application's start, and the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -36,11 +37,12 @@ from outboxkit.telemetry.log_events import log_fields
 if TYPE_CHECKING:
     from outboxkit.drain.kit_core import KitCore as OutboxKit
 
-__all__ = ["CHECK_SECONDS", "check_engine", "recheck_engine", "session_source_accepted"]
+__all__ = ["CHECK_SECONDS", "RECHECK_SECONDS", "check_engine", "recheck_engine", "session_source_accepted"]
 
 logger = logging.getLogger(__name__)
 
 CHECK_SECONDS = 10.0
+RECHECK_SECONDS = 60.0
 Result = TypeVar("Result")
 
 
@@ -97,12 +99,16 @@ def recheck_engine(kit: OutboxKit) -> bool:
     Only in production, where a refusal is final: it is kept
     (``PoolerVerdict.refuse``), which stops the kit's drain loops, and the
     election that asked stops leading.  Outside production a refusal is a
-    warning at start, not repeated on every tick.
+    warning at start, not repeated on every tick.  The engine is looked at
+    on the first tick and then at most every ``RECHECK_SECONDS`` (the proof
+    opens two connections).
     """
     if not kit.settings.is_production:
         return True
     if kit.pooler_verdict.refusal is not None:
         return False
+    if not kit.pooler_verdict.recheck_due(time.monotonic(), every_seconds=RECHECK_SECONDS):
+        return True
     message = _engine_problem(kit)
     if message is None:
         return True

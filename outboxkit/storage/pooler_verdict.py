@@ -40,6 +40,7 @@ class PoolerVerdict:
         self._engine_decided = False
         self._session_source_accepted: bool | None = None
         self._listeners: list[RefusalListener] = []
+        self._last_recheck: float | None = None
 
     @property
     def refusal(self) -> ConfigurationError | None:
@@ -67,6 +68,14 @@ class PoolerVerdict:
         with self._lock:
             if self._session_source_accepted is None:
                 self._session_source_accepted = accepted
+
+    def recheck_due(self, now: float, *, every_seconds: float) -> bool:
+        """Whether a re-check is due at ``now`` (monotonic seconds): the first, then one per ``every_seconds``."""
+        with self._lock:
+            if self._last_recheck is not None and now - self._last_recheck < every_seconds:
+                return False
+            self._last_recheck = now
+            return True
 
     def refuse(self, error: ConfigurationError) -> None:
         """Keep ``error`` as the kit's refusal (the first one wins) and tell every listener once."""
