@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+import psycopg
+
 from outboxkit.errors import ConfigurationError
 from outboxkit.storage.sessions import NotASessionError, automatic_prepares_through_a_pool, check_session
 from outboxkit.telemetry.log_events import log_fields
@@ -82,7 +84,9 @@ def check_engine(kit: OutboxKit) -> None:
     _raise_kept_refusal(kit)
     if kit.pooler_verdict.engine_decided:
         return
-    message = _engine_problem(kit)
+    told, message = _engine_problem(kit)
+    if not told:
+        return  # no answer (the database did not answer in time): no verdict, the next start checks again
     kit.pooler_verdict.engine_checked()
     if message is None:
         return
@@ -109,7 +113,7 @@ def recheck_engine(kit: OutboxKit) -> bool:
         return False
     if not kit.pooler_verdict.recheck_due(time.monotonic(), every_seconds=RECHECK_SECONDS):
         return True
-    message = _engine_problem(kit)
+    _, message = _engine_problem(kit)
     if message is None:
         return True
     logger.error("%s; refused on the leader's re-check: this process stops leading and draining", message,
@@ -124,17 +128,24 @@ def _raise_kept_refusal(kit: OutboxKit) -> None:
         raise type(refusal)(f"this kit refused its connections already, which stands for all of it: {refusal}")
 
 
-def _engine_problem(kit: OutboxKit) -> str | None:
-    """Why the engine is not fit to drain or schedule through its pooler, or None."""
+def _engine_problem(kit: OutboxKit) -> tuple[bool, str | None]:
+    """Whether the check could tell, and why the engine is not fit to drain or schedule through its pooler (or None)."""
     if kit.settings.prepared_statements:
-        return None  # the operator says the pooler keeps prepared statements (PgBouncer 1.21+), or there is none
+        return True, None  # the operator says the pooler keeps prepared statements (PgBouncer 1.21+), or there is none
     engine = kit.engine
-    threshold = _within_time(
-        lambda: automatic_prepares_through_a_pool(engine, application_name="outboxkit-engine-check"), what="the engine"
-    )
+    try:
+        answer = _within_time(  # None only when the check did not finish in time; (threshold,) when it did
+            lambda: (automatic_prepares_through_a_pool(engine, application_name="outboxkit-engine-check"),),
+            what="the engine",
+        )
+    except psycopg.OperationalError:
+        return False, None  # unreachable now: the drain reports it; nothing to say about pooling yet
+    if answer is None:
+        return False, None
+    (threshold,) = answer
     if threshold is None:
-        return None
-    return (
+        return True, None
+    return True, (
         f"the engine connects through a transaction-mode pooler, and psycopg prepares a statement on a "
         f"connection once it has run {threshold} times (prepare_threshold={threshold}): before PgBouncer 1.21, "
         "or without max_prepared_statements, the next run lands on a server connection that never saw it "

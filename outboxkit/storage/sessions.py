@@ -193,23 +193,26 @@ def end_stranded_backend(connection: psycopg.Connection, identity: SessionIdenti
 
 def automatic_prepares_through_a_pool(engine: Engine, *, application_name: str) -> int | None:
     """psycopg's ``prepare_threshold`` on ``engine``'s connections when they go through a transaction-mode
-    pooler and prepare statements by themselves; None when that is not so (or the database is unreachable).
+    pooler and prepare statements by themselves; None when that is not so.
 
     Before PgBouncer 1.21 (or without ``max_prepared_statements``) such an
     engine fails at random once a statement has run ``prepare_threshold``
     times on a connection: the next run goes to a server connection that
     never saw it prepared.  The kit's own claim runs through the engine.
+    A database that cannot be reached raises ``psycopg.OperationalError``:
+    nothing is known about pooling yet.
     """
     try:
         with engine.connect() as connection:
             threshold = getattr(connection.connection.driver_connection, "prepare_threshold", None)
-    except DBAPIError:
-        return None  # unreachable now: the drain reports it; nothing to say about pooling yet
+    except DBAPIError as exc:
+        raise psycopg.OperationalError(f"the database could not be reached: {exc.orig}") from exc
     if threshold is None:
         return None
     connect = session_connector(engine=engine, dsn=None, application_name=application_name, keepalive_seconds=15)
     try:
-        check_session(connect, purpose="the engine's connection", source="the engine")
+        if not check_session(connect, purpose="the engine's connection", source="the engine"):
+            raise psycopg.OperationalError("the database could not be reached")
     except NotASessionError:
         return int(threshold)
     return None

@@ -46,3 +46,33 @@ def test_a_database_that_does_not_answer_does_not_hold_up_the_start(silent_serve
     finally:
         election.stop(timeout=0)
         engine.dispose()
+
+
+def test_a_check_that_could_not_tell_decides_nothing_and_the_next_start_checks_again(silent_server, monkeypatch, caplog):
+    monkeypatch.setattr(pooler_checks, "CHECK_SECONDS", 0.5)
+    engine = create_engine(silent_server)
+    kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(environment="production"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="outboxkit.drain.pooler_checks"):
+            pooler_checks.check_engine(kit)
+            assert not kit.pooler_verdict.engine_decided, "no answer is no verdict"
+            pooler_checks.check_engine(kit)  # as the election's start after the worker's: it looks again
+        gave_up = [record for record in caplog.records if "could not check the engine" in record.getMessage()]
+        assert len(gave_up) == 2 and kit.pooler_verdict.refusal is None
+    finally:
+        kit.close()
+        engine.dispose()
+
+
+def test_a_database_that_refuses_connections_decides_nothing_either():
+    with socket.socket() as probe:  # a port nothing listens on: every connect is refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = create_engine(f"postgresql+psycopg://root@127.0.0.1:{port}/refused")
+    kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(environment="production"))
+    try:
+        pooler_checks.check_engine(kit)
+        assert not kit.pooler_verdict.engine_decided and kit.pooler_verdict.refusal is None
+    finally:
+        kit.close()
+        engine.dispose()
