@@ -63,7 +63,7 @@ def session_source_accepted(kit: OutboxKit, application_name: str, *, purpose: s
         return accepted
     connect = kit.session_connector(application_name)
     try:
-        _within_time(lambda: check_session(connect, purpose=purpose, source=kit.session_source), what=purpose)
+        proven = _within_time(lambda: check_session(connect, purpose=purpose, source=kit.session_source), what=purpose)
     except NotASessionError as exc:
         if kit.settings.is_production:
             verdict.refuse(exc)
@@ -72,7 +72,8 @@ def session_source_accepted(kit: OutboxKit, application_name: str, *, purpose: s
         logger.warning("%s; not in production, so this process goes on without it", exc,
                        extra=log_fields("pooler.session_refused"))
         return False
-    verdict.session_source_checked(True)
+    if proven:  # unreachable or no answer in time: accepted for now, decided by a later check
+        verdict.session_source_checked(True)
     return True
 
 

@@ -72,7 +72,9 @@ def test_a_database_that_refuses_connections_decides_nothing_either():
     kit = OutboxKit(engine, [SampleEvent], settings=OutboxKitSettings(environment="production"))
     try:
         pooler_checks.check_engine(kit)
-        assert not kit.pooler_verdict.engine_decided and kit.pooler_verdict.refusal is None
+        assert pooler_checks.session_source_accepted(kit, "outboxkit-test", purpose="the LISTEN connection")
+        assert not kit.pooler_verdict.engine_decided and kit.pooler_verdict.session_source_accepted is None
+        assert kit.pooler_verdict.refusal is None
     finally:
         kit.close()
         engine.dispose()
