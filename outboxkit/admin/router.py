@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import re
+import secrets
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine
 
-from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings, pooler_checks
+from outboxkit import ConfigurationError, OutboxKit, OutboxKitSettings
+from outboxkit.drain import pooler_checks
 from outboxkit.leader.election import ElectionState
 from tests.support.database import sqlalchemy_url
 from tests.support.leadership import holder_count, wait_until
