@@ -460,7 +460,9 @@ def test_a_loop_whose_held_connection_died_while_idle_claims_on_a_fresh_one(engi
             drainer.wake()
             receiver.wait_for(lambda r: len(r.requests) == 1, timeout=10)
             wait_until(lambda: claimed_rows(engine) == 0, message="the outcome is recorded")
-    assert claims == [0, 1]  # the claim on the dead connection raised; the one on the fresh connection took the row
+    # The claim on the dead connection raised; the one on the fresh connection took the row.  A busy host may
+    # add an empty claim after it (the loop's due-read fallback), which takes nothing.
+    assert claims[:2] == [0, 1] and set(claims[2:]) <= {0}
     assert [record.getMessage() for record in caplog.records if record.name.startswith("outboxkit.drain.")] == []
     with Session(engine) as session:
         row = session.scalars(select(SampleEvent)).one()
