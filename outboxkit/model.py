@@ -21,6 +21,9 @@ last error...), a CHECK on ``status`` and the partial indexes the kit reads
 through (see ``outbox_table_args``).  The application adds its own columns and
 says what to send for one row.  A row inserted with ``next_attempt_at`` in the
 future is a scheduled one-shot send.
+
+One module: the mixin, its options and the checks a subclass gets at class creation
+(``__init_subclass__`` refuses a concrete subclass that does not override ``build_delivery``).
 """
 
 from __future__ import annotations

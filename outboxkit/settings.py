@@ -59,6 +59,9 @@ those are allowed (``NON_SETTING_VARIABLES`` and ``NON_SETTING_PREFIXES``):
 ``OUTBOXKIT_APP`` (the CLI's ``--app``), and ``OUTBOXKIT_TEST_*``,
 ``OUTBOXKIT_BENCH_*`` and ``OUTBOXKIT_FAULT_*`` (the test suite, the
 benchmarks and the fault tests).
+
+One module: one field per setting with its documented meaning, and the per-outbox overrides
+(``OutboxOverride``) that the same environment parsing validates together.
 """
 
 from __future__ import annotations

@@ -70,6 +70,9 @@ up retransmitting it (many minutes with Linux defaults).
 Nothing here raises into the application: callbacks that fail are logged,
 and a scheduler that cannot start gives the lock back so another process can
 lead.
+
+One module: the campaign, the tick, the demotion and the hand-over share one state machine, and
+the prose above says which invariant each step protects; the lock's statements are ``leader.lock``.
 """
 
 from __future__ import annotations

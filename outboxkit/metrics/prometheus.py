@@ -43,6 +43,9 @@ or one you pass (``registry=prometheus_client.REGISTRY`` to opt in to the
 process-wide default), so two kits in one process do not collide.  Names and
 labels are listed in docs/operations.md; the alert rules in docs/alerts.yml
 and the dashboard in docs/grafana-dashboard.json use them.
+
+One module: a metric family after another on one registry, a few lines each, so that
+prometheus-client is imported in this one place (the import contract).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Action rules (the same for one id, a list, or a filter):
   transaction, so a listening drainer wakes when the reset commits (never
   before: PostgreSQL delivers notifications on commit) instead of at the
   next interval run.
+
+One module: one method per operator action, each a thin transaction over the statements; the
+destinations, schedules, inbox and ordered keys have services of their own beside it.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ never written: every write re-checks that in its WHERE clause under the row
 lock, so a claim that commits first wins and the admin's update matches
 nothing.  No string from a request is ever spliced into SQL: filters are
 bind parameters, and the fragments below are fixed.
+
+One module: one statement per operator question on one outbox table; the ordered backlog's
+walk is in ``storage.ordering``.
 """
 
 from __future__ import annotations
