@@ -56,7 +56,8 @@ from outboxkit.operations.schedule_schemas import (
     ScheduleRunModel,
 )
 from outboxkit.schedules.requests import ScheduledRequestOutbox
-from outboxkit.schedules.store import Schedule, ScheduleStore, redact_snapshot
+from outboxkit.schedules.rows import Schedule, redact_snapshot
+from outboxkit.schedules.store import ScheduleStore
 from outboxkit.schedules.views import next_fire_times, schedule_history
 from outboxkit.storage.tables import schedule_audit, schedules
 

@@ -39,7 +39,7 @@ from outboxkit.schedules.definitions import HttpTarget, ScheduleDefinition
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.schedules.misfires import FiringPlan, plan_firing
 from outboxkit.schedules.requests import ScheduledRequestOutbox
-from outboxkit.schedules.store import definition_from_row
+from outboxkit.schedules.rows import definition_from_row
 from outboxkit.storage.notify import notify_statement
 from outboxkit.telemetry.log_events import log_fields
 

@@ -72,8 +72,9 @@ from outboxkit.schedules.definitions import HttpTarget
 from outboxkit.schedules.jobs import JobFunction, JobRunner, check_job_function
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.schedules.requests import ScheduledRequestOutbox
+from outboxkit.schedules.rows import definition_from_row
 from outboxkit.schedules.runs import HeldRuns
-from outboxkit.schedules.store import CHANNEL, definition_from_row
+from outboxkit.schedules.store import CHANNEL
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.notify import NotifyListener
 from outboxkit.telemetry.hooks import Telemetry

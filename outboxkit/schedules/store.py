@@ -31,8 +31,8 @@ the code declares it), since the next start would write the code's
 definition back.  Enabling, disabling and "run now" are the operator's and
 apply to every row; a disable outlives a deploy.
 
-Its length is one statement per operator action on one table; the trigger
-arithmetic, the claims, the leases and the runs are modules of their own.
+A row and its definition, both ways, are ``schedules.rows``; the trigger arithmetic, the claims, the
+leases and the runs are modules of their own.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -50,13 +50,14 @@ from sqlalchemy.dialects.postgresql import insert
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.errors import InvalidScheduleError, RunNowLimited, ScheduleDeclaredInCode, UnknownScheduleError, UnsafeUrlError
 from outboxkit.model import Outbox
-from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
+from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition
 from outboxkit.schedules.requests import ScheduledRequestOutbox
+from outboxkit.schedules.rows import Schedule, definition_from_row, definition_values, schedule_of, snapshot_of
 from outboxkit.storage.tables import schedule_audit, schedules
-from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
+from outboxkit.target_secrets import credential_problem
 from outboxkit.url_guard import UrlGuard
 
-__all__ = ["CHANNEL", "Schedule", "ScheduleStore", "Transactions", "definition_from_row", "redact_snapshot"]
+__all__ = ["CHANNEL", "ScheduleStore", "Transactions"]
 
 CHANNEL = "outboxkit_schedules"
 _NOTIFY = text("SELECT pg_notify(:channel, :name)")
@@ -76,115 +77,6 @@ class Transactions(Protocol):
     def connect(self) -> AbstractContextManager[Connection]: ...
 
     def begin(self) -> AbstractContextManager[Connection]: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class Schedule:
-    """A schedule row as read: its definition, when it next fires, and who created and changed it."""
-
-    id: int
-    definition: ScheduleDefinition
-    next_run_at: datetime | None
-    defined_in: str  # "code" (synced at start) or "api"
-    declared_at: str | None = None  # for a schedule defined in code: where the code declares it ("module:line"), if known
-    created_at: datetime
-    created_by: str
-    changed_at: datetime
-    changed_by: str
-
-    @property
-    def name(self) -> str:
-        return self.definition.name
-
-
-def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
-    """The row's columns that hold ``definition``."""
-    target = definition.target
-    values: dict[str, Any] = {
-        "name": definition.name,
-        "trigger_kind": definition.trigger.kind,
-        "trigger_fields": dict(definition.trigger.fields),
-        "timezone": definition.trigger.timezone,
-        "enabled": definition.enabled,
-        "misfire_grace_seconds": definition.misfire_grace_seconds,
-        "max_running": definition.max_running,
-        "rerun_if_abandoned": definition.rerun_if_abandoned,
-        "job": None,
-        "http_outbox": None,
-        "http_method": None,
-        "http_url": None,
-        "http_headers": {},
-        "http_body": None,
-    }
-    if isinstance(target, JobTarget):
-        values.update(target_kind="job", job=target.job)
-    else:
-        values.update(
-            target_kind="http",
-            http_outbox=target.outbox,
-            http_method=target.method,
-            http_url=target.url,
-            http_headers=dict(target.headers),
-            http_body=target.body,
-        )
-    return values
-
-
-def definition_from_row(row: RowMapping) -> ScheduleDefinition:
-    """The definition a row holds, validated again (a row edited by hand in SQL is checked too)."""
-    target: JobTarget | HttpTarget
-    if row["target_kind"] == "job":
-        target = JobTarget(job=row["job"])
-    else:
-        target = HttpTarget(
-            url=row["http_url"],
-            outbox=row["http_outbox"],
-            method=row["http_method"],
-            headers=row["http_headers"],
-            body=row["http_body"],
-        )
-    return ScheduleDefinition(
-        name=row["name"],
-        trigger=ScheduleTrigger(kind=row["trigger_kind"], fields=row["trigger_fields"], timezone=row["timezone"]),
-        target=target,
-        enabled=row["enabled"],
-        misfire_grace_seconds=row["misfire_grace_seconds"],
-        max_running=row["max_running"],
-        rerun_if_abandoned=row["rerun_if_abandoned"],
-    )
-
-
-def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
-    """A row as JSON for the audit (times as ISO 8601 strings; a credential in its target redacted)."""
-    if row is None:
-        return None
-    return redact_snapshot(
-        {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items() if key != "id"}
-    )
-
-
-def redact_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """A schedule row's audit snapshot as shown: the target's URL and headers redacted (``outboxkit.target_secrets``)."""
-    shown = dict(snapshot)
-    if isinstance(shown.get("http_url"), str):
-        shown["http_url"] = redact_url(shown["http_url"])
-    if isinstance(shown.get("http_headers"), dict):
-        shown["http_headers"] = redact_headers(shown["http_headers"])
-    return shown
-
-
-def _schedule(row: RowMapping) -> Schedule:
-    return Schedule(
-        id=row["id"],
-        definition=definition_from_row(row),
-        next_run_at=row["next_run_at"],
-        defined_in=row["defined_in"],
-        declared_at=row["declared_at"],
-        created_at=row["created_at"],
-        created_by=row["created_by"],
-        changed_at=row["changed_at"],
-        changed_by=row["changed_by"],
-    )
 
 
 class ScheduleStore:
@@ -241,13 +133,13 @@ class ScheduleStore:
 
     def get(self, name: str) -> Schedule:
         with self.engine.connect() as connection:
-            return _schedule(self._row(connection, name, lock=False))
+            return schedule_of(self._row(connection, name, lock=False))
 
     def list(self) -> list[Schedule]:
         """Every schedule, by name (``page`` reads them a page at a time)."""
         with self.engine.connect() as connection:
             rows = connection.execute(select(schedules).order_by(schedules.c.name)).mappings().all()
-        return [_schedule(row) for row in rows]
+        return [schedule_of(row) for row in rows]
 
     def page(self, *, after: str | None = None, before: str | None = None, limit: int) -> Sequence[Schedule]:
         """Up to ``limit`` schedules in name order: the first ones, those after ``after`` or those before ``before``.
@@ -264,7 +156,7 @@ class ScheduleStore:
             statement = statement.order_by(schedules.c.name)
         with self.engine.connect() as connection:
             rows = connection.execute(statement.limit(limit)).mappings().all()
-        found = [_schedule(row) for row in rows]
+        found = [schedule_of(row) for row in rows]
         return found[::-1] if before is not None else found
 
     # -- changing ------------------------------------------------------------
@@ -284,7 +176,7 @@ class ScheduleStore:
             if row is None:
                 raise InvalidScheduleError("name", f"a schedule named {definition.name!r} exists; edit it instead")
             self._changed(connection, "create", actor=actor, before=None, after=row)
-        return _schedule(row)
+        return schedule_of(row)
 
     def replace(self, definition: ScheduleDefinition, *, actor: str) -> Schedule:
         """Edit the schedule named ``definition.name`` to be ``definition``; one declared in code is refused
@@ -295,7 +187,7 @@ class ScheduleStore:
             current = self._row(connection, definition.name, lock=True)
             self._refuse_if_declared_in_code(current, action="edit")
             row = self._write(connection, current, definition, actor=actor, action="edit")
-        return _schedule(row)
+        return schedule_of(row)
 
     def set_enabled(self, name: str, enabled: bool, *, actor: str) -> Schedule:
         """Enable or disable a schedule; enabling it again counts its next fire time from now."""
@@ -304,7 +196,7 @@ class ScheduleStore:
             definition = definition_from_row(current)
             changed = replace(definition, enabled=enabled)
             row = self._write(connection, current, changed, actor=actor, action="enable" if enabled else "disable")
-        return _schedule(row)
+        return schedule_of(row)
 
     def run_now(self, name: str, *, actor: str) -> Schedule:
         """Make the schedule due now: one occurrence at this instant, then its trigger's own.
@@ -325,7 +217,7 @@ class ScheduleStore:
             )
             row = connection.execute(statement).mappings().one()
             self._changed(connection, "run_now", actor=actor, before=current, after=row)
-        return _schedule(row)
+        return schedule_of(row)
 
     def delete(self, name: str, *, actor: str) -> None:
         """Delete a schedule; its run history stays.  A run in progress finishes and is recorded.
@@ -520,8 +412,8 @@ class ScheduleStore:
             "actor": actor,
             "schedule": name,
             "action": action,
-            "before": _snapshot(before),
-            "after": _snapshot(after),
+            "before": snapshot_of(before),
+            "after": snapshot_of(after),
         }
         connection.execute(insert(schedule_audit).values(audit))
         connection.execute(_NOTIFY, {"channel": CHANNEL, "name": name})

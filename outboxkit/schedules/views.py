@@ -24,7 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import Engine, select
 
 from outboxkit.errors import InvalidValueError
-from outboxkit.schedules.store import Schedule, Transactions
+from outboxkit.schedules.rows import Schedule
+from outboxkit.schedules.store import Transactions
 from outboxkit.storage.tables import RUN_OUTCOMES, job_runs
 
 __all__ = ["FireTime", "ScheduleRun", "next_fire_times", "schedule_history"]

@@ -24,7 +24,7 @@ from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.errors import ConfigurationError, InvalidScheduleError, LifecycleError, MigrationRequired
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.schedules.jobs import JobContext, every
-from outboxkit.schedules.store import definition_values
+from outboxkit.schedules.rows import definition_values
 from outboxkit.storage.tables import job_runs, schedule_audit, schedules
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, ScheduledCall
