@@ -34,10 +34,7 @@ drainer's next claim.
   later if it is slow, and at once (behind the rows already due) if it is
   merely not yet proven.  They are given back from a thread of their own, so
   the pump goes on sending the others meanwhile (the next claim waits for
-  it): profiled under load, those
-  short transactions on the pump's thread were most of what a hanging
-  destination cost the healthy ones, and the rows given back were claimed
-  again and again, which is why rows now wait instead.  The cap
+  it).  The cap
   protects the other destinations, so it applies only
   when there are others (in the batch, or with sends in flight): an outbox
   that sends to one receiver sends as before.  A destination proven healthy
@@ -94,11 +91,11 @@ destinations least recently used, oldest first, and stops at the first one
 used within the bound; one with a send still in flight is looked at again
 one bound later.
 
-Its length is the gate's decisions (breaker, ``Retry-After``, cap, rate
+One module: the gate's decisions (breaker, ``Retry-After``, cap, rate
 limit) over one per-destination view kept under one lock; the stored state
-(``destination_store``), the background give-back (``claim_release``), the
-forgetting (``recent_keys``) and the rows waiting over a cap
-(``cap_waiting``) are modules of their own.
+(``destinations.store``), the background give-back
+(``destinations.claim_release``), the forgetting (``destinations.recent_keys``)
+and the rows waiting over a cap (``drain.cap_waiting``) are modules of their own.
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 
 A suspect destination (one that has not answered yet, is failing, or is
 slow) has at most ``OutboxOptions.destination_cap`` sends in flight from one
-drainer (``outboxkit.destinations.gate``).  The rows of a claim beyond that
-cap used to be given back at once, one UPDATE per claim, and claimed again
-later, most often to be given back once more: against a receiver that hangs,
-that churn on the drain's thread was most of what the dead destination still
-cost the others.  Now up to ``limit`` of them wait here instead, with their
-claim, their counted attempt and their built delivery: when a send to their
+drainer (``outboxkit.destinations.gate``).  Up to ``limit`` of the rows of a
+claim beyond that cap wait here, with their claim, their counted attempt and
+their built delivery, rather than going back to the table to be claimed
+again: when a send to their
 destination ends (a place under its cap is free) they go through the gate
 again, and the first of them are sent; nothing is written for them meanwhile.
 This module is the bookkeeping; ``outboxkit.drain.cap_waiting`` moves the rows
