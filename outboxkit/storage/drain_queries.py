@@ -26,7 +26,7 @@ says (as they were through SQLAlchemy), or always when the operator opts in,
 and the claim's rows become the model's instances without an ORM Session
 (``outboxkit.storage.row_instances``).
 
-Its length is the statements' prose: each one says which invariant its SQL
+One module: each statement with the prose that says which invariant its SQL
 keeps, and the drain's rules are meant to be read in one place.
 """
 
