@@ -19,7 +19,13 @@ subscriptions whose filters match (one overlap of the type and its
 prefixes with the GIN-indexed ``event_types``; a subscription with a
 tenant matches only that tenant's events, one without a tenant only events
 without one), inserts the event row, and inserts one delivery row per
-match with ``INSERT ... SELECT``.  An event nobody subscribed to is
+match with ``INSERT ... SELECT``.  It holds a share lock on the matched
+subscriptions until the caller's transaction ends: a change to one of them
+(``SubscriptionStore``) waits for the publish to commit and then applies to
+its deliveries too, and a publish that meets a change in progress waits for
+it and reads the subscription as changed (under REPEATABLE READ or
+SERIALIZABLE, PostgreSQL reports that meeting as a serialization failure
+instead, which the caller retries).  An event nobody subscribed to is
 recorded with no delivery.  A subscription created after the statement's
 snapshot does not receive it.  More matches than ``max_deliveries``
 (10,000 by default) and the statement writes nothing and the call raises:
@@ -57,6 +63,7 @@ WITH matched AS MATERIALIZED (
     WHERE s.enabled AND s.event_types && CAST(:candidates AS varchar[])
       AND s.tenant IS NOT DISTINCT FROM CAST(:tenant AS varchar)
     LIMIT :over
+    FOR SHARE OF s
 ), found AS (
     SELECT count(*) AS n FROM matched
 ), event AS (

@@ -16,10 +16,12 @@ same transaction:
   <id> was deleted`` in ``last_error``; nothing undelivered is deleted, and
   their events stay.
 
-A delivery written by a publish that overlapped the change (its transaction
-began before the change committed) is caught at its send: the signer finds
-the subscription deleted or disabled and the attempt is refused, so the row
-ends ``stuck`` with the reason and nothing is sent.
+A publish holds a share lock on the subscriptions it matched until its
+transaction ends (``outboxkit.events.publish``), so a change waits for the
+publishes in progress and then sees their deliveries: none escapes it.  As a
+last guard (a row changed by hand in SQL), the signer refuses, at the send,
+a delivery whose subscription is deleted or disabled: the row ends ``stuck``
+with the reason and nothing is sent.
 
 The endpoint URL passes the kit's URL guard (``outboxkit.url_guard``) at
 save: a URL it refuses is an ``InvalidSubscriptionError`` on ``url`` and

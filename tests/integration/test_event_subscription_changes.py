@@ -1,10 +1,15 @@
 """What a subscription's change does to its deliveries not yet sent: an edit redirects them, a disable holds them
-(stuck, with the reason) until it is enabled, a delete parks them stuck for good; a delivery written by a publish that
-overlapped the change is refused at its send.  Nothing undelivered is deleted."""
+(stuck, with the reason) until it is enabled, a delete parks them stuck for good.  A change waits for a publish in
+progress and then applies to its deliveries too; a delivery whose subscription was changed by hand is refused at its
+send.  Nothing undelivered is deleted."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from outboxkit import publish
@@ -74,25 +79,90 @@ def test_a_delete_parks_pending_deliveries_stuck_and_keeps_them_and_the_event(ev
     assert len(receiver.requests) == 1
 
 
-@pytest.mark.parametrize(
-    ("change", "reason"),
-    [
-        (lambda store, id: store.delete(id, actor="b"), "subscription {id} was deleted"),
-        (
-            lambda store, id: store.disable(id, reason="customer asked", actor="b"),
-            "subscription {id} is disabled (customer asked)",
-        ),
-    ],
-    ids=["delete", "disable"],
-)
-def test_a_delivery_published_across_a_change_is_refused_at_its_send(events_kit, receiver, change, reason):
+def wait_for_a_lock_wait(engine) -> None:
+    """Until some other session of the database waits for a row lock."""
+    deadline = time.monotonic() + 30
+    query = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            if connection.scalar(query):
+                return
+        time.sleep(0.01)
+    raise AssertionError("no session waited for a lock within 30 s")
+
+
+CHANGES = [
+    (lambda store, id: store.delete(id, actor="b"), "subscription {id} was deleted"),
+    (
+        lambda store, id: store.disable(id, reason="customer asked", actor="b"),
+        "held: subscription {id} disabled (customer asked)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "reason"), CHANGES, ids=["delete", "disable"])
+def test_a_change_waits_for_a_publish_in_progress_and_then_holds_its_deliveries(events_kit, receiver, change, reason):
     store = events_kit.events.subscriptions
     created = store.create(definition(receiver.url, "invoice.paid"), actor="a")
-    with Session(events_kit.engine) as session, session.begin():
-        publish(session, "invoice.paid", {})
-        change(store, created.id)  # commits while the publish is still open
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with Session(events_kit.engine) as session, session.begin():
+            publish(session, "invoice.paid", {})
+            changing = pool.submit(change, store, created.id)
+            wait_for_a_lock_wait(events_kit.engine)  # the change waits for the publish's lock on the subscription
+            assert not changing.done()
+        changing.result(timeout=30)
     [row] = events_kit.deliveries()
-    assert row["status"] == "pending"
+    assert row["status"] == "stuck" and row["last_error"] == reason.format(id=created.id)
+    events_kit.drain()
+    assert receiver.requests == []
+
+
+def test_an_edit_waits_for_a_publish_in_progress_and_then_redirects_its_deliveries(events_kit, receiver):
+    store = events_kit.events.subscriptions
+    created = store.create(definition(receiver.url + "/old", "invoice.paid"), actor="a")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with Session(events_kit.engine) as session, session.begin():
+            publish(session, "invoice.paid", {})
+            editing = pool.submit(store.edit, created.id, definition(receiver.url + "/new", "invoice.paid"), actor="b")
+            wait_for_a_lock_wait(events_kit.engine)
+        editing.result(timeout=30)
+    events_kit.drain()
+    assert [request.path for request in receiver.requests] == ["/new"]
+
+
+def test_a_publish_that_meets_a_change_in_progress_waits_and_sees_it(events_kit, receiver):
+    store = events_kit.events.subscriptions
+    created = store.create(definition(receiver.url, "invoice.paid"), actor="a")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with events_kit.engine.begin() as connection:  # a change in progress: the store's lock, held
+            connection.execute(text("SELECT 1 FROM outboxkit_subscriptions WHERE id = :id FOR UPDATE"), {"id": created.id})
+            connection.execute(text("UPDATE outboxkit_subscriptions SET enabled = false, disabled_reason = 'x' WHERE id = :id"),
+                               {"id": created.id})
+
+            def publish_one_event() -> int:
+                with Session(events_kit.engine) as session, session.begin():
+                    return publish(session, "invoice.paid", {}).deliveries
+
+            publishing = pool.submit(publish_one_event)
+            wait_for_a_lock_wait(events_kit.engine)
+        assert publishing.result(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    ("statement", "reason"),
+    [
+        ("DELETE FROM outboxkit_subscriptions WHERE id = :id", "subscription {id} was deleted"),
+        ("UPDATE outboxkit_subscriptions SET enabled = false, disabled_reason = 'by hand' WHERE id = :id",
+         "subscription {id} is disabled (by hand)"),
+    ],
+    ids=["deleted", "disabled"],
+)
+def test_a_delivery_whose_subscription_was_changed_by_hand_is_refused_at_its_send(events_kit, receiver, statement, reason):
+    store = events_kit.events.subscriptions
+    created = store.create(definition(receiver.url, "invoice.paid"), actor="a")
+    publish_one(events_kit)
+    with events_kit.engine.begin() as connection:
+        connection.execute(text(statement), {"id": created.id})
     events_kit.drain()
     [row] = events_kit.deliveries()
     assert row["status"] == "stuck" and reason.format(id=created.id) in row["last_error"]
