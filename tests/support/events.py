@@ -75,3 +75,12 @@ def events_kit(engine: Engine, clock: ManualClock) -> Iterator[EventsHarness]:
     """A kit holding the deliveries outbox, with its ``KitEvents``, on the test's database; 127.0.0.1 allowed."""
     with OutboxKit(engine, [EventDelivery], clock=clock, settings=SETTINGS) as kit:
         yield EventsHarness(engine=engine, kit=kit, events=KitEvents(kit))
+
+
+def kit_from_environment() -> OutboxKit:
+    """The CLI tests' application: the deliveries outbox on ``DATABASE_URL``, 127.0.0.1 allowed."""
+    import os
+
+    from sqlalchemy import create_engine
+
+    return OutboxKit(create_engine(os.environ["DATABASE_URL"]), [EventDelivery], settings=SETTINGS)
