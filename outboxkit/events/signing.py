@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine, select
 
-from outboxkit.errors import InvalidValueError
 from outboxkit.events.deliveries import SIGNATURE_PLACEHOLDER
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.storage.tables import subscriptions
@@ -87,8 +86,10 @@ class SubscriptionSigningTransport:
         placeholder = next((value for name, value in delivery.headers.items() if name.lower() == SIGNATURE_HEADER), "")
         try:
             subscription_id = int(placeholder.removeprefix(SIGNATURE_PLACEHOLDER))
-        except ValueError:
-            raise InvalidValueError("SubscriptionSigningTransport sends EventDelivery rows only") from None
+        except ValueError:  # not built by EventDelivery: there is no subscription to sign for
+            return AttemptResult(
+                failure=FailureKind.REFUSED, error="refused before sending: not a delivery of a subscription (EventDelivery)"
+            )
         secrets, refusal = self.secrets.lookup(subscription_id)
         if secrets is None:
             return AttemptResult(failure=FailureKind.REFUSED, error=f"refused before sending: {refusal}")
