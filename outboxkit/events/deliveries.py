@@ -74,7 +74,7 @@ class EventDelivery(Outbox, _KitBase):
         waiting = Index(
             f"ix_{DELIVERIES_TABLE}_subscription", "subscription_id", postgresql_where=text("status <> 'done'")
         )
-        return (*outbox_table_args(cls), waiting, Index(f"ix_{DELIVERIES_TABLE}_event", "event_id"))
+        return (*outbox_table_args(cls), waiting)
 
     def build_delivery(self) -> Delivery:
         headers = {**self.headers, SIGNATURE_HEADER: f"{SIGNATURE_PLACEHOLDER}{self.subscription_id}"}

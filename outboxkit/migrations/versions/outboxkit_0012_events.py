@@ -128,7 +128,6 @@ def upgrade() -> None:
     op.create_index(
         f"ix_{DELIVERIES}_subscription", DELIVERIES, ["subscription_id"], postgresql_where=sa.text("status <> 'done'")
     )
-    op.create_index(f"ix_{DELIVERIES}_event", DELIVERIES, ["event_id"])
     op.execute(
         f"""CREATE OR REPLACE FUNCTION {NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
