@@ -19,7 +19,9 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     ConfigurationError,
     DeliveryBuildError,
     InvalidDeliveryError,
+    InvalidEventError,
     InvalidScheduleError,
+    InvalidSubscriptionError,
     InvalidTypeError,
     InvalidValueError,
     JobFailed,
@@ -29,7 +31,9 @@ from outboxkit.errors import (  # the errors an application meets; the whole tre
     UnknownJobError,
     UnknownOutboxError,
     UnknownScheduleError,
+    UnknownSubscriptionError,
 )
+from outboxkit.events import EventDelivery, KitEvents, SubscriptionDefinition, publish
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox, OutboxOptions, outbox_table_args
 from outboxkit.policy import AttemptResult, FailureKind
@@ -70,6 +74,11 @@ __all__ = [
     "Clock",
     "ManualClock",
     "SystemClock",
+    # events published to subscriptions
+    "EventDelivery",
+    "KitEvents",
+    "SubscriptionDefinition",
+    "publish",
     # scheduled jobs
     "JobContext",
     "calendar_interval",
@@ -90,4 +99,7 @@ __all__ = [
     "UnknownJobError",
     "UnknownOutboxError",
     "UnknownScheduleError",
+    "InvalidSubscriptionError",
+    "InvalidEventError",
+    "UnknownSubscriptionError",
 ]

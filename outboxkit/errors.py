@@ -17,6 +17,10 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │   │                           JSON body outboxkit cannot encode (the field is named)
     │   ├── InvalidScheduleError    a schedule with a bad trigger, target or limit;
     │   │                           ``field`` names it (``trigger.timezone``...)
+    │   ├── InvalidSubscriptionError a subscription with a bad endpoint, filter, secret or
+    │   │                           header; ``field`` names it (``url``, ``secrets``...)
+    │   ├── InvalidEventError       an event refused by publish: an unknown type, a payload
+    │   │                           too large or against its type's schema; ``field`` names it
     │   ├── UnsafeUrlError          a URL that does not come from code may not be sent to:
     │   │                           not http(s), credentials in it, or a non-public address
     │   │                           outside OUTBOXKIT_URL_ALLOW_LIST (outboxkit.url_guard)
@@ -54,6 +58,8 @@ that catches ``LookupError``, ``ValueError``, ``TypeError`` or
     │                               stayed in use for OUTBOXKIT_ADMIN_POOL_TIMEOUT_SECONDS
     ├── UnknownScheduleError        (also LookupError) a name that matches no
     │                               schedule row
+    ├── UnknownSubscriptionError    (also LookupError) an id that matches no
+    │                               subscription row
     ├── ScheduleDeclaredInCode      (operator) an edit or delete of a schedule declared in
     │                               code; the message says where; nothing was changed
     ├── UnknownDestinationError     (also LookupError; operator) a destination name with
@@ -89,8 +95,10 @@ __all__ = [
     "DeliveryBuildError",
     "InvalidCursor",
     "InvalidDeliveryError",
+    "InvalidEventError",
     "InvalidSearch",
     "InvalidScheduleError",
+    "InvalidSubscriptionError",
     "InvalidTypeError",
     "InvalidValueError",
     "InvalidWebhookSignature",
@@ -114,6 +122,7 @@ __all__ = [
     "UnknownJobError",
     "UnknownOutboxError",
     "UnknownScheduleError",
+    "UnknownSubscriptionError",
     "UnsafeUrlError",
 ]
 
@@ -146,6 +155,22 @@ class InvalidScheduleError(InvalidValueError):
         self.field = field
 
 
+class InvalidSubscriptionError(InvalidValueError):
+    """A subscription's definition is invalid; ``field`` names the field at fault, e.g. ``url`` or ``secrets``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class InvalidEventError(InvalidValueError):
+    """``publish`` refused an event; ``field`` names what is wrong (``event_type``, ``payload.amount``...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class UnsafeUrlError(InvalidValueError):
     """A URL that does not come from the application's code may not be sent to (``outboxkit.url_guard``)."""
 
@@ -172,6 +197,10 @@ class UnknownJobError(OutboxKitError, LookupError):
 
 class UnknownScheduleError(OutboxKitError, LookupError):
     """No schedule row has the given name."""
+
+
+class UnknownSubscriptionError(OutboxKitError, LookupError):
+    """No subscription row has the given id."""
 
 
 class ScheduleDeclaredInCode(OutboxKitError):

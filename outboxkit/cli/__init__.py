@@ -33,9 +33,10 @@ and a row a drain holds is refused); none of them needs the ``admin`` extra.
 The commands are here, except ``replay`` and ``export`` (every row a
 filter matches), which are ``outboxkit.cli.bulk_commands``,
 ``destinations``, which is ``outboxkit.cli.destination_commands``, ``blocked``
-and ``skip`` (ordered keys), which are ``outboxkit.cli.ordered_commands``, and ``schedules``
-(schedule rows), which is ``outboxkit.cli.schedule_commands``, and ``inbox``, which is
-``outboxkit.cli.inbox_commands``; finding the application's kit and turning failures
+and ``skip`` (ordered keys), which are ``outboxkit.cli.ordered_commands``, ``schedules``
+(schedule rows), which is ``outboxkit.cli.schedule_commands``, ``inbox``, which is
+``outboxkit.cli.inbox_commands``, and ``subscriptions`` (subscriptions of events), which is
+``outboxkit.cli.subscription_commands``; finding the application's kit and turning failures
 into one line is ``outboxkit.cli.application``; tables and JSON are
 ``outboxkit.cli.output``.
 """
@@ -50,7 +51,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from outboxkit.cli import bulk_commands, destination_commands, inbox_commands, ordered_commands, schedule_commands
+from outboxkit.cli import (
+    bulk_commands,
+    destination_commands,
+    inbox_commands,
+    ordered_commands,
+    schedule_commands,
+    subscription_commands,
+)
 from outboxkit.cli.application import CommandError, GlobalOptions, actor, admin_service, operating
 from outboxkit.cli.output import age, fail
 from outboxkit.errors import RowsHeld, RowsNotFound
@@ -220,6 +228,7 @@ app.command("blocked")(ordered_commands.blocked)
 app.command("skip")(ordered_commands.skip)
 app.add_typer(schedule_commands.app, name="schedules")
 app.command("inbox")(inbox_commands.inbox)
+app.add_typer(subscription_commands.app, name="subscriptions")
 
 
 @app.command()

@@ -4,8 +4,10 @@ The kit's tables (``outboxkit_job_runs``, ``outboxkit_reset_audit``,
 ``outboxkit_attempts``, ``outboxkit_outbox_minutes``,
 ``outboxkit_outbox_pauses``, ``outboxkit_destinations``, ``outboxkit_ordering_skips``,
 ``outboxkit_destination_rates``, ``outboxkit_schedules``,
-``outboxkit_schedule_leases``, ``outboxkit_schedule_audit``, ``outboxkit_inbox``,
-``outboxkit_inbox_sources``) belong to the
+``outboxkit_schedule_leases``, ``outboxkit_schedule_audit``, ``outboxkit_secrets``,
+``outboxkit_inbox``, ``outboxkit_inbox_sources``, the events' ``outboxkit_subscriptions``,
+``outboxkit_subscription_audit``, ``outboxkit_events``, ``outboxkit_event_types`` and the deliveries outbox
+``outboxkit_event_deliveries``) belong to the
 kit's migration branch, not to the application's models, so an autogenerate
 over the application's metadata would propose dropping them.
 Pass ``include_name`` (or ``include_object``) to ``context.configure`` in

@@ -58,6 +58,18 @@ with the business write or not at all.  Its index on ``received_at`` serves
 the retention that prunes it.  ``outboxkit_inbox_sources`` holds one row per
 source with what the records cannot say: duplicates dropped and handler
 failures (whose transactions rolled back), each with when it last happened.
+
+``outboxkit_subscriptions`` holds the subscriptions of events
+(``outboxkit.events``): an endpoint URL, event-type filters (exact names and
+``invoice.*`` prefixes, matched by one overlap on their GIN index), an
+optional tenant, the Standard Webhooks secrets that sign its deliveries,
+custom headers, enabled or disabled with the reason, and who created and
+changed it.  ``outboxkit_subscription_audit`` records every change to one
+(its secrets counted, never copied).  ``outboxkit_events`` holds every
+published event, delivered to anybody or not; ``outboxkit_event_types`` the
+catalog of event types and their optional JSON Schemas.  The deliveries
+themselves are an outbox of the kit's, ``outboxkit_event_deliveries``
+(``outboxkit.events.deliveries``).
 """
 
 from __future__ import annotations
@@ -90,6 +102,8 @@ __all__ = [
     "attempts",
     "destination_rates",
     "destinations",
+    "event_types",
+    "events",
     "inbox",
     "inbox_sources",
     "job_runs",
@@ -101,6 +115,8 @@ __all__ = [
     "schedule_audit",
     "schedule_leases",
     "schedules",
+    "subscription_audit",
+    "subscriptions",
 ]
 
 kit_metadata = MetaData()
@@ -357,4 +373,68 @@ inbox_sources = Table(
     Column("handler_failures", BigInteger, nullable=False, server_default=text("0")),
     Column("last_failure_at", DateTime(timezone=True)),
     Column("last_error", Text),
+)
+
+# Events and subscriptions (outboxkit.events), added by migration outboxkit_0013.
+subscriptions = Table(
+    "outboxkit_subscriptions",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("event_types", ARRAY(String(200)), nullable=False),
+    Column("tenant", String(200)),
+    Column("secrets", ARRAY(Text), nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_by", String(300), nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("changed_by", String(300), nullable=False),
+    CheckConstraint("cardinality(event_types) >= 1", name="ck_outboxkit_subscriptions_event_types"),
+    CheckConstraint("cardinality(secrets) >= 1", name="ck_outboxkit_subscriptions_secrets"),
+    CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="ck_outboxkit_subscriptions_disabled_reason"),
+    Index("ix_outboxkit_subscriptions_event_types", "event_types", postgresql_using="gin"),
+    Index("ix_outboxkit_subscriptions_tenant", "tenant"),
+)
+
+SUBSCRIPTION_ACTIONS = ("create", "edit", "enable", "disable", "delete")
+
+subscription_audit = Table(
+    "outboxkit_subscription_audit",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(300), nullable=False),
+    Column("subscription_id", BigInteger, nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("before", JSONB),
+    Column("after", JSONB),
+    CheckConstraint(
+        "action IN ('create', 'edit', 'enable', 'disable', 'delete')", name="ck_outboxkit_subscription_audit_action"
+    ),
+    Index("ix_outboxkit_subscription_audit_subscription_at", "subscription_id", "at"),
+)
+
+events = Table(
+    "outboxkit_events",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("event_type", String(200), nullable=False),
+    Column("tenant", String(200)),
+    Column("key", String(200)),
+    Column("payload", JSONB, nullable=False),
+    Column("published_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_outboxkit_events_type_id", "event_type", "id"),
+)
+
+event_types = Table(
+    "outboxkit_event_types",
+    kit_metadata,
+    Column("name", String(200), primary_key=True),
+    Column("schema", JSONB),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("changed_by", String(300), nullable=False),
 )

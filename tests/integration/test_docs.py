@@ -237,9 +237,13 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
+            "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
+            "outboxkit_event_deliveries",
         }
-        assert "outboxkit_0012" in heads and len(heads) == 2
-        assert triggers_installed == ["outboxkit_notify_grant_outbox_insert"]
+        assert "outboxkit_0013" in heads and len(heads) == 2
+        assert sorted(triggers_installed) == [
+            "outboxkit_notify_grant_outbox_insert", "outboxkit_notify_outboxkit_event_deliveries_insert",
+        ]
         assert_an_insert_notifies(libpq_url(url))
 
         run_recipe([Step("run", [], "alembic downgrade myapp@base")], project, environment)
@@ -255,7 +259,9 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
-        } and functions == []
+            "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
+            "outboxkit_event_deliveries",
+        } and functions == ["outboxkit_notify_outboxkit_event_deliveries"]  # the kit's own outbox's, in the kit's branch
     finally:
         database_factory.drop(url)
 

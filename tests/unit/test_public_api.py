@@ -24,6 +24,8 @@ PUBLIC_API = {
     "OutboxKitError", "ConfigurationError", "InvalidValueError", "InvalidDeliveryError", "InvalidTypeError",  # errors
     "DeliveryBuildError", "UnknownOutboxError", "UnknownJobError", "LifecycleError", "KitClosedError", "JobFailed",
     "InvalidScheduleError", "UnknownScheduleError",                                     # schedule errors
+    "EventDelivery", "KitEvents", "SubscriptionDefinition", "publish",                  # events and subscriptions
+    "InvalidSubscriptionError", "InvalidEventError", "UnknownSubscriptionError",        # their errors
 }  # fmt: skip
 
 PACKAGE = Path(outboxkit.__file__).resolve().parent

@@ -1,0 +1,261 @@
+"""The subscription rows: create, edit, enable, disable, delete, each audited.
+
+Each change is one short transaction: it locks the row (``FOR UPDATE``),
+writes it, records who did what with the row before and after in
+``outboxkit_subscription_audit`` (the secrets counted, never copied) and
+applies the change to the subscription's deliveries not yet sent, in the
+same transaction:
+
+* **edit**: pending deliveries take the new URL and headers (an event
+  already published goes where the subscription points now);
+* **disable** (with a reason): pending deliveries are set ``stuck`` with
+  ``held: subscription <id> disabled (<reason>)`` in ``last_error``; they
+  keep their attempts and are not sent.  **enable** puts exactly those back
+  to ``pending``, due now;
+* **delete**: pending deliveries are set ``stuck`` with ``subscription
+  <id> was deleted`` in ``last_error``; nothing undelivered is deleted, and
+  their events stay.
+
+A publish holds a share lock on the subscriptions it matched until its
+transaction ends (``outboxkit.events.publish``), so a change waits for the
+publishes in progress and then sees their deliveries: none escapes it.  As a
+last guard (a row changed by hand in SQL), the signer refuses, at the send,
+a delivery whose subscription is deleted or disabled: the row ends ``stuck``
+with the reason and nothing is sent.
+
+The endpoint URL passes the kit's URL guard (``outboxkit.url_guard``) at
+save: a URL it refuses is an ``InvalidSubscriptionError`` on ``url`` and
+nothing is written.  It passes again at every send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, RowMapping, delete, insert, select, text, update
+
+from outboxkit.clock import Clock, SystemClock
+from outboxkit.errors import InvalidSubscriptionError, UnknownSubscriptionError, UnsafeUrlError
+from outboxkit.events.definitions import SubscriptionDefinition
+from outboxkit.events.deliveries import deliveries_table
+from outboxkit.storage.tables import subscription_audit, subscriptions
+from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
+from outboxkit.url_guard import UrlGuard
+
+__all__ = ["DISABLED_MARK", "Subscription", "SubscriptionStore"]
+
+DISABLED_MARK = "held: subscription {id} disabled"
+DELETED_MARK = "subscription {id} was deleted"
+_deliveries = deliveries_table()
+
+
+class Transactions(Protocol):
+    """Where the store reads and writes: an ``Engine``, or the operator's ``OperatorDatabase`` (its time budget)."""
+
+    def connect(self) -> AbstractContextManager[Connection]: ...
+
+    def begin(self) -> AbstractContextManager[Connection]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Subscription:
+    """A subscription row as read; its secrets are counted, not shown."""
+
+    id: int
+    url: str
+    event_types: tuple[str, ...]
+    tenant: str | None
+    headers: dict[str, str]
+    description: str
+    secret_count: int
+    enabled: bool
+    disabled_reason: str | None
+    created_at: datetime
+    created_by: str
+    changed_at: datetime
+    changed_by: str
+
+
+def _subscription(row: RowMapping) -> Subscription:
+    return Subscription(
+        id=row["id"], url=redact_url(row["url"]), event_types=tuple(row["event_types"]), tenant=row["tenant"],
+        headers=redact_headers(row["headers"]), description=row["description"], secret_count=len(row["secrets"]),
+        enabled=row["enabled"], disabled_reason=row["disabled_reason"], created_at=row["created_at"],
+        created_by=row["created_by"], changed_at=row["changed_at"], changed_by=row["changed_by"],
+    )
+
+
+def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
+    """A row as JSON for the audit: times as ISO 8601, URL and headers redacted, the secrets counted."""
+    if row is None:
+        return None
+    shown = {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items()}
+    shown["url"] = redact_url(shown["url"])
+    shown["headers"] = redact_headers(row["headers"])
+    shown["secrets"] = len(shown["secrets"])
+    shown["event_types"] = list(shown["event_types"])
+    return shown
+
+
+class SubscriptionStore:
+    """Reads and changes subscription rows.
+
+    ``engine``: an ``Engine`` or the operator's ``OperatorDatabase``.
+    ``url_guard`` checks each endpoint at save (the kit's, with the
+    settings' allow-list, through ``KitEvents``; by default no non-public
+    address is let through).  ``secret_names``: the settings' secrets, which
+    a custom header may reference as ``secret:NAME``.
+    """
+
+    def __init__(
+        self,
+        engine: Transactions,
+        *,
+        url_guard: UrlGuard | None = None,
+        secret_names: Collection[str] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        self.engine = engine
+        self.url_guard = url_guard if url_guard is not None else UrlGuard()
+        self.secret_names = frozenset(secret_names)
+        self.clock = clock or SystemClock()
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, subscription_id: int) -> Subscription:
+        with self.engine.connect() as connection:
+            return _subscription(self._row(connection, subscription_id, lock=False))
+
+    def list(self, *, tenant: str | None = None) -> Sequence[Subscription]:
+        """Every subscription (of ``tenant``, when given), by id."""
+        statement = select(subscriptions).order_by(subscriptions.c.id)
+        if tenant is not None:
+            statement = statement.where(subscriptions.c.tenant == tenant)
+        with self.engine.connect() as connection:
+            return [_subscription(row) for row in connection.execute(statement).mappings()]
+
+    # -- changing --------------------------------------------------------------
+
+    def create(self, definition: SubscriptionDefinition, *, actor: str) -> Subscription:
+        """Insert a subscription; it receives the events published after it commits."""
+        self._check(definition)
+        now = self.clock.now()
+        values = {**self._values(definition), "created_at": now, "created_by": actor, "changed_at": now, "changed_by": actor}
+        with self.engine.begin() as connection:
+            row = connection.execute(insert(subscriptions).values(values).returning(*subscriptions.c)).mappings().one()
+            self._audit(connection, "create", actor=actor, before=None, after=row)
+        return _subscription(row)
+
+    def edit(self, subscription_id: int, definition: SubscriptionDefinition, *, actor: str) -> Subscription:
+        """Replace a subscription's definition; its pending deliveries take the new URL and headers."""
+        self._check(definition)
+        with self.engine.begin() as connection:
+            current = self._row(connection, subscription_id, lock=True)
+            row = self._write(connection, current, self._values(definition), actor=actor, action="edit")
+            connection.execute(
+                update(_deliveries)
+                .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
+                .values(url=definition.url, headers=dict(definition.headers))
+            )
+        return _subscription(row)
+
+    def disable(self, subscription_id: int, *, reason: str, actor: str) -> Subscription:
+        """Disable a subscription: no new deliveries, and its pending ones held (``stuck``) until it is enabled."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidSubscriptionError("reason", "say why the subscription is disabled (shown to operators)")
+        mark = f"{DISABLED_MARK.format(id=subscription_id)} ({reason.strip()[:500]})"
+        with self.engine.begin() as connection:
+            current = self._row(connection, subscription_id, lock=True)
+            values = {"enabled": False, "disabled_reason": reason.strip()[:500]}
+            row = self._write(connection, current, values, actor=actor, action="disable")
+            self._park(connection, subscription_id, mark)
+        return _subscription(row)
+
+    def enable(self, subscription_id: int, *, actor: str) -> Subscription:
+        """Enable a subscription again; the deliveries its disable held are pending again, due now."""
+        held = DISABLED_MARK.format(id=subscription_id)
+        with self.engine.begin() as connection:
+            current = self._row(connection, subscription_id, lock=True)
+            row = self._write(connection, current, {"enabled": True, "disabled_reason": None}, actor=actor, action="enable")
+            connection.execute(
+                update(_deliveries)
+                .where(
+                    _deliveries.c.subscription_id == subscription_id,
+                    _deliveries.c.status == "stuck",
+                    _deliveries.c.last_error.startswith(held, autoescape=True),
+                )
+                .values(status="pending", next_attempt_at=text("now()"), last_error=None, updated_at=text("now()"))
+            )
+        return _subscription(row)
+
+    def delete(self, subscription_id: int, *, actor: str) -> None:
+        """Delete a subscription; its pending deliveries end ``stuck`` (kept, never sent), its events stay."""
+        with self.engine.begin() as connection:
+            current = self._row(connection, subscription_id, lock=True)
+            connection.execute(delete(subscriptions).where(subscriptions.c.id == subscription_id))
+            self._audit(connection, "delete", actor=actor, before=current, after=None)
+            self._park(connection, subscription_id, DELETED_MARK.format(id=subscription_id))
+
+    # -- internals -------------------------------------------------------------
+
+    def _check(self, definition: SubscriptionDefinition) -> None:
+        if not isinstance(definition, SubscriptionDefinition):
+            raise InvalidSubscriptionError("definition", f"a SubscriptionDefinition, got {type(definition).__name__}")
+        problem = credential_problem(definition.headers, self.secret_names)
+        if problem is not None:
+            raise InvalidSubscriptionError("headers", problem)
+        try:
+            self.url_guard.check(definition.url)
+        except UnsafeUrlError as exc:
+            raise InvalidSubscriptionError("url", str(exc)) from None
+
+    @staticmethod
+    def _values(definition: SubscriptionDefinition) -> dict[str, Any]:
+        return {
+            "url": definition.url,
+            "event_types": list(definition.event_types),
+            "tenant": definition.tenant,
+            "secrets": list(definition.secrets),
+            "headers": dict(definition.headers),
+            "description": definition.description,
+        }
+
+    @staticmethod
+    def _row(connection: Connection, subscription_id: int, *, lock: bool) -> RowMapping:
+        statement = select(subscriptions).where(subscriptions.c.id == subscription_id)
+        row = connection.execute(statement.with_for_update() if lock else statement).mappings().first()
+        if row is None:
+            raise UnknownSubscriptionError(f"no subscription with id {subscription_id!r}")
+        return row
+
+    def _write(
+        self, connection: Connection, current: RowMapping, values: dict[str, Any], *, actor: str, action: str
+    ) -> RowMapping:
+        values = {**values, "changed_at": self.clock.now(), "changed_by": actor}
+        statement = update(subscriptions).where(subscriptions.c.id == current["id"]).values(values).returning(*subscriptions.c)
+        row = connection.execute(statement).mappings().one()
+        self._audit(connection, action, actor=actor, before=current, after=row)
+        return row
+
+    @staticmethod
+    def _park(connection: Connection, subscription_id: int, reason: str) -> None:
+        connection.execute(
+            update(_deliveries)
+            .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
+            .values(status="stuck", last_error=reason, updated_at=text("now()"))
+        )
+
+    def _audit(
+        self, connection: Connection, action: str, *, actor: str, before: RowMapping | None, after: RowMapping | None
+    ) -> None:
+        subscription_id = (after or before)["id"]  # type: ignore[index]
+        connection.execute(
+            insert(subscription_audit).values(
+                at=self.clock.now(), actor=actor, subscription_id=subscription_id, action=action,
+                before=_snapshot(before), after=_snapshot(after),
+            )
+        )

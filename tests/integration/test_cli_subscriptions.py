@@ -1,0 +1,61 @@
+"""``outboxkit subscriptions``, run in-process against a real database: every command, audited as the CLI; a refused
+endpoint or secret names the field and writes nothing; secrets are never printed."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import text
+
+from tests.support.cli import cli_fixture
+from tests.support.events import secret
+
+APP = ["--app", "tests.support.events:kit_from_environment"]
+cli = cli_fixture(APP)
+
+
+def audit(engine) -> list[str]:
+    with engine.connect() as connection:
+        actions = connection.execute(text("SELECT action, actor FROM outboxkit_subscription_audit ORDER BY id")).all()
+    assert all(actor.startswith("cli:") for _, actor in actions)
+    return [action for action, _ in actions]
+
+
+def test_create_list_show_disable_enable_delete(cli, engine):
+    code, out, err = cli("--json", "subscriptions", "create", "--url", "http://127.0.0.1:9/hooks",
+                         "--event-type", "invoice.*", "--event-type", "customer.created", "--secret", secret(1),
+                         "--tenant", "acme", "--header", "X-Customer: 7")
+    assert code == 0, err
+    [created] = json.loads(out)
+    assert (created["event_types"], created["tenant"], created["secret_count"]) == (["invoice.*", "customer.created"], "acme", 1)
+    assert secret(1) not in out
+    identifier = str(created["id"])
+    code, out, _ = cli("subscriptions", "list", "--tenant", "acme")
+    assert code == 0 and "http://127.0.0.1:9/hooks" in out and "invoice.*" in out
+    assert cli("subscriptions", "list", "--tenant", "globex")[1].count("127.0.0.1") == 0
+    code, out, err = cli("subscriptions", "disable", identifier, "--reason", "the customer asked")
+    assert code == 0 and "no (the customer asked)" in out, err
+    assert cli("subscriptions", "enable", identifier)[0] == 0
+    code, out, _ = cli("subscriptions", "show", identifier)
+    assert code == 0 and "disable" in out and "enable" in out
+    code, _, err = cli("subscriptions", "delete", identifier)
+    assert code == 1 and "add --yes" in err
+    assert cli("subscriptions", "delete", identifier, "--yes")[0] == 0
+    assert audit(engine) == ["create", "disable", "enable", "delete"]
+    code, _, err = cli("subscriptions", "show", identifier)
+    assert code == 1 and f"no subscription with id {identifier}" in err
+
+
+def test_refusals_name_the_field_and_write_nothing(cli, engine):
+    code, _, err = cli("subscriptions", "create", "--url", "http://10.1.2.3/hooks", "--event-type", "invoice.paid",
+                       "--secret", secret(1))
+    assert code == 1 and "url:" in err and "private" in err
+    code, _, err = cli("subscriptions", "create", "--url", "http://127.0.0.1:9/hooks", "--event-type", "invoice.paid",
+                       "--secret", "whsec_c2hvcnQ=")
+    assert code == 1 and "secrets: webhook secret #1" in err and "c2hvcnQ" not in err
+    code, _, err = cli("subscriptions", "create", "--url", "http://127.0.0.1:9/hooks", "--event-type", "*",
+                       "--secret", secret(1))
+    assert code == 1 and "would match every event" in err
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM outboxkit_subscriptions")) == 0
+    assert audit(engine) == []
