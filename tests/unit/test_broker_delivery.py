@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from datetime import datetime, timezone
 
 import pytest
 
 from outboxkit.breaker import Signal, destination_of, signal_of
+from outboxkit.errors import ConfigurationError
 from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import HttpTransport
+from outboxkit.transports.nats import NatsTransport
+from outboxkit.transports.redis_streams import RedisStreamsTransport
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -97,3 +102,13 @@ def test_what_a_broker_answer_says_about_its_destination(result, signal):
     reading = signal_of(result, now=NOW)
     assert reading is not None
     assert reading.signal is signal
+
+
+@pytest.mark.parametrize(
+    ("transport_class", "client", "extra"),
+    [(NatsTransport, "nats", "nats"), (RedisStreamsTransport, "redis", "redis")],
+)
+def test_a_broker_transport_without_its_client_library_says_how_to_install_it(monkeypatch, transport_class, client, extra):
+    monkeypatch.setitem(sys.modules, client, None)  # as if the library were not installed
+    with pytest.raises(ConfigurationError, match=re.escape(f"pip install 'outboxkit[{extra}]'")):
+        transport_class()

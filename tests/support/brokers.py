@@ -1,0 +1,182 @@
+"""Real brokers for the transport tests, each started from a scratch folder on a free port and stopped by pid.
+
+``NatsServer()`` runs ``nats-server`` with JetStream; ``RedisServer()`` runs
+``redis-server`` without persistence.  Both listen on 127.0.0.1 only, on a port
+no service uses, so the servers a machine may already run on the standard
+ports are never touched.  ``start()`` waits until the port accepts;
+``stop()`` ends exactly the process started (``pause()``/``resume()`` stop and
+continue it, a broker that does not answer).
+
+Debian's packages (``nats-server``, ``redis-server``) are what CI installs.
+Without a binary the test is skipped with the reason, or failed when
+``OUTBOXKIT_TEST_REQUIRE_BROKERS`` is set, as CI does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, insert
+
+from outboxkit import Drainer
+from outboxkit.clock import Clock
+from outboxkit.transports.base import Transport
+from tests.support.models import SampleEvent
+
+__all__ = ["NatsServer", "RedisServer", "broker_drainer", "free_port", "insert_rows", "require_binary"]
+
+STARTUP_TIMEOUT_SECONDS = 20.0
+# Set by .ci/run: there a missing broker binary is a failure, not a skip.
+REQUIRED_VARIABLE = "OUTBOXKIT_TEST_REQUIRE_BROKERS"
+
+
+def require_binary(name: str, package: str) -> str:
+    """The path of ``name`` (on PATH or in /usr/sbin), or skip the test saying how to get it."""
+    binary = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
+    if binary is None:
+        missing = f"{name} is not installed (apt-get install {package}; .ci/run installs it)"
+        if os.environ.get(REQUIRED_VARIABLE):
+            pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
+        pytest.skip(missing)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def insert_rows(engine: Engine, url: str, payloads: list[dict[str, Any]]) -> list[int]:
+    """``SampleEvent`` rows addressed to ``url`` (a broker's), one per payload; their ids in order."""
+    statement = insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True)
+    with engine.begin() as connection:
+        return list(connection.scalars(statement, [{"target_url": url, "payload": payload} for payload in payloads]))
+
+
+@contextmanager
+def broker_drainer(engine: Engine, clock: Clock, transport: Transport) -> Iterator[Drainer]:
+    """The real drain of ``SampleEvent`` through ``transport``, each attempt's deadline one second."""
+    options = dataclasses.replace(SampleEvent.__outbox__, timeout=1.0)
+    drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock, options=options)
+    try:
+        yield drainer
+    finally:
+        drainer.close()
+
+
+class _Server:
+    name = ""
+    package = ""
+
+    def __init__(self, *, port: int | None = None) -> None:
+        self.binary = require_binary(self.name, self.package)
+        self.port = port or free_port()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"outboxkit-{self.name}-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> _Server:
+        log = open(self.scratch / "server.log", "wb")  # noqa: SIM115 - the child holds it; closed with the folder
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.scratch)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {(self.scratch / 'server.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not accept on 127.0.0.1:{self.port} within {STARTUP_TIMEOUT_SECONDS:g} s")
+
+    def pause(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self) -> _Server:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class NatsServer(_Server):
+    """``nats-server`` with JetStream; ``max_payload`` is the server's limit on one message."""
+
+    name = "nats-server"
+    package = "nats-server"
+
+    def __init__(self, *, port: int | None = None, max_payload: int = 1024 * 1024) -> None:
+        super().__init__(port=port)
+        self.max_payload = max_payload
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        config = self.scratch / "nats.conf"
+        config.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"max_payload: {self.max_payload}\n"
+            f'jetstream {{ store_dir: "{self.scratch / "jetstream"}", max_memory_store: 64MB, max_file_store: 256MB }}\n'
+        )
+        return [self.binary, "-c", str(config)]
+
+
+class RedisServer(_Server):
+    """``redis-server`` without persistence; ``max_bulk`` is its ``proto-max-bulk-len`` (1 MiB at least)."""
+
+    name = "redis-server"
+    package = "redis-server"
+
+    def __init__(self, *, port: int | None = None, max_bulk: str = "1mb") -> None:
+        super().__init__(port=port)
+        self.max_bulk = max_bulk
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+            "--dir", str(self.scratch), "--proto-max-bulk-len", self.max_bulk, "--daemonize", "no",
+        ]
