@@ -117,6 +117,10 @@ class NatsTransport:
         js_errors = self._nats.js.errors
         try:
             client = await self._client(server)
+        except (errors.Error, OSError, asyncio.TimeoutError) as exc:  # refused, unreachable, credentials refused
+            error = f"connection: cannot connect to {server}: {_describe(exc)}"
+            return AttemptResult(failure=FailureKind.CONNECTION, error=error)
+        try:
             ack = await client.jetstream().publish(subject, body, timeout=timeout, headers=dict(headers))
         except js_errors.NoStreamResponseError:
             return AttemptResult(
@@ -124,16 +128,16 @@ class NatsTransport:
                 error=f"rejected: no JetStream stream takes the subject {subject!r} (create one, then reset the rows)",
             )
         except errors.MaxPayloadError:
-            limit = self._clients[server].max_payload if server in self._clients else "its"
             return AttemptResult(
                 failure=FailureKind.REJECTED,
-                error=f"rejected: the message ({len(body)} bytes of payload) is over the server's max_payload ({limit} bytes)",
+                error=f"rejected: the message ({len(body)} bytes of payload) is over the server's max_payload "
+                f"({client.max_payload} bytes)",
             )
         except js_errors.APIError as exc:
             return _api_error(exc)
         except errors.TimeoutError:
             return AttemptResult(failure=FailureKind.TIMEOUT, error=f"timeout: no JetStream acknowledgement within {timeout:g} s")
-        except (errors.AuthorizationError, errors.NoServersError, errors.ConnectionClosedError,
+        except (errors.ConnectionClosedError,
                 errors.StaleConnectionError, errors.OutboundBufferLimitError, errors.ConnectionReconnectingError,
                 errors.ConnectionDrainingError, errors.ProtocolError, OSError) as exc:
             await self._forget(server)
@@ -165,7 +169,7 @@ class NatsTransport:
                 client = await self._nats.connect(servers=[server], error_cb=client_error, **self._options)
             except self._nats.errors.NoServersError:
                 last = _describe(seen[-1]) if seen else "no answer"
-                raise ConnectionError(f"cannot connect to {server}: {last}") from None
+                raise ConnectionError(last) from None
             self._clients[server] = client
             return client
 

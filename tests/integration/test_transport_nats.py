@@ -23,14 +23,15 @@ from outboxkit import Drainer
 from outboxkit.policy import FailureKind
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.nats import NatsTransport
-from tests.support.brokers import NatsServer, broker_drainer, free_port, insert_rows
+from tests.support.brokers import NatsServer, broker_drainer, drain_once_through, free_port, insert_rows
 
 STREAM = "ORDERS"
 
 
 def add_stream(server: NatsServer, **config: Any) -> None:
     async def add() -> None:
-        client = await nats.connect(server.url)
+        user, password = server.credentials or (None, None)
+        client = await nats.connect(server.url, user=user, password=password)
         try:
             await client.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["orders.>"], **config))
         finally:
@@ -43,7 +44,8 @@ def stored_messages(server: NatsServer) -> list[tuple[dict[str, str], bytes]]:
     """Every message of the stream, in order: (headers, payload)."""
 
     async def read() -> list[tuple[dict[str, str], bytes]]:
-        client = await nats.connect(server.url)
+        user, password = server.credentials or (None, None)
+        client = await nats.connect(server.url, user=user, password=password)
         try:
             stream = client.jetstream()
             info = await stream.stream_info(STREAM)
@@ -183,3 +185,18 @@ def test_a_broker_that_does_not_answer_by_the_deadline_is_a_timeout_and_the_retr
 def test_a_delivery_of_another_scheme_is_refused_before_sending(transport):
     result = transport.send(Delivery(url="redis://127.0.0.1:1/0/orders"), idempotency_key="k", timeout=1)
     assert result.failure is FailureKind.REFUSED
+
+
+def test_credentials_the_server_refuses_are_retried_and_the_row_goes_once_they_are_right(engine, clock, read_events):
+    # Credentials are the transport's, not the message's: retried (the breaker holds the rows), never stuck.
+    with NatsServer(user="outboxkit", password="right") as server:
+        assert isinstance(server, NatsServer)
+        add_stream(server)
+        [row_id] = insert_rows(engine, f"{server.url}/orders.created", [{"n": 1}])
+        assert drain_once_through(engine, clock, NatsTransport(user="outboxkit", password="wrong")).retried == 1
+        row = read_events()[row_id]
+        assert row.status == "pending" and row.last_error.startswith("connection:")
+        assert "authorization" in row.last_error.lower()
+        clock.advance(seconds=1)
+        assert drain_once_through(engine, clock, NatsTransport(user="outboxkit", password="right")).delivered == 1
+        assert len(stored_messages(server)) == 1

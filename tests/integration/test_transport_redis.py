@@ -19,11 +19,11 @@ from outboxkit import Drainer
 from outboxkit.policy import FailureKind
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.redis_streams import RedisStreamsTransport
-from tests.support.brokers import RedisServer, broker_drainer, free_port, insert_rows
+from tests.support.brokers import RedisServer, broker_drainer, drain_once_through, free_port, insert_rows
 
 
 def entries(server: RedisServer, stream: str = "orders") -> list[dict[str, str]]:
-    with redis.Redis(host="127.0.0.1", port=server.port, db=0, decode_responses=True) as client:
+    with redis.Redis(host="127.0.0.1", port=server.port, db=0, password=server.password, decode_responses=True) as client:
         return [fields for _, fields in client.xrange(stream)]
 
 
@@ -139,3 +139,16 @@ def test_a_server_that_does_not_answer_by_the_deadline_is_a_timeout_then_deliver
 def test_a_url_that_names_no_database_and_stream_is_refused_before_sending(transport, url):
     result = transport.send(Delivery(url=url), idempotency_key="k", timeout=1)
     assert result.failure is FailureKind.REFUSED
+
+
+def test_credentials_the_server_refuses_are_retried_and_the_row_goes_once_they_are_right(engine, clock, read_events):
+    # Credentials are the transport's, not the message's: retried (the breaker holds the rows), never stuck.
+    with RedisServer(password="right") as server:
+        assert isinstance(server, RedisServer)
+        [row_id] = insert_rows(engine, f"{server.url}/0/orders", [{"n": 1}])
+        assert drain_once_through(engine, clock, RedisStreamsTransport(password="wrong")).retried == 1
+        row = read_events()[row_id]
+        assert row.status == "pending" and row.last_error.startswith("connection:")
+        clock.advance(seconds=1)
+        assert drain_once_through(engine, clock, RedisStreamsTransport(password="right")).delivered == 1
+        assert len(entries(server)) == 1

@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, insert
 
-from outboxkit import Drainer
+from outboxkit import Drainer, DrainResult
 from outboxkit.clock import Clock
 from outboxkit.transports.base import Transport
 from tests.support.models import SampleEvent
 
-__all__ = ["NatsServer", "RedisServer", "broker_drainer", "free_port", "insert_rows", "require_binary"]
+__all__ = ["NatsServer", "RedisServer", "broker_drainer", "drain_once_through", "free_port", "insert_rows", "require_binary"]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
 # Set by .ci/run: there a missing broker binary is a failure, not a skip.
@@ -75,6 +75,15 @@ def broker_drainer(engine: Engine, clock: Clock, transport: Transport) -> Iterat
         yield drainer
     finally:
         drainer.close()
+
+
+def drain_once_through(engine: Engine, clock: Clock, transport: Transport) -> DrainResult:
+    """One drain of ``SampleEvent`` through ``transport``, which is closed afterwards."""
+    try:
+        with broker_drainer(engine, clock, transport) as drainer:
+            return drainer.drain_once()
+    finally:
+        transport.close()
 
 
 class _Server:
@@ -138,14 +147,20 @@ class _Server:
 
 
 class NatsServer(_Server):
-    """``nats-server`` with JetStream; ``max_payload`` is the server's limit on one message."""
+    """``nats-server`` with JetStream; ``max_payload`` is the server's limit on one message.
+
+    With ``user`` and ``password``, the server admits only that user.
+    """
 
     name = "nats-server"
     package = "nats-server"
 
-    def __init__(self, *, port: int | None = None, max_payload: int = 1024 * 1024) -> None:
+    def __init__(
+        self, *, port: int | None = None, max_payload: int = 1024 * 1024, user: str | None = None, password: str | None = None
+    ) -> None:
         super().__init__(port=port)
         self.max_payload = max_payload
+        self.credentials = (user, password) if user is not None else None
 
     @property
     def url(self) -> str:
@@ -153,23 +168,29 @@ class NatsServer(_Server):
 
     def command(self) -> list[str]:
         config = self.scratch / "nats.conf"
+        user, password = self.credentials or (None, None)
         config.write_text(
             f"listen: 127.0.0.1:{self.port}\n"
             f"max_payload: {self.max_payload}\n"
             f'jetstream {{ store_dir: "{self.scratch / "jetstream"}", max_memory_store: 64MB, max_file_store: 256MB }}\n'
+            + (f'authorization {{ user: "{user}", password: "{password}" }}\n' if user is not None else "")
         )
         return [self.binary, "-c", str(config)]
 
 
 class RedisServer(_Server):
-    """``redis-server`` without persistence; ``max_bulk`` is its ``proto-max-bulk-len`` (1 MiB at least)."""
+    """``redis-server`` without persistence; ``max_bulk`` is its ``proto-max-bulk-len`` (1 MiB at least).
+
+    With ``password``, the server admits only clients that give it (``requirepass``).
+    """
 
     name = "redis-server"
     package = "redis-server"
 
-    def __init__(self, *, port: int | None = None, max_bulk: str = "1mb") -> None:
+    def __init__(self, *, port: int | None = None, max_bulk: str = "1mb", password: str | None = None) -> None:
         super().__init__(port=port)
         self.max_bulk = max_bulk
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -179,4 +200,5 @@ class RedisServer(_Server):
         return [
             self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
             "--dir", str(self.scratch), "--proto-max-bulk-len", self.max_bulk, "--daemonize", "no",
+            *(["--requirepass", self.password] if self.password else []),
         ]
