@@ -60,7 +60,7 @@ __all__ = [
 DESTINATION_NAME_LIMIT = 300
 # How long rows of a disabled destination wait (their next_attempt_at) unless a person resumes it first.
 DISABLED_HOLD = timedelta(days=3650)
-_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379}
+_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
 
 
 @lru_cache(maxsize=4096)

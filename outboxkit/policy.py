@@ -18,7 +18,7 @@ rules are pinned by known-answer tests without a network or a database.
   answered and will refuse again however often it is sent (``rejected``: over
   its size limit, no stream for a subject): ``stuck`` at once, like a 4xx.
   The rules of each broker are in its transport's docstring
-  (``outboxkit.transports.nats``, ``outboxkit.transports.redis_streams``).
+  (``outboxkit.transports.nats``, ``.redis_streams``, ``.rabbitmq``).
 * ``attempts >= max_attempts`` after a failed attempt: ``stuck``.
 """
 

@@ -22,6 +22,9 @@ breaker, caps, ordering, replay, the admin, metrics) are those of any row:
                                             (``outboxkit.transports.nats``)
 ``redis://127.0.0.1:6379/0/orders``         stream ``orders`` of database 0
                                             (``outboxkit.transports.redis_streams``)
+``amqp://127.0.0.1:5672/%2F?exchange=orders  exchange ``orders``, routing key
+&routing_key=created``                      ``created``, vhost ``/``
+                                            (``outboxkit.transports.rabbitmq``)
 ==========================================  ====================================
 
 A broker URL carries no credentials (they would be shown wherever the URL
@@ -81,8 +84,8 @@ from outboxkit.policy import AttemptResult, FailureKind
 
 __all__ = ["BROKER_SCHEMES", "CallableTransport", "Delivery", "Transport"]
 
-# The URL schemes of the broker transports (outboxkit.transports.nats, outboxkit.transports.redis_streams).
-BROKER_SCHEMES = frozenset({"nats", "redis", "rediss"})
+# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq).
+BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps"})
 _KEY_LIMIT = 1024
 
 _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
@@ -123,7 +126,8 @@ class Delivery:
     overridden here, so every attempt of a row carries the same key.
 
     ``url`` is an http(s) URL, or a broker's (``nats://host:port/subject``,
-    ``redis://host:port/db/stream``: this module's docstring) without
+    ``redis://host:port/db/stream``, ``amqp://host:port/vhost?exchange=...``:
+    this module's docstring) without
     credentials.  ``key`` is the message key a broker is sent (the ordering
     or partition key, up to 1024 characters); an HTTP send ignores it.
     """

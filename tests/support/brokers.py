@@ -1,13 +1,14 @@
 """Real brokers for the transport tests, each started from a scratch folder on a free port and stopped by pid.
 
 ``NatsServer()`` runs ``nats-server`` with JetStream; ``RedisServer()`` runs
-``redis-server`` without persistence.  Both listen on 127.0.0.1 only, on a port
+``redis-server`` without persistence; ``RabbitMqServer()`` runs a RabbitMQ
+node of its own (its own epmd, node name and ports).  Both listen on 127.0.0.1 only, on a port
 no service uses, so the servers a machine may already run on the standard
 ports are never touched.  ``start()`` waits until the port accepts;
-``stop()`` ends exactly the process started (``pause()``/``resume()`` stop and
+``stop()`` ends exactly the processes started (the server's process group) (``pause()``/``resume()`` stop and
 continue it, a broker that does not answer).
 
-Debian's packages (``nats-server``, ``redis-server``) are what CI installs.
+Debian's packages (``nats-server``, ``redis-server``, ``rabbitmq-server``) are what CI installs.
 Without a binary the test is skipped with the reason, or failed when
 ``OUTBOXKIT_TEST_REQUIRE_BROKERS`` is set, as CI does.
 """
@@ -35,7 +36,10 @@ from outboxkit.clock import Clock
 from outboxkit.transports.base import Transport
 from tests.support.models import SampleEvent
 
-__all__ = ["NatsServer", "RedisServer", "broker_drainer", "drain_once_through", "free_port", "insert_rows", "require_binary"]
+__all__ = [
+    "NatsServer", "RabbitMqServer", "RedisServer", "broker_drainer", "drain_once_through", "free_port", "insert_rows",
+    "require_binary",
+]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
 # Set by .ci/run: there a missing broker binary is a failure, not a skip.
@@ -99,9 +103,16 @@ class _Server:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str] | None:
+        return None
+
     def start(self) -> _Server:
         log = open(self.scratch / "server.log", "wb")  # noqa: SIM115 - the child holds it; closed with the folder
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.scratch)
+        # A session of its own, so stop() ends the server and every process it started (its group), and nothing else.
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.scratch, env=self.environment(),
+            start_new_session=True,
+        )
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -116,24 +127,30 @@ class _Server:
 
     def pause(self) -> None:
         assert self.process is not None
-        os.kill(self.process.pid, signal.SIGSTOP)
+        os.killpg(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
         assert self.process is not None
-        os.kill(self.process.pid, signal.SIGCONT)
+        os.killpg(self.process.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         process, self.process = self.process, None
         if process is None:
             return
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        try:
+            os.killpg(process.pid, signal.SIGCONT)
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        try:  # what the server started in its group (RabbitMQ's epmd) ends too
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         self.stop()
@@ -202,3 +219,79 @@ class RedisServer(_Server):
             "--dir", str(self.scratch), "--proto-max-bulk-len", self.max_bulk, "--daemonize", "no",
             *(["--requirepass", self.password] if self.password else []),
         ]
+
+
+class RabbitMqServer(_Server):
+    """A RabbitMQ node of its own (node name, ports, epmd, data and logs in the scratch folder), no plugins.
+
+    ``max_message_size`` is the broker's limit on one message.  Its epmd listens on a free port too, so the
+    epmd and the RabbitMQ a machine may already run are never used.
+    """
+
+    name = "rabbitmq-server"
+    package = "rabbitmq-server"
+
+    def __init__(self, *, port: int | None = None, max_message_size: int = 1024 * 1024) -> None:
+        super().__init__(port=port)
+        self.max_message_size = max_message_size
+        self.distribution_port = free_port()
+        self.epmd_port = free_port()
+        self.epmd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://127.0.0.1:{self.port}"
+
+    def environment(self) -> dict[str, str]:
+        (self.scratch / "enabled_plugins").write_text("[].\n")
+        (self.scratch / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nmax_message_size = {self.max_message_size}\n"
+        )
+        return {
+            **os.environ,
+            "HOME": str(self.scratch),
+            "RABBITMQ_NODENAME": f"outboxkit{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.distribution_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": str(self.scratch / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.scratch / "log"),
+            "RABBITMQ_CONFIG_FILE": str(self.scratch / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.scratch / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(self.scratch / "rabbitmq.pid"),
+        }
+
+    def start(self) -> _Server:
+        # epmd started here, in the foreground, so it is this process's child and stopped by its pid (started by
+        # the node, it would detach itself).
+        epmd = shutil.which("epmd") or "epmd"
+        self.epmd = subprocess.Popen(
+            [epmd, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            return super().start()
+        except BaseException:
+            self._stop_epmd()
+            raise
+
+    def stop(self) -> None:
+        super().stop()
+        self._stop_epmd()
+
+    def _stop_epmd(self) -> None:
+        epmd, self.epmd = self.epmd, None
+        if epmd is not None and epmd.poll() is None:
+            epmd.terminate()
+            try:
+                epmd.wait(10)
+            except subprocess.TimeoutExpired:
+                epmd.kill()
+                epmd.wait(10)
+
+    def command(self) -> list[str]:
+        # The package's own script, not the wrapper on PATH, which would switch to the rabbitmq user's files.
+        script = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+        return [str(script if script.exists() else self.binary)]

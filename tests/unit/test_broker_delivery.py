@@ -14,6 +14,7 @@ from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import HttpTransport
 from outboxkit.transports.nats import NatsTransport
+from outboxkit.transports.rabbitmq import RabbitMqTransport
 from outboxkit.transports.redis_streams import RedisStreamsTransport
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -26,6 +27,8 @@ NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
         ("nats://broker.internal/orders.created", "nats://broker.internal:4222"),
         ("redis://127.0.0.1:6379/0/orders", "redis://127.0.0.1:6379"),
         ("rediss://cache.internal/2/orders", "rediss://cache.internal:6379"),
+        ("amqp://127.0.0.1:5672/%2F?exchange=orders&routing_key=created", "amqp://127.0.0.1:5672"),
+        ("amqps://rabbit.internal/%2F?exchange=orders", "amqps://rabbit.internal:5671"),
     ],
 )
 def test_a_broker_url_is_a_delivery_whose_destination_is_its_server(url, destination):
@@ -106,7 +109,7 @@ def test_what_a_broker_answer_says_about_its_destination(result, signal):
 
 @pytest.mark.parametrize(
     ("transport_class", "client", "extra"),
-    [(NatsTransport, "nats", "nats"), (RedisStreamsTransport, "redis", "redis")],
+    [(NatsTransport, "nats", "nats"), (RedisStreamsTransport, "redis", "redis"), (RabbitMqTransport, "aio_pika", "rabbitmq")],
 )
 def test_a_broker_transport_without_its_client_library_says_how_to_install_it(monkeypatch, transport_class, client, extra):
     monkeypatch.setitem(sys.modules, client, None)  # as if the library were not installed
