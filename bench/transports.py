@@ -11,7 +11,9 @@ of 50, 32 sends in flight), timed from the start of the drain to the last row
 * ``nats``: ``NatsTransport`` to a JetStream stream on a private
   ``nats-server`` (file storage), each row done on its ``PubAck``;
 * ``redis``: ``RedisStreamsTransport`` to a private ``redis-server``
-  (no persistence), each row done on its entry id.
+  (no persistence), each row done on its entry id;
+* ``rabbitmq``: ``RabbitMqTransport`` to a private RabbitMQ node, persistent
+  messages to a durable queue, each row done on its publisher confirm.
 
 To say where the limit is, the same number of sends is also made through
 each broker transport alone, from 32 threads and with no database
@@ -42,6 +44,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "admin")]
 
+import aio_pika  # noqa: E402
 import nats  # noqa: E402
 import psycopg  # noqa: E402
 import redis  # noqa: E402
@@ -62,8 +66,9 @@ from bench.drain_throughput import ReceiverProcess  # noqa: E402
 from outboxkit import Delivery, Drainer, HttpTransport, Outbox, OutboxOptions, Transport  # noqa: E402
 from outboxkit.storage.tables import kit_metadata  # noqa: E402
 from outboxkit.transports.nats import NatsTransport  # noqa: E402
+from outboxkit.transports.rabbitmq import RabbitMqTransport  # noqa: E402
 from outboxkit.transports.redis_streams import RedisStreamsTransport  # noqa: E402
-from tests.support.brokers import NatsServer, RedisServer  # noqa: E402
+from tests.support.brokers import NatsServer, RabbitMqServer, RedisServer  # noqa: E402
 
 THREADS = 32  # the drain's default concurrency
 BIG_BATCH = 200  # a second NATS drain, with batches of 200 and 200 sends in flight: fewer claims and commits per row
@@ -151,6 +156,31 @@ def record(figures: dict[str, Any], transport: str, measured: tuple[float, float
     figures[f"drainer_cpu_ms_per_row_{transport}"] = round(cpu_ms, 3)
 
 
+def rabbitmq_queues(server: RabbitMqServer, names: list[str]) -> Callable[[], dict[str, int]]:
+    """Declare a durable queue per name, bound to the direct exchange ``bench`` under its name; the counter of each."""
+    async def declare() -> None:
+        connection = await aio_pika.connect(f"{server.url}/%2F")
+        try:
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange("bench", aio_pika.ExchangeType.DIRECT)
+            for name in names:
+                await (await channel.declare_queue(name, durable=True)).bind(exchange, name)
+        finally:
+            await connection.close()
+
+    async def count() -> dict[str, int]:
+        connection = await aio_pika.connect(f"{server.url}/%2F")
+        try:
+            channel = await connection.channel()
+            return {name: int((await channel.declare_queue(name, durable=True)).declaration_result.message_count or 0)
+                    for name in names}
+        finally:
+            await connection.close()
+
+    asyncio.run(declare())
+    return lambda: asyncio.run(count())
+
+
 def run(rows: int) -> dict[str, Any]:
     scratch = scratch_database()
     with psycopg.connect(scratch.server_url, autocommit=True) as connection:
@@ -199,11 +229,25 @@ def run(rows: int) -> dict[str, Any]:
             with redis.Redis(host="127.0.0.1", port=redis_server.port) as client:
                 figures["redis_entries"] = int(client.xlen("bench"))
         print(f"redis: {figures['rows_per_s_redis']} rows/s, alone {figures['sends_per_s_redis_alone']} sends/s", flush=True)
+
+        with RabbitMqServer(max_message_size=1024 * 1024) as rabbitmq_server:
+            assert isinstance(rabbitmq_server, RabbitMqServer)
+            counts = rabbitmq_queues(rabbitmq_server, ["alone", "orders"])
+            rabbitmq_transport = RabbitMqTransport()
+            address = f"{rabbitmq_server.url}/%2F?exchange=bench&routing_key="
+            try:
+                figures["sends_per_s_rabbitmq_alone"] = round(alone_rate(rabbitmq_transport, address + "alone", rows), 1)
+                record(figures, "rabbitmq", drain_rate(engine, rabbitmq_transport, address + "orders", rows))
+            finally:
+                rabbitmq_transport.close()
+            figures["rabbitmq_queued"] = counts()["orders"]
+        print(f"rabbitmq: {figures['rows_per_s_rabbitmq']} rows/s, alone {figures['sends_per_s_rabbitmq_alone']} sends/s",
+              flush=True)
     finally:
         engine.dispose()
         with psycopg.connect(scratch.server_url, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
-    for name in ("nats", "redis"):
+    for name in ("nats", "redis", "rabbitmq"):
         figures[f"{name}_over_http"] = round(figures[f"rows_per_s_{name}"] / figures["rows_per_s_http"], 2)
     figures["load_average_before"] = [round(value, 2) for value in load_before]
     figures["load_average_after"] = [round(value, 2) for value in os.getloadavg()]
