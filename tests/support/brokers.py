@@ -93,6 +93,7 @@ def drain_once_through(engine: Engine, clock: Clock, transport: Transport) -> Dr
 class _Server:
     name = ""
     package = ""
+    startup_timeout = STARTUP_TIMEOUT_SECONDS
 
     def __init__(self, *, port: int | None = None) -> None:
         self.binary = require_binary(self.name, self.package)
@@ -113,7 +114,7 @@ class _Server:
             self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.scratch, env=self.environment(),
             start_new_session=True,
         )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited: {(self.scratch / 'server.log').read_text()[-2000:]}")
@@ -123,7 +124,7 @@ class _Server:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"{self.name} did not accept on 127.0.0.1:{self.port} within {STARTUP_TIMEOUT_SECONDS:g} s")
+        raise RuntimeError(f"{self.name} did not accept on 127.0.0.1:{self.port} within {self.startup_timeout:g} s")
 
     def pause(self) -> None:
         assert self.process is not None
@@ -230,6 +231,7 @@ class RabbitMqServer(_Server):
 
     name = "rabbitmq-server"
     package = "rabbitmq-server"
+    startup_timeout = 90.0  # an Erlang node boots in about 6 s here, much longer on a loaded 2-core host
 
     def __init__(self, *, port: int | None = None, max_message_size: int = 1024 * 1024) -> None:
         super().__init__(port=port)
