@@ -60,7 +60,7 @@ __all__ = [
 DESTINATION_NAME_LIMIT = 300
 # How long rows of a disabled destination wait (their next_attempt_at) unless a person resumes it first.
 DISABLED_HOLD = timedelta(days=3650)
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
 
 
 @lru_cache(maxsize=4096)
@@ -121,7 +121,7 @@ class BreakerOptions:
 class Signal(str, enum.Enum):
     """What one attempt says about its destination."""
 
-    SUCCESS = "success"  # an answer that is not a failure: 2xx, and 4xx other than 408, 410, 429
+    SUCCESS = "success"  # an answer that is not a failure: 2xx, 4xx other than 408, 410, 429, a broker's ack or rejection
     FAILURE = "failure"  # a timeout, a connection or transport error, 408, any 5xx
     GONE = "gone"  # 410: the receiver asks never to be sent to again
     THROTTLED = "throttled"  # 429: the receiver is there but asks to slow down
@@ -137,6 +137,9 @@ class Reading:
 
 def signal_of(attempt: AttemptResult, *, now: datetime) -> Reading | None:
     """What ``attempt`` says about its destination; None when it says nothing (``build_delivery`` raised)."""
+    if attempt.acknowledgement is not None or attempt.failure is FailureKind.REJECTED:
+        # A broker that acknowledged, or answered to refuse one message, is there and answering (like a 4xx).
+        return Reading(Signal.SUCCESS)
     if attempt.failure is not None:
         # Nothing was sent: a build failure or a refusal says nothing about the destination.
         return None if attempt.failure in (FailureKind.BUILD, FailureKind.REFUSED) else Reading(Signal.FAILURE)

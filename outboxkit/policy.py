@@ -13,6 +13,12 @@ rules are pinned by known-answer tests without a network or a database.
 * A send refused before it left (``refused``: a URL the guard of
   ``outboxkit.url_guard`` does not let through, a secret the settings lack):
   ``stuck`` at once; nothing was sent, and the same row would be refused again.
+* A broker's acknowledgement (``acknowledgement``: a JetStream ack's stream
+  sequence, a stream entry id): ``done``, like a 2xx.  A message the broker
+  answered and will refuse again however often it is sent (``rejected``: over
+  its size limit, no stream for a subject): ``stuck`` at once, like a 4xx.
+  The rules of each broker are in its transport's docstring
+  (``outboxkit.transports.nats``, ``.redis_streams``, ``.rabbitmq``).
 * ``attempts >= max_attempts`` after a failed attempt: ``stuck``.
 """
 
@@ -43,30 +49,40 @@ RETRYABLE_STATUS_CODES = frozenset({408, 429})
 
 
 class FailureKind(str, enum.Enum):
-    """Why an attempt produced no HTTP response."""
+    """Why an attempt produced no HTTP response or acknowledgement."""
 
     TIMEOUT = "timeout"
     CONNECTION = "connection"  # refused, reset, DNS, protocol error
     BUILD = "build"  # the application's build_delivery raised
     TRANSPORT = "transport"  # any other error inside the transport
     REFUSED = "refused"  # refused before sending (outboxkit.transports.guarded); never retried
+    REJECTED = "rejected"  # a broker answered and refuses this message whenever it is sent; never retried
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttemptResult:
-    """What one attempt produced: an HTTP status, or a failure without one."""
+    """What one attempt produced: exactly one of an HTTP status, a broker's acknowledgement, or a failure.
+
+    ``acknowledgement`` is what a broker answered when it stored the message
+    (``"stream ORDERS seq 42"``, a stream entry id), so an attempt counts as
+    accepted only on the broker's word, never because a client library took it.
+    """
 
     status_code: int | None = None
     failure: FailureKind | None = None
     error: str | None = None
     retry_after: str | None = None
+    acknowledgement: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.status_code is None) == (self.failure is None):
-            raise InvalidValueError("an AttemptResult has either a status_code or a failure")
+        given = (self.status_code is not None) + (self.failure is not None) + (self.acknowledgement is not None)
+        if given != 1:
+            raise InvalidValueError("an AttemptResult has exactly one of a status_code, a failure or an acknowledgement")
 
     @property
     def succeeded(self) -> bool:
+        if self.acknowledgement is not None:
+            return True
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
@@ -147,8 +163,10 @@ class RetryPolicy:
         return self.backoff[index]
 
     def is_retryable(self, result: AttemptResult) -> bool:
+        if result.acknowledgement is not None:
+            return False
         if result.failure is not None:
-            return result.failure is not FailureKind.REFUSED
+            return result.failure not in (FailureKind.REFUSED, FailureKind.REJECTED)
         code = result.status_code
         assert code is not None
         return code in RETRYABLE_STATUS_CODES or 500 <= code <= 599
@@ -165,6 +183,8 @@ class RetryPolicy:
         """Apply the outcome rules.  ``attempts`` counts the attempt just made."""
         status = self.status_for(result, attempts=attempts)
         if status == "done":
+            if result.acknowledgement is not None:
+                return Decision("done", reason=f"acknowledged: {result.acknowledgement}")
             return Decision("done", reason=f"HTTP {result.status_code}")
         if status == "stuck":
             if result.failure is FailureKind.REFUSED:

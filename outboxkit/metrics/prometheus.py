@@ -67,7 +67,7 @@ from outboxkit.metrics.health import HealthServer
 from outboxkit.metrics.inbox import InboxMetrics
 from outboxkit.storage.operator_queries import admin_queries_for
 from outboxkit.storage.pauses import paused_outboxes
-from outboxkit.telemetry.hooks import Observer, log_fields, status_class
+from outboxkit.telemetry.hooks import Observer, attempt_class, log_fields
 
 if TYPE_CHECKING:
     from outboxkit.drain.kit_core import KitCore
@@ -258,11 +258,11 @@ class OutboxMetrics(Observer):
             # Read at each scrape from this process's drainer (no database): what hangs now.
             self.hung_sends.labels(outbox=job_name).set_function(lambda: self.kit.hung_sends(job_name))
             self.waiting_over_cap_rows.labels(outbox=job_name).set_function(lambda: self.kit.rows_waiting_over_cap(job_name))
-            self._attempt("delivered", job_name, 200)
+            self._attempt("delivered", job_name, "2xx")
         return children
 
-    def _attempt(self, outcome: str, job_name: str, status_code: int | None) -> Any:
-        key = (job_name, outcome, status_class(status_code))
+    def _attempt(self, outcome: str, job_name: str, klass: str) -> Any:
+        key = (job_name, outcome, klass)
         child = self._attempts.get(key)
         if child is None:
             child = self._attempts[key] = self.attempts.labels(outbox=job_name, outcome=outcome, status_class=key[2])
@@ -276,14 +276,14 @@ class OutboxMetrics(Observer):
         self._prepare(job_name)[1].observe(seconds)
 
     def recorded(self, job_name: str, row: Outbox, attempt: AttemptResult, outcome: str, now: datetime) -> None:
-        self._attempt(outcome, job_name, attempt.status_code).inc()
+        self._attempt(outcome, job_name, attempt_class(attempt)).inc()
         if outcome == "delivered" and row.created_at is not None:
             latency = (now - row.created_at).total_seconds()
             self._prepare(job_name)[0].observe(max(0.0, latency))
 
     def parked(self, job_name: str, rows: Sequence[Outbox]) -> None:
         # The attempt that never recorded an outcome (its worker died) ends here, as stuck without an answer.
-        self._attempt("stuck", job_name, None).inc(len(rows))
+        self._attempt("stuck", job_name, "none").inc(len(rows))
 
     def drain_finished(self, job_name: str, result: DrainResult, *, kind: str, seconds: float) -> None:
         self.drain_run_duration.labels(outbox=job_name, kind=kind).observe(seconds)

@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.policy import FailureKind
 from outboxkit.results import MAX_RUN_LINKS
 from outboxkit.telemetry.log_events import log_fields
 
@@ -58,6 +59,15 @@ def status_class(status_code: int | None) -> str:
     if status_code is None:
         return "none"
     return f"{status_code // 100}xx"
+
+
+def attempt_class(attempt: AttemptResult) -> str:
+    """``status_class`` of an HTTP answer; ``ack`` for a broker's acknowledgement, ``rejected`` for its refusal."""
+    if attempt.acknowledgement is not None:
+        return "ack"
+    if attempt.failure is FailureKind.REJECTED:
+        return "rejected"
+    return status_class(attempt.status_code)
 
 
 class Observer:

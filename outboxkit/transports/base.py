@@ -12,6 +12,27 @@ the row again.
 ``CallableTransport`` wraps a function, which is handy in tests and for
 non-HTTP receivers.
 
+A delivery to a broker is the same ``Delivery``, addressed by a URL whose
+scheme names the broker and whose path names the target, so its destination
+(scheme, host and port) and everything the drain does with it (retries, the
+breaker, caps, ordering, replay, the admin, metrics) are those of any row:
+
+==========================================  ====================================
+``nats://127.0.0.1:4222/orders.created``    JetStream subject ``orders.created``
+                                            (``outboxkit.transports.nats``)
+``redis://127.0.0.1:6379/0/orders``         stream ``orders`` of database 0
+                                            (``outboxkit.transports.redis_streams``)
+``amqp://127.0.0.1:5672/%2F?exchange=orders  exchange ``orders``, routing key
+&routing_key=created``                      ``created``, vhost ``/``
+                                            (``outboxkit.transports.rabbitmq``)
+==========================================  ====================================
+
+A broker URL carries no credentials (they would be shown wherever the URL
+is: traces, logs); they are given to the broker's transport.  ``method`` means
+nothing to a broker; ``headers`` become the message's headers; ``key`` is the
+message key (the ordering or partition key), sent with the message.  The row's
+idempotency key is the broker's de-duplication id.
+
 ``Delivery.json`` is encoded once, when the ``Delivery`` is built (so a value
 that cannot be sent fails inside ``build_delivery``, with the path of the
 offending field), by these rules:
@@ -61,7 +82,11 @@ from urllib.parse import urlsplit
 from outboxkit.errors import InvalidDeliveryError, InvalidValueError
 from outboxkit.policy import AttemptResult, FailureKind
 
-__all__ = ["CallableTransport", "Delivery", "Transport"]
+__all__ = ["BROKER_SCHEMES", "CallableTransport", "Delivery", "Transport"]
+
+# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq).
+BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps"})
+_KEY_LIMIT = 1024
 
 _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})
 # RFC 9110 token characters for names; visible ASCII, space and tab for values.
@@ -99,12 +124,19 @@ class Delivery:
     ``Upgrade``, ``Keep-Alive``, ``TE``, ``Trailer``, ``Proxy-*``), which
     are refused.  ``Idempotency-Key`` is set by the kit and cannot be
     overridden here, so every attempt of a row carries the same key.
+
+    ``url`` is an http(s) URL, or a broker's (``nats://host:port/subject``,
+    ``redis://host:port/db/stream``, ``amqp://host:port/vhost?exchange=...``:
+    this module's docstring) without
+    credentials.  ``key`` is the message key a broker is sent (the ordering
+    or partition key, up to 1024 characters); an HTTP send ignores it.
     """
 
     url: str
     method: str = "POST"
     json: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
     # The encoded body, fixed at construction: what was checked is what is sent,
     # even if the caller's dict changes afterwards.
     _body: bytes | None = field(init=False, repr=False, compare=False, default=None)
@@ -113,7 +145,13 @@ class Delivery:
 
     def __post_init__(self) -> None:
         if not _is_http_url(self.url):
-            raise InvalidDeliveryError(f"Delivery.url must be an absolute http(s) URL with a host, got {self.url!r}")
+            problem = _broker_url_problem(self.url)
+            if problem is not None:
+                raise InvalidDeliveryError(problem)
+        if self.key is not None and (not isinstance(self.key, str) or not 0 < len(self.key) <= _KEY_LIMIT):
+            raise InvalidDeliveryError(
+                f"Delivery.key must be a non-empty str of at most {_KEY_LIMIT} characters, got {self.key!r}"
+            )
         method = self.method.upper() if isinstance(self.method, str) else self.method
         if method not in _METHODS:
             raise InvalidDeliveryError(f"Delivery.method must be one of {sorted(_METHODS)}, got {self.method!r}")
@@ -268,6 +306,34 @@ def _is_http_url_text(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _broker_url_problem(url: object) -> str | None:
+    """Why ``url`` is neither an http(s) URL nor a broker's, or None when it is a broker's."""
+    expected = (
+        f"Delivery.url must be an absolute http(s) URL with a host, or a broker's "
+        f"({', '.join(sorted(BROKER_SCHEMES))}://host:port/target), got {url!r}"
+    )
+    if not isinstance(url, str) or any(character.isspace() or ord(character) < 32 for character in url):
+        return expected
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return expected
+    if parts.scheme not in BROKER_SCHEMES or not parts.hostname or not parts.path.strip("/"):
+        return expected
+    if parts.username is not None or parts.password is not None:
+        return (
+            f"Delivery.url may not carry credentials ({parts.scheme}://user:password@...): the URL is shown in traces "
+            "and logs; give them to the broker's transport"
+        )
+    return None
+
+
+def is_broker_url(url: str) -> bool:
+    """The URL's scheme is a broker's (``BROKER_SCHEMES``)."""
+    return url.split(":", 1)[0].lower() in BROKER_SCHEMES
 
 
 @runtime_checkable

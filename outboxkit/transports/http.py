@@ -49,7 +49,7 @@ import httpcore
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import AttemptResult, FailureKind
-from outboxkit.transports.base import Delivery, framing_header_problem, validate_timeout
+from outboxkit.transports.base import Delivery, framing_header_problem, is_broker_url, validate_timeout
 from outboxkit.transports.deadline import DeadlineBackend
 
 # httpx's package import also imports httpx's own command line (``httpx._main``:
@@ -165,6 +165,12 @@ class HttpTransport:
 
     def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult:
         """One attempt, over within ``timeout`` seconds (a ``timeout`` failure if the answer is not complete by then)."""
+        if not delivery.url.startswith(("http://", "https://")) and is_broker_url(delivery.url):
+            return AttemptResult(
+                failure=FailureKind.REFUSED,
+                error=f"refused before sending: {delivery.url.split(':', 1)[0]}:// is a broker's URL and this outbox sends "
+                "over HTTP; give the outbox its broker's transport (OutboxOptions(transport=...), docs/transports.md)",
+            )
         deadline = self._backend.arm(timeout)
         try:
             return self._attempt(delivery, idempotency_key, timeout)

@@ -263,8 +263,13 @@ def test_a_list_backoff_is_stored_as_a_tuple_of_floats():
 
 @pytest.mark.parametrize(
     "arguments",
-    [{}, {"status_code": 200, "failure": FailureKind.TIMEOUT}],
+    [
+        {},
+        {"status_code": 200, "failure": FailureKind.TIMEOUT},
+        {"status_code": 200, "acknowledgement": "stream S seq 1"},
+        {"failure": FailureKind.REJECTED, "acknowledgement": "stream S seq 1"},
+    ],
 )
-def test_attempt_result_needs_exactly_one_of_status_or_failure(arguments):
-    with pytest.raises(ValueError, match="either a status_code or a failure"):
+def test_attempt_result_needs_exactly_one_of_status_failure_or_acknowledgement(arguments):
+    with pytest.raises(ValueError, match="exactly one of a status_code, a failure or an acknowledgement"):
         AttemptResult(**arguments)

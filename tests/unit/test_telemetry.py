@@ -102,3 +102,13 @@ def test_the_event_name_scan_finds_a_call_without_one():
         "logger.log(level, 'w', extra={'event_name': 'e.f'})\n"
     )
     assert _logging_calls_without_an_event_name(tree) == [1, 6]
+
+
+def test_the_class_of_a_broker_answer_is_ack_or_rejected():
+    from outboxkit.policy import AttemptResult, FailureKind
+    from outboxkit.telemetry.hooks import attempt_class
+
+    assert attempt_class(AttemptResult(acknowledgement="stream S seq 1")) == "ack"
+    assert attempt_class(AttemptResult(failure=FailureKind.REJECTED, error="too large")) == "rejected"
+    assert attempt_class(AttemptResult(failure=FailureKind.TIMEOUT, error="t")) == "none"
+    assert attempt_class(AttemptResult(status_code=503)) == "5xx"

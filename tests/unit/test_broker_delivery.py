@@ -1,0 +1,117 @@
+"""A broker delivery: its URL, key and destination, and what a broker's answers mean for the row and its breaker."""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from outboxkit.breaker import Signal, destination_of, signal_of
+from outboxkit.errors import ConfigurationError
+from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
+from outboxkit.transports.base import Delivery
+from outboxkit.transports.http import HttpTransport
+from outboxkit.transports.nats import NatsTransport
+from outboxkit.transports.rabbitmq import RabbitMqTransport
+from outboxkit.transports.redis_streams import RedisStreamsTransport
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("url", "destination"),
+    [
+        ("nats://127.0.0.1:4222/orders.created", "nats://127.0.0.1:4222"),
+        ("nats://broker.internal/orders.created", "nats://broker.internal:4222"),
+        ("redis://127.0.0.1:6379/0/orders", "redis://127.0.0.1:6379"),
+        ("rediss://cache.internal/2/orders", "rediss://cache.internal:6379"),
+        ("amqp://127.0.0.1:5672/%2F?exchange=orders&routing_key=created", "amqp://127.0.0.1:5672"),
+        ("amqps://rabbit.internal/%2F?exchange=orders", "amqps://rabbit.internal:5671"),
+    ],
+)
+def test_a_broker_url_is_a_delivery_whose_destination_is_its_server(url, destination):
+    delivery = Delivery(url=url, json={"order": 7}, key="customer-3", headers={"Event-Type": "order.created"})
+    assert delivery.body() == b'{"order":7}'
+    assert delivery.key == "customer-3"
+    assert destination_of(delivery.url) == destination
+
+
+def test_the_key_survives_added_headers():
+    delivery = Delivery(url="nats://127.0.0.1:4222/orders", key="k").with_headers({"traceparent": "00-1-2-01"})
+    assert delivery.key == "k"
+    assert delivery.headers == {"traceparent": "00-1-2-01"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://127.0.0.1:4222",  # no subject
+        "nats://127.0.0.1:4222/",
+        "nats:///orders",  # no host
+        "kafka://127.0.0.1:9092/orders",  # no transport for this scheme
+        "redis://127.0.0.1:99999/0/orders",
+    ],
+)
+def test_a_broker_url_without_a_target_or_server_is_refused(url):
+    with pytest.raises(ValueError, match=r"Delivery.url must be an absolute http\(s\) URL with a host, or a broker"):
+        Delivery(url=url)
+
+
+def test_a_broker_url_with_credentials_is_refused_with_where_they_go():
+    with pytest.raises(ValueError, match="give them to the broker's transport"):
+        Delivery(url="redis://user:secret@127.0.0.1:6379/0/orders")
+
+
+@pytest.mark.parametrize("key", ["", 7, "k" * 1025])
+def test_a_bad_key_is_refused(key):
+    with pytest.raises(ValueError, match="Delivery.key must be a non-empty str"):
+        Delivery(url="nats://127.0.0.1:4222/orders", key=key)
+
+
+def test_the_http_transport_refuses_a_broker_url_before_sending():
+    with HttpTransport() as transport:
+        result = transport.send(Delivery(url="nats://127.0.0.1:1/orders"), idempotency_key="k", timeout=1)
+    assert result.failure is FailureKind.REFUSED
+    assert "broker's URL" in (result.error or "")
+    assert RetryPolicy().decide(result, attempts=1, now=NOW).status == "stuck"
+
+
+def test_an_acknowledgement_is_done_and_says_what_the_broker_answered():
+    result = AttemptResult(acknowledgement="stream ORDERS seq 42")
+    assert result.succeeded
+    decision = RetryPolicy().decide(result, attempts=1, now=NOW)
+    assert (decision.status, decision.reason) == ("done", "acknowledged: stream ORDERS seq 42")
+
+
+def test_a_rejection_is_stuck_at_once_even_on_the_first_attempt():
+    result = AttemptResult(failure=FailureKind.REJECTED, error="rejected: message over the server's 1024-byte limit")
+    assert not result.succeeded
+    decision = RetryPolicy().decide(result, attempts=1, now=NOW)
+    assert (decision.status, decision.reason) == ("stuck", "rejected by the receiver; not retried")
+
+
+@pytest.mark.parametrize(
+    ("result", "signal"),
+    [
+        (AttemptResult(acknowledgement="1-0"), Signal.SUCCESS),
+        (AttemptResult(failure=FailureKind.REJECTED, error="too large"), Signal.SUCCESS),  # there and answering
+        (AttemptResult(failure=FailureKind.CONNECTION, error="refused"), Signal.FAILURE),
+        (AttemptResult(failure=FailureKind.TIMEOUT, error="no ack"), Signal.FAILURE),
+    ],
+)
+def test_what_a_broker_answer_says_about_its_destination(result, signal):
+    reading = signal_of(result, now=NOW)
+    assert reading is not None
+    assert reading.signal is signal
+
+
+@pytest.mark.parametrize(
+    ("transport_class", "client", "extra"),
+    [(NatsTransport, "nats", "nats"), (RedisStreamsTransport, "redis", "redis"), (RabbitMqTransport, "aio_pika", "rabbitmq")],
+)
+def test_a_broker_transport_without_its_client_library_says_how_to_install_it(monkeypatch, transport_class, client, extra):
+    monkeypatch.setitem(sys.modules, client, None)  # as if the library were not installed
+    with pytest.raises(ConfigurationError, match=re.escape(f"pip install 'outboxkit[{extra}]'")):
+        transport_class()
