@@ -455,7 +455,8 @@ class SendPump(Generic[ResultT]):
                     raise DeliveryBuildError(
                         f"{type(row).__name__}.build_delivery returned {type(delivery).__name__}, not Delivery"
                     )
-                destination = check_destination_name(row.destination_for(delivery))
+                # Decided at insert; a row whose insert could not decide it (or older than the column) decides now.
+                destination = row.destination or check_destination_name(row.destination_for(delivery))
             except Exception as exc:
                 logger.error(
                     "%s: build_delivery failed for row %s\n%s", self.job_name, row.id, traceback.format_exc().rstrip(),
