@@ -55,7 +55,7 @@ def use(gate: DestinationGate, hung: HungSends, destination: str, row_id: int, *
     now = datetime.now(timezone.utc)
     row = WebhookOutbox(id=row_id)
     delivery = Delivery(url="https://receiver.example/hook")  # one URL: its parse cache stays the same size
-    gate.admit([(row, delivery, destination)], token=uuid.uuid4(), now=now, quiet=True)
+    gate.admit([(row, delivery, destination)], token=uuid.uuid4(), now=now)
     hung.started(row_id, owner=gate, destination=destination, now=clock)
     hung.finished(row_id, answered_in=0.05, now=clock)
     gate.finished(destination, row_id, AttemptResult(status_code=200), now=now)

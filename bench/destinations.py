@@ -216,18 +216,17 @@ def run_worker(sqlalchemy_url: str, stop: multiprocessing.synchronize.Event) -> 
 
 
 def held_rows(engine: Engine) -> list[int]:
-    """The rows the breaker holds now: pending, unclaimed, due exactly at the destination's hold end.
+    """The rows the breaker keeps from the claim now: pending and unclaimed, of the destination it opened.
 
-    Unclaimed: a probe out at that moment is due at the same instant (its lease's end is the hold's end), but it
-    is the probe, not a held row; when the switch cuts it off it fails and waits out its own backoff, like the
-    rows ``recovery_all_rows_s`` also waits for.
+    Unclaimed: a probe out at that moment is not a held row; when the switch cuts it off it fails and waits out
+    its own backoff, like the rows ``recovery_all_rows_s`` also waits for.
     """
     with engine.connect() as connection:
-        held_until = connection.execute(select(destination_table.c.held_until)).scalar_one()
+        destination = connection.execute(select(destination_table.c.destination)).scalar_one()
         return list(connection.scalars(
             select(WebhookOutbox.id).where(
                 WebhookOutbox.status == "pending",
-                WebhookOutbox.next_attempt_at == held_until,
+                WebhookOutbox.destination == destination,
                 WebhookOutbox.claimed_until.is_(None),
             )
         ))

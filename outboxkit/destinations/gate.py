@@ -1,23 +1,11 @@
-"""Where the drain meets destinations: which claimed rows go out, and what their outcomes do to the breaker.
+"""Where the drain meets destinations: which claimed rows go out now, and what their outcomes do to the breaker.
 
-Between the build and the send (``outboxkit.drain.pump``), ``admit`` sorts a
-claimed batch by destination and decides, for each destination, from its
-stored state.  The claim's own statement says whether every stored state of
-the outbox is quiet (healthy, no failure run, neither held nor slowed:
-``outboxkit.storage.drain_queries``); then none is read, since a quiet state admits rows as
-an absent one does, and otherwise the batch's destinations' states are read
-in one statement.  Either way a state another process wrote is seen at this
-drainer's next claim.
+The claim has already left out the rows of destinations that are open,
+half-open, disabled or slowed, and let one probe through per cool-down
+(``outboxkit.storage.destination_claim``).  Between the build and the send
+(``outboxkit.drain.pump``), ``admit`` sorts a claimed batch by destination
+and applies what this drainer alone can know, about its own send threads:
 
-* **Open, half-open or disabled** (``outboxkit.breaker``): its rows are
-  not sent.  They are held (``DestinationStore.hold``): the attempt the claim
-  counted is taken back, and they are due again when the hold ends, so a
-  destination that is down spends no attempts and costs one claim per row per
-  cool-down.  When the cool-down is over, the first of its rows tries to
-  become the probe (``DestinationStore.try_probe``, one conditional UPDATE: at
-  most one probe per destination across every process); the others are held
-  until the probe's lease ends, or until its success releases them at once.
-* **Slowed** by a ``Retry-After`` (429, or 503): held until then.
 * **Suspect** (it has not yet answered this drainer with a success, its
   last attempt here failed, its stored state shows a failure run, or one of
   its sends has been out longer than ``SLOW_SEND_SECONDS``): at most
@@ -50,11 +38,8 @@ drainer's next claim.
   leaves in the outbox's concurrency is for the other destinations, never
   for more of its own.
 
-Rows admitted before an outcome closed their destination (queued in the
-send pool behind slower sends) are checked again just before their send
-(``blocked``): a non-probe row whose destination this drainer now knows to
-be open, disabled or slowed is given back unsent, like a held row
-(``give_back``).  Another process learns of it at its next claim.
+Rows of a batch already claimed when an outcome opens their destination
+are still sent (their attempts are counted); no later claim takes its rows.
 
 ``record`` applies an outcome to its destination's stored state; the
 recorder calls it in the same transaction that writes the row's outcome
@@ -71,34 +56,23 @@ thread starts more than ``GRANT_SECONDS`` after its grant is given back too,
 which bounds how far sends can bunch up behind their grants.  A probe takes
 no token.
 
-With ``OutboxOptions.breaker = None`` no state is read or written and only
+With ``OutboxOptions.breaker = None`` no state is written and only
 the cap (and the rate limit, if set) applies; a destination without a rate
 limit reads and writes no bucket.
 
 **What is kept in memory, and for how long.**  Per destination, the gate
-keeps the latest stored state it read or wrote and its own view (sends in
-flight here, whether it answered this drainer with a success, whether its
-last answer here failed).  A destination with no send in flight here that
-this drainer has not used (admitted, sent to, recorded) for ``forget_after``
-seconds (``FORGET_AFTER_SECONDS``, 10 minutes, or the outbox's lease if that
-is longer) is forgotten, so a process that sends to many destinations keeps
-only those it used lately.  What is forgotten is what a fresh process starts
-without: the stored state is read again at the destination's next claim
-(every claim reads it, or finds it quiet, before the gate decides anything
-for its rows, so an open, disabled or slowed destination is still held), and
-the destination is not yet proven here, so it is capped until its next
-success, as in a fresh process.  Everything tied to a claim ends within its
-lease (rows waiting over a cap, the recording of an outcome), which is why
-the bound is never shorter.  Forgetting is amortised: each use looks at the
-destinations least recently used, oldest first, and stops at the first one
-used within the bound; one with a send still in flight is looked at again
-one bound later.
+keeps the latest stored state it wrote and its own view (sends in flight
+here, whether it answered this drainer with a success, whether its last
+answer here failed).  A destination with no send in flight here that this
+drainer has not used for ``forget_after`` seconds (``FORGET_AFTER_SECONDS``,
+10 minutes, or the outbox's lease if that is longer) is forgotten: it is then
+not yet proven here, so it is capped until its next success, as in a fresh
+process.  Everything tied to a claim ends within its lease (rows waiting over
+a cap, the recording of an outcome), which is why the bound is never shorter.
 
-Its length is the gate's decisions (breaker, ``Retry-After``, cap, rate
-limit) over one per-destination view kept under one lock; the stored state
-(``destination_store``), the background give-back (``claim_release``), the
-forgetting (``recent_keys``) and the rows waiting over a cap
-(``cap_waiting``) are modules of their own.
+The stored state (``store``), the background give-back (``claim_release``),
+the forgetting (``recent_keys``) and the rows waiting over a cap
+(``outboxkit.drain.cap_waiting``) are modules of their own.
 """
 
 from __future__ import annotations
@@ -138,12 +112,11 @@ FORGET_AFTER_SECONDS = 600.0
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """A row cleared to go: its delivery, its destination, and whether it is its destination's probe."""
+    """A row cleared to go: its delivery, its destination, and when its rate-limit token was granted."""
 
     row: Outbox
     delivery: Delivery
     destination: str
-    probe: bool = False
     granted_at: datetime | None = None  # when its rate-limit token was granted, if its destination has a limit
 
 
@@ -152,7 +125,6 @@ class Admission:
     """What ``admit`` decided for one claimed batch."""
 
     sends: list[Send] = field(default_factory=list)
-    held: int = 0  # rows of destinations that are open, half-open, disabled or slowed: not sent, attempts kept
     capped: int = 0  # rows of suspect destinations beyond their cap, given back: not sent, attempts kept
     # rows of suspect destinations beyond their cap that the caller keeps, claimed, for a place under it
     # (``outboxkit.drain.cap_backlog``): at most the ``keep`` asked for
@@ -222,52 +194,31 @@ class DestinationGate:
         self._known: dict[str, DestinationState] = {}  # the latest stored state read or written here
         self._local: dict[str, _Local] = {}
         self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # the keys of _local (_known's are among them)
-        self._released = False  # a recorded outcome made held rows due now
+        self._unblocked = False  # an outcome recorded here let a blocked destination's rows go again
         self.releases = ClaimRelease(self.store, self._single_statement, job_name=options.job_name)  # rows over a cap
 
-    def admit(
-        self,
-        rows: list[tuple[Outbox, Delivery, str]],
-        *,
-        token: uuid.UUID,
-        now: datetime,
-        quiet: bool = False,
-        keep: int = 0,
-    ) -> Admission:
-        """Decide which of a claimed batch's rows go out; hold or defer the others (see the module docstring).
+    def admit(self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime, keep: int = 0) -> Admission:
+        """Decide which of a claimed batch's rows go out now; the others wait or are given back (see the module).
 
-        ``quiet``: the claim found every stored state of this outbox's destinations quiet (healthy, no failure
-        run, neither held nor slowed), so none is read: a quiet state admits rows as an absent one does.
-        ``keep``: how many rows over a cap the caller keeps waiting (``Admission.waiting``); those beyond are
-        given back.
+        ``keep``: how many rows over a cap the caller keeps waiting (``Admission.waiting``); those beyond are given
+        back.
         """
-        groups = _by_destination(rows)
-        states: dict[str, DestinationState] = {}
-        if self.breaker is not None:
-            states = self._forget(list(groups)) if quiet else self._read_states(list(groups))
-        return self._decide(groups, states, token=token, now=now, keep=keep, may_be_alone=True)
+        return self._decide(_by_destination(rows), token=token, now=now, keep=keep, may_be_alone=True)
 
     def readmit(
         self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime, keep: int
     ) -> Admission:
         """``admit`` for rows of one claim that waited over their cap (``outboxkit.drain.cap_backlog``), on what this
-        drainer knows of their destinations: nothing is read (a state another process wrote is seen at the next
-        claim, as for every row).  A suspect destination stays capped even with no other send in flight: rows of
+        drainer knows of their destinations.  A suspect destination stays capped even with no other send in flight: rows of
         other destinations may still be due (a claim took them beside its own), so it is never alone here."""
-        groups = _by_destination(rows)
-        with self._lock:
-            states = {destination: self._known[destination] for destination in groups if destination in self._known}
-        return self._decide(groups, states, token=token, now=now, keep=keep, may_be_alone=False)
+        return self._decide(_by_destination(rows), token=token, now=now, keep=keep, may_be_alone=False)
 
     def has_room(self, destination: str, *, now: datetime) -> bool:
         """Whether a row of ``destination`` that waited over its cap could be sent now, on what this drainer knows
         (its state, its sends in flight here): the pump takes the rows waiting for it through ``readmit`` then."""
         clock = self.monotonic()
         with self._lock:
-            state = self._known.get(destination)
-            if state is not None and state.wait_until(now) is not None:
-                return True  # readmit holds them (or makes one the probe) at once
-            return self._room(destination, self._use(destination, clock), state, clock, alone=False) > 0
+            return self._room(destination, self._use(destination, clock), self._known.get(destination), clock, alone=False) > 0
 
     def give_back_over_cap(self, rows: list[tuple[Outbox, uuid.UUID, str]], *, now: datetime) -> None:
         """Rows that waited over their cap and go back unsent (their lease ran short, or the pump returns), as
@@ -284,7 +235,6 @@ class DestinationGate:
     def _decide(
         self,
         groups: dict[str, list[tuple[Outbox, Delivery]]],
-        states: dict[str, DestinationState],
         *,
         token: uuid.UUID,
         now: datetime,
@@ -292,24 +242,26 @@ class DestinationGate:
         may_be_alone: bool,
     ) -> Admission:
         admission = Admission()
-        for destination, group in groups.items():
-            state = states.get(destination)
-            probe = False
-            if state is not None and state.wait_until(now) is not None:
-                group, probe = self._hold_back(destination, state, group, token=token, now=now, admission=admission)
-            alone = may_be_alone and len(groups) == 1 and self._alone(destination)
-            group = self._within_cap(
-                destination, state, group, probe=probe, alone=alone, token=token, now=now, admission=admission,
-                keep=keep - len(admission.waiting),
-            )
-            granted_at = None
-            if self.rate_limit is not None and group:
-                group, limited = self._within_rate(destination, group, probe=probe, token=token, now=now, admission=admission)
-                granted_at = now if limited else None  # the bucket's time of the grant
-            admission.sends.extend(
-                Send(row, delivery, destination, probe=probe and index == 0, granted_at=granted_at)
-                for index, (row, delivery) in enumerate(group)
-            )
+        placed: list[tuple[str, int]] = []  # rows given a place under their destination's cap by this call
+        try:
+            for destination, group in groups.items():
+                with self._lock:
+                    state = self._known.get(destination)
+                alone = may_be_alone and len(groups) == 1 and self._alone(destination)
+                group = self._within_cap(
+                    destination, state, group, alone=alone, token=token, now=now, admission=admission,
+                    keep=keep - len(admission.waiting),
+                )
+                placed.extend((destination, row.id) for row, _ in group)
+                granted_at = None
+                if self.rate_limit is not None and group:
+                    group, limited = self._within_rate(destination, group, token=token, now=now, admission=admission)
+                    granted_at = now if limited else None  # the bucket's time of the grant
+                admission.sends.extend(Send(row, delivery, destination, granted_at=granted_at) for row, delivery in group)
+        except BaseException:  # nothing decided here is sent: the places under the caps go back with the caller's
+            for destination, row_id in placed:
+                self.finished(destination, row_id, None, now=now)
+            raise
         return admission
 
     def finished(self, destination: str, row_id: int, attempt: AttemptResult | None, *, now: datetime) -> None:
@@ -364,8 +316,7 @@ class DestinationGate:
         with self._lock:
             self._use(destination, self.monotonic())
             self._known[destination] = after
-            if before.held_until is not None and after.held_until is None:
-                self._released = True
+            self._unblocked = self._unblocked or (before.blocked(now) and not after.blocked(now))
         if after.status != before.status:
             logger.warning(
                 "%s: destination %s is %s (was %s): %s",
@@ -392,30 +343,21 @@ class DestinationGate:
             return max(0, self.options.batch_size - len(local.in_flight))
         return max(0, self.cap - len(local.in_flight))
 
-    def blocked(self, destination: str, *, now: datetime, granted_at: datetime | None = None) -> bool:
-        """Whether this drainer has learnt, since the row was admitted, that its destination must wait.
-
-        Asked by a send thread just before a (non-probe) send: rows admitted
-        before an outcome opened the breaker are given back instead of sent,
-        and so are rows whose rate-limit token is older than ``GRANT_SECONDS``.
-        """
-        if granted_at is not None and (now - granted_at).total_seconds() > GRANT_SECONDS:
-            return True
+    def take_unblocked(self) -> bool:
+        """Whether an outcome recorded here let a blocked destination's rows go again since the last call (a probe
+        succeeded): the pump claims again, as the NOTIFY of that change tells every other process."""
         with self._lock:
-            known = self._known.get(destination)
-        return known is not None and known.wait_until(now) is not None
+            unblocked, self._unblocked = self._unblocked, False
+        return unblocked
 
-    def give_back(self, destination: str, row: Outbox, *, token: uuid.UUID, now: datetime) -> None:
-        """A row ``blocked`` kept from its send: held like those a claim holds (due now if the hold ended meanwhile)."""
-        with self.engine.begin() as connection:
-            if self.store.hold(connection, destination, ids=[row.id], token=token, now=now) is None:
-                self.store.release(connection, ids=[row.id], token=token, until=now, now=now)
+    def give_back_unsent(self, destination: str, row: Outbox, *, token: uuid.UUID, now: datetime) -> None:
+        """A row ``rate_grant_expired`` kept from its send: given back (its attempt taken back), due now."""
+        self.releases.release([(row.id, token, now)], now=now)
 
-    def take_released(self) -> bool:
-        """Whether an outcome recorded here made held rows due now since the last call (the pump claims again)."""
-        with self._lock:
-            released, self._released = self._released, False
-        return released
+    def rate_grant_expired(self, *, now: datetime, granted_at: datetime | None) -> bool:
+        """Whether a row's rate-limit token is older than ``GRANT_SECONDS`` (asked just before its send): it is then
+        given back rather than sent, which bounds how far sends can bunch up behind their grants."""
+        return granted_at is not None and (now - granted_at).total_seconds() > GRANT_SECONDS
 
     def remembered(self) -> frozenset[str]:
         """The destinations this drainer keeps anything of in memory now (see the module docstring)."""
@@ -438,75 +380,26 @@ class DestinationGate:
 
     # -- the steps of admit --------------------------------------------------
 
-    def _read_states(self, destinations: list[str]) -> dict[str, DestinationState]:
-        with self._single_statement() as connection:
-            states = self.store.states(connection, destinations)
-        self._remember(destinations, states)
-        return states
-
-    def _forget(self, destinations: list[str]) -> dict[str, DestinationState]:
-        """The claim said every stored state is quiet: known as absent (a quiet state acts as none), nothing read."""
-        self._remember(destinations, {})
-        return {}
-
-    def _remember(self, destinations: list[str], states: dict[str, DestinationState]) -> None:
-        clock = self.monotonic()
-        with self._lock:
-            for destination in destinations:
-                self._use(destination, clock)
-                if destination in states:
-                    self._known[destination] = states[destination]
-                else:
-                    self._known.pop(destination, None)
-
-    def _hold_back(
-        self,
-        destination: str,
-        state: DestinationState,
-        group: list[tuple[Outbox, Delivery]],
-        *,
-        token: uuid.UUID,
-        now: datetime,
-        admission: Admission,
-    ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
-        """The rows that may still go (the probe first, if this drainer won it), holding the others."""
-        probe = False
-        if state.probe_due(now):
-            first = group[0][0]
-            assert first.claimed_until is not None
-            with self.engine.begin() as connection:
-                probe = self.store.try_probe(connection, destination, row_id=first.id, now=now, probe_until=first.claimed_until)
-        waiting = group[1:] if probe else group
-        if not waiting:
-            return group[:1], probe
-        with self.engine.begin() as connection:
-            until = self.store.hold(connection, destination, ids=[row.id for row, _ in waiting], token=token, now=now)
-        if until is None:  # the destination recovered meanwhile: everything goes
-            return group, probe
-        admission.held += len(waiting)
-        return (group[:1] if probe else []), probe
-
     def _within_cap(
         self,
         destination: str,
         state: DestinationState | None,
         group: list[tuple[Outbox, Delivery]],
         *,
-        probe: bool,
         alone: bool,
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
         keep: int,
     ) -> list[tuple[Outbox, Delivery]]:
-        """The rows within the destination's room (``_room``; all of a probe's), registered as in flight; of those
+        """The rows within the destination's room (``_room``), registered as in flight; of those
         over it, up to ``keep`` wait (``Admission.waiting``) and the others are given back."""
         if not group:
             return group
         clock = self.monotonic()
         with self._lock:
             local = self._use(destination, clock)
-            room = len(group) if probe else self._room(destination, local, state, clock, alone=alone)
+            room = self._room(destination, local, state, clock, alone=alone)
             allowed, over = group[:room], group[room:]
             for row, _ in allowed:
                 local.in_flight[row.id] = clock
@@ -539,19 +432,16 @@ class DestinationGate:
         destination: str,
         group: list[tuple[Outbox, Delivery]],
         *,
-        probe: bool,
         token: uuid.UUID,
         now: datetime,
         admission: Admission,
     ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
-        """The rows that got a token of the destination's rate limit (a probe needs none), and whether it has one."""
+        """The rows that got a token of the destination's rate limit, and whether it has one."""
         assert self.rate_limit is not None
         per_second = self.rate_limit.per_second_of(destination)
         if per_second is None:
             return group, False
-        free, limited = (group[:1], group[1:]) if probe else ([], group)
-        if not limited:
-            return group, False
+        limited = group
         with self.engine.begin() as connection:
             taken = self.rates.take(
                 connection, destination, len(limited), now=now, per_second=per_second, burst=self.rate_limit.burst_of(per_second)
@@ -563,4 +453,4 @@ class DestinationGate:
         for row, _ in over:
             self.finished(destination, row.id, None, now=now)  # not sent: no place under the cap
         admission.deferred += len(over)
-        return free + limited[: taken.granted], True
+        return limited[: taken.granted], True

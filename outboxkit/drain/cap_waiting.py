@@ -98,7 +98,7 @@ class CapWaiting:
     ) -> int:
         """Act on the gate's decision for rows of one claim (``token``): send those it cleared, keep those over a cap
         waiting (``send_by``: when each must go back, for rows that waited before).  Returns how many rows the gate
-        gave back unsent, their attempts kept (held, capped, deferred)."""
+        gave back unsent, their attempts kept (capped, deferred)."""
         if admission.waiting:
             self._keep(backlog, [
                 Waiting(row, delivery, destination, token, (send_by or {}).get(row.id) or self._send_by(row))
@@ -106,7 +106,7 @@ class CapWaiting:
             ])
         for send in admission.sends:
             submit(send, token)
-        return admission.held + admission.capped + admission.deferred
+        return admission.capped + admission.deferred
 
     def send_ready(self, backlog: CapBacklog, submit: Submit) -> int:
         """Rows waiting over their cap whose destination has room now go through the gate again
@@ -124,14 +124,16 @@ class CapWaiting:
         for entry in entries:
             by_token.setdefault(entry.token, []).append(entry)
         sent = given_back = 0
-        for token, group in by_token.items():
-            admission = self.gate.readmit(
-                [(entry.row, entry.delivery, entry.destination) for entry in group],
-                token=token, now=now, keep=backlog.room,
-            )
-            sent += len(admission.sends)
-            given_back += self.admitted(admission, token, backlog, submit, {entry.row.id: entry.send_by for entry in group})
-        self.in_flight.give(granted - sent)
+        try:
+            for token, group in by_token.items():
+                admission = self.gate.readmit(
+                    [(entry.row, entry.delivery, entry.destination) for entry in group],
+                    token=token, now=now, keep=backlog.room,
+                )
+                sent += len(admission.sends)
+                given_back += self.admitted(admission, token, backlog, submit, {entry.row.id: entry.send_by for entry in group})
+        finally:  # on an error too (the rate bucket's statement): the rows not sent stay claimed until their lease ends
+            self.in_flight.give(granted - sent)
         return given_back
 
     def expire(self, backlog: CapBacklog) -> int:

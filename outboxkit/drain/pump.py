@@ -4,13 +4,14 @@
    exception is one failed attempt for that row only (traceback logged,
    message in ``last_error``); its neighbours go on.
 
-   Each row's destination (``Outbox.destination_for``) then decides whether
-   it goes now (``outboxkit.destinations.gate``): rows of a destination whose
-   breaker is open, or that is slowed or out of rate-limit tokens, are given
-   back unsent with their attempts kept; rows over a suspect destination's
-   cap wait in the pump's state, claimed, for a place under it, and are
-   moved only by ``outboxkit.drain.cap_waiting`` (sent when a send is back, given
-   back when their lease runs short, or when the pump stops or returns).
+   The claim took no row of a blocked destination (open, disabled, slowed:
+   ``outboxkit.storage.destination_claim``).  Each row's destination (stored on
+   the row) then decides whether it goes now (``outboxkit.destinations.gate``):
+   rows of a destination out of rate-limit tokens are given back unsent with
+   their attempts kept; rows over a suspect destination's cap wait in the
+   pump's state, claimed, for a place under it, and are moved only by
+   ``outboxkit.drain.cap_waiting`` (sent when a send is back, given back when
+   their lease runs short, or when the pump stops or returns).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -83,7 +84,7 @@ DEADLINE_SLACK_SECONDS = 1.0
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
 
-_GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
+_GIVEN_BACK = object()  # a send thread found its row's rate-limit token too old: not sent
 
 
 class SendPump(Generic[ResultT]):
@@ -239,7 +240,7 @@ class SendPump(Generic[ResultT]):
                     result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
-                if self.gate.take_released():  # its destination closed: the rows it held are due now
+                if self.gate.take_unblocked():  # a probe succeeded: its destination's rows may be claimed now
                     state.more_due = True
 
     def _mark_hung(self, state: PumpState, events: queue.SimpleQueue[object]) -> None:
@@ -259,7 +260,8 @@ class SendPump(Generic[ResultT]):
     def _control(
         self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
     ) -> None:
-        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent, or a stop
+        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent (its rate-limit
+        token too old), or a stop
         (nothing to do: the loop sees its flag)."""
         if event is WAKE:
             assert background is not None
@@ -270,7 +272,7 @@ class SendPump(Generic[ResultT]):
             state.in_flight -= 1
             self.in_flight.give(1)
             result.claimed -= 1  # not sent, its attempt taken back
-            self.gate.give_back(destination, row, token=token, now=self.clock.now())
+            self.gate.give_back_unsent(destination, row, token=token, now=self.clock.now())
 
     def _record(
         self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
@@ -293,13 +295,18 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
-        self.gate.settle()  # rows given back over a cap are due again: let this claim see them
-        # A held connection that died while the loop was idle is replaced and the claim made once more: nothing was
-        # sent, and rows a lost claim took come due at its lease's end.
+        self.gate.settle()  # rows given back (over a cap, without a token) are due again: let this claim see them
+        # The one guard of the places this claim took: until the gate's decision hands them to sends (or to rows
+        # waiting over a cap), any error (the claim, the rate bucket's statement, a killed session) gives every one
+        # back, so the drainer keeps claiming; the rows a failed step held come due again at their lease's end.
         try:
-            rows, token, taken, orphaned, quiet = outcomes.run_reconnecting(
+            # A held connection that died while the loop was idle is replaced and the claim made once more:
+            # nothing was sent, and rows a lost claim took come due at its lease's end.
+            rows, token, taken, orphaned = outcomes.run_reconnecting(
                 lambda connection: self.claimer.claim(granted, result, may_claim, connection)
             )
+            deliveries, build_failures = self._build(rows)
+            admission = self.gate.admit(deliveries, token=token, now=self.clock.now(), keep=state.waiting.room)
         except BaseException:
             self.in_flight.give(granted)
             raise
@@ -312,10 +319,6 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
-        deliveries, build_failures = self._build(rows)
-        admission = self.gate.admit(
-            deliveries, token=token, now=self.clock.now(), quiet=quiet, keep=state.waiting.room
-        )
         if admission.capped:
             state.more_due, state.awaiting_outcome = False, True
         self.in_flight.give(granted - len(admission.sends))
@@ -350,7 +353,7 @@ class SendPump(Generic[ResultT]):
             key = str(send.row.idempotency_key)
             self.senders.submit(
                 self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
-                send.probe, result.telemetry_links, send.granted_at,
+                result.telemetry_links, send.granted_at,
             )
             state.in_flight += 1
 
@@ -370,10 +373,11 @@ class SendPump(Generic[ResultT]):
 
         It follows a claim, so a held connection that died meanwhile (a server restart between the claim and this
         read) is replaced and the read made once more, as the claim does: a read is safe to repeat."""
+        now = self.clock.now()
         if outcomes.held is not None:
-            return outcomes.run_reconnecting(self.queries.earliest_due)
+            return outcomes.run_reconnecting(lambda connection: self.queries.earliest_due(connection, now=now))
         with self.queries.outcome_connection(self.engine) as connection:
-            return self.queries.earliest_due(connection)
+            return self.queries.earliest_due(connection, now=now)
 
     def _send_one(
         self,
@@ -384,7 +388,6 @@ class SendPump(Generic[ResultT]):
         key: str,
         timeout: float,
         destination: str,
-        probe_row: bool,
         run_links: dict[int, list[Any]],
         granted_at: datetime | None = None,
     ) -> None:
@@ -396,7 +399,7 @@ class SendPump(Generic[ResultT]):
         whose lease is nearly over is not sent at all and is retried.
         """
         started_at = self.clock.now()
-        if not probe_row and self.gate.blocked(destination, now=started_at, granted_at=granted_at):
+        if self.gate.rate_grant_expired(now=started_at, granted_at=granted_at):
             self.gate.finished(destination, row.id, None, now=started_at)
             finished.put((_GIVEN_BACK, row, token, destination))
             return

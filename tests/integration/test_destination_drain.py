@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,7 +71,7 @@ def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_thei
     assert drainer.drain().retried == 6  # all six were out before the breaker opened
     assert state(engine, failing_receiver.url).status == "open"
     clock.advance(seconds=30)  # past every row's backoff, inside the cool-down
-    assert drainer.drain().claimed == 0  # claimed, held back, not sent
+    assert drainer.drain().claimed == 0  # not claimed: the claim leaves an open destination's rows out
     assert len(failing_receiver.requests) == 6
     clock.advance(seconds=31)  # the cool-down is over: one probe, which fails
     drainer.drain()
@@ -87,38 +86,6 @@ def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_thei
     result = drainer.drain()
     assert result.delivered == 6 and state(engine, failing_receiver.url).status == "healthy"
     assert {row.status for row in read_events().values()} == {"done"}
-    attempts_match_requests(read_events, failing_receiver)
-
-
-def test_a_claim_reads_destination_states_only_when_one_is_not_quiet(
-    engine, make_drainer, clock, failing_receiver, read_events
-):
-    """While every stored state of the outbox is quiet the claim says so and the gate reads none; a breaker that
-    another drainer opened is still seen at this drainer's next claim, which reads the state and holds the row."""
-    reads: list[str] = []
-
-    def note(connection, cursor, statement, parameters, context, executemany) -> None:
-        if statement.lstrip().startswith("SELECT") and "outboxkit_destinations" in statement:
-            reads.append(statement)
-
-    first = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    other = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    event.listen(engine, "before_cursor_execute", note)
-    try:
-        insert_at(engine, failing_receiver.url, [{"n": 0}, {"n": 1}])
-        assert first.drain().delivered == 2
-        assert reads == []  # no state stored: nothing to read
-        failing_receiver.respond = lambda request: Reply(status=503)
-        insert_at(engine, failing_receiver.url, [{"n": n} for n in range(2, 5)])
-        assert other.drain().retried == 3
-        assert state(engine, failing_receiver.url).status == "open"
-        reads.clear()
-        clock.advance(seconds=30)  # past the rows' backoff, inside the cool-down
-        assert first.drain().claimed == 0  # claimed, held back by the state it read, not sent
-    finally:
-        event.remove(engine, "before_cursor_execute", note)
-    assert reads
-    assert len(failing_receiver.requests) == 5
     attempts_match_requests(read_events, failing_receiver)
 
 
@@ -269,43 +236,12 @@ def test_healthy_destinations_keep_flowing_while_another_hangs(engine, receiver,
     assert all(row.status == "pending" for row in rows.values() if row.target_url.startswith(blackhole.url))
 
 
-def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
-    engine, make_drainer, failing_receiver, read_events
-):
-    """One send thread: the first answer opens the breaker while the second send is out; the rest never go."""
-    first = threading.Event()
-
-    def respond(request):
-        if not first.is_set():
-            first.set()
-            return Reply(status=503)
-        return Reply(status=503, hang=True)  # until the test has seen the breaker open
-
-    failing_receiver.respond = respond
-    ids = insert_at(engine, failing_receiver.url, [{"n": n} for n in range(5)])
-    drainer = make_drainer(breaker=BreakerOptions(failures=1, cool_down=60), concurrency=1, batch_size=5, max_attempts=20)
-    draining = threading.Thread(target=drainer.drain)
-    draining.start()
-    try:
-        deadline = time.monotonic() + 60
-        while (current := state(engine, failing_receiver.url)) is None or current.status != "open":
-            assert time.monotonic() < deadline, "the breaker did not open"
-            threading.Event().wait(0.02)
-    finally:
-        failing_receiver.release()
-        draining.join(timeout=60)
-    assert len(failing_receiver.requests) == 2
-    rows = read_events()
-    assert [(rows[row_id].status, rows[row_id].attempts) for row_id in ids[2:]] == [("pending", 0)] * 3
-    attempts_match_requests(read_events, failing_receiver)
-
-
 def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_read(
     engine, receiver, read_events, monkeypatch
 ):
     """What a capped destination costs the drain's thread: the rows over its cap wait in the drainer
-    (outboxkit.drain.cap_backlog), so no batch writes anything for them; the state read is a single AUTOCOMMIT
-    statement (no BEGIN, no COMMIT or ROLLBACK); a full claim whose batch had rows over a cap is followed by the next
+    (outboxkit.drain.cap_backlog), so no batch writes anything for them; no state is read besides the claim; a full
+    claim whose batch had rows over a cap is followed by the next
     claim without a read of the earliest due time; at the stop the rows still waiting go back with their attempts."""
     options = dataclasses.replace(
         SampleEvent.__outbox__, concurrency=8, batch_size=10, timeout=30, destination_concurrency=2, breaker=BREAKER
@@ -321,9 +257,9 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
         claim, admit, earliest_due = drainer.claimer.claim, drainer.gate.admit, drainer.pump._earliest_due
 
         def claiming(wanted, *args, **kwargs):
-            rows, token, taken, orphaned, quiet = claim(wanted, *args, **kwargs)
+            rows, token, taken, orphaned = claim(wanted, *args, **kwargs)
             steps.append(("claim", taken == wanted))
-            return rows, token, taken, orphaned, quiet
+            return rows, token, taken, orphaned
 
         def admitting(*args, **kwargs):
             admission = admit(*args, **kwargs)
@@ -356,7 +292,7 @@ def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_rea
                    "outboxkit_destinations" in statement and "FOR" not in statement]
     give_backs = [statement for statement, _ in while_running if "attempts=(sample_event_outbox.attempts - " in statement]
     assert not give_backs  # the rows over the cap waited: nothing was written for them
-    assert set(state_reads) <= {"AUTOCOMMIT"}  # state reads happen only once a state is not quiet
+    assert not state_reads  # the claim reads the states it needs in its own statement
     over_cap_full = [
         index for index in range(1, len(steps)) if steps[index] == ("admit", True) and steps[index - 1] == ("claim", True)
     ]

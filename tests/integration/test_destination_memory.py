@@ -86,15 +86,15 @@ def test_a_destination_with_a_send_in_flight_is_never_forgotten(engine, make_dra
         return [(row, row.build_delivery(), f"tenant-{tenant}") for row in made]
 
     token = uuid.uuid4()
-    hanging = gate.admit(rows("hang", range(1, 3)), token=token, now=now, quiet=True)
+    hanging = gate.admit(rows("hang", range(1, 3)), token=token, now=now)
     assert len(hanging.sends) == 2  # out, and never finished in this test
     for n in range(1_000, 2_200):  # enough used-once destinations that the tables are compacted once they go
-        gate.admit(rows(str(n), range(n, n + 1)), token=token, now=now, quiet=True)
+        gate.admit(rows(str(n), range(n, n + 1)), token=token, now=now)
         gate.finished(f"tenant-{n}", n, None, now=now)
     assert len(gate.remembered()) == 1_201
     ticks.advance(gate.forget_after * 5)
     for n in range(3, 10):  # other destinations come and go, each idle past the bound before the next
-        admitted = gate.admit(rows(str(n), range(n * 10, n * 10 + 1)), token=token, now=now, quiet=True)
+        admitted = gate.admit(rows(str(n), range(n * 10, n * 10 + 1)), token=token, now=now)
         gate.finished(f"tenant-{n}", n * 10, None, now=now)
         assert len(admitted.sends) == 1
         ticks.advance(gate.forget_after)
@@ -103,7 +103,7 @@ def test_a_destination_with_a_send_in_flight_is_never_forgotten(engine, make_dra
     for send in hanging.sends:
         gate.finished("tenant-hang", send.row.id, None, now=now)
     ticks.advance(gate.forget_after)
-    gate.admit(rows("last", range(100, 101)), token=token, now=now, quiet=True)
+    gate.admit(rows("last", range(100, 101)), token=token, now=now)
     assert gate.remembered() == {"tenant-last"}
 
 

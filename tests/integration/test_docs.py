@@ -238,7 +238,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates",
         }
-        assert "outboxkit_0009" in heads and len(heads) == 2
+        assert "outboxkit_0010" in heads and len(heads) == 2
         assert triggers_installed == ["outboxkit_notify_grant_outbox_insert"]
         assert_an_insert_notifies(libpq_url(url))
 
