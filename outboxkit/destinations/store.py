@@ -16,6 +16,10 @@ and writes the result, which makes every change atomic across processes:
   closes, a person resumes it or ends its cool-down now) also notifies
   the outbox's channel in the same transaction, which wakes every process's
   drain loop to claim them.
+* ``prune_quiet`` deletes states that say nothing an absent one does not
+  (healthy, no failure run, no slow-down), untouched for a while: retention
+  calls it (``outboxkit.leader.retention``), so the table follows the
+  destinations that failed lately, not every one that ever did.
 * ``release_claims`` gives claimed rows back unsent (rows over a cap that
   cannot wait, rows without a rate-limit token): their attempt is taken back.
 
@@ -31,7 +35,20 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, Uuid, bindparam, column, select, update, values
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    DateTime,
+    Row,
+    Table,
+    Uuid,
+    bindparam,
+    column,
+    delete,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.breaker import (
@@ -130,6 +147,27 @@ class DestinationStore:
             .values(
                 attempts=table.c.attempts - 1, next_attempt_at=claims.c.due, claim_token=None, claimed_until=None, updated_at=now
             )
+        )
+        return int(result.rowcount)
+
+    def prune_quiet(self, connection: Connection, *, untouched_since: datetime, now: datetime, limit: int) -> int:
+        """Delete up to ``limit`` states that say nothing an absent one does not (healthy, no failure run, no
+        slow-down still running) and that nothing has changed since ``untouched_since``; returns how many."""
+        table = destination_table
+        quiet = (
+            select(table.c.destination)
+            .where(
+                table.c.outbox == self.job_name,
+                table.c.status == Status.HEALTHY.value,
+                table.c.consecutive_failures == 0,
+                (table.c.slowed_until.is_(None)) | (table.c.slowed_until <= now),
+                table.c.updated_at < untouched_since,
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)  # a state being recorded right now is left for the next run
+        )
+        result = connection.execute(
+            delete(table).where(table.c.outbox == self.job_name, table.c.destination.in_(quiet.scalar_subquery()))
         )
         return int(result.rowcount)
 
