@@ -13,8 +13,11 @@ now), so they are pinned by known-answer tests:
 
 * ``healthy``: rows are sent.  A run of ``BreakerOptions.failures``
   consecutive failures (a timeout, a connection error, 408 or any 5xx)
-  opens the breaker.  A success, or any answer that is not a failure (a
-  4xx: the receiver is there and answering), ends the run.
+  opens the breaker once no success has come for ``failure_span`` seconds:
+  a dead destination opens, a flaky one (failing some requests at random,
+  so runs of failures sit between recent successes) stays healthy and its
+  rows retry on their own backoff.  A success, or any answer that is not a
+  failure (a 4xx: the receiver is there and answering), ends the run.
 * ``open``: rows are not claimed and keep their attempts; they wait until
   ``next_probe_at``, ``cool_down`` seconds after the opening.
 * ``half_open``: the cool-down is over and one row, the probe, is being sent
@@ -91,7 +94,8 @@ def _positive(value: object) -> bool:
 class BreakerOptions:
     """An outbox's breaker thresholds (``OutboxOptions.breaker``); the defaults are documented in docs/destinations.md.
 
-    ``failures``: consecutive failures that open the breaker (default 5).
+    ``failures``: consecutive failures that open the breaker (default 5),
+    once no success has come for ``failure_span`` seconds (default 10).
     ``cool_down``: seconds from opening to the first probe (default 30);
     each failed probe doubles it, up to ``max_cool_down`` (default 600).
     ``window``: seconds over which recent outcomes are counted (default 300).
@@ -100,6 +104,7 @@ class BreakerOptions:
     """
 
     failures: int = 5
+    failure_span: float = 10.0
     cool_down: float = 30.0
     max_cool_down: float = 600.0
     window: float = 300.0
@@ -108,6 +113,10 @@ class BreakerOptions:
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int) or not 1 <= self.failures <= 1_000_000:
             raise ConfigurationError(f"BreakerOptions.failures must be an integer from 1 to 1000000, got {self.failures!r}")
+        if isinstance(self.failure_span, bool) or not isinstance(self.failure_span, (int, float)) or not (
+            math.isfinite(self.failure_span) and self.failure_span >= 0
+        ):
+            raise ConfigurationError(f"BreakerOptions.failure_span must be a number of seconds >= 0, got {self.failure_span!r}")
         for name in ("cool_down", "max_cool_down", "window", "max_slow_down"):
             value = getattr(self, name)
             if not _positive(value):
@@ -241,7 +250,8 @@ def after_outcome(
             changed_by="receiver: HTTP 410 Gone",
         )
     state = replace(state, consecutive_failures=state.consecutive_failures + 1)
-    if state.status == Status.HEALTHY.value and state.consecutive_failures >= options.failures:
+    succeeded_lately = state.last_success_at is not None and (now - state.last_success_at).total_seconds() < options.failure_span
+    if state.status == Status.HEALTHY.value and state.consecutive_failures >= options.failures and not succeeded_lately:
         reason = f"{state.consecutive_failures} consecutive failures"
         return _opened(state, now=now, cool_down=options.cool_down, opened_at=now, reason=reason)
     if state.status == Status.HALF_OPEN.value and state.probe_row_id == row_id:

@@ -114,8 +114,8 @@ class OutboxOptions:
     kit starts.  They are never shown in the options' repr.
 
     ``breaker`` is each destination's circuit breaker and its thresholds,
-    on by default (``BreakerOptions()``: 5 consecutive failures open it, a
-    30 s cool-down doubling up to 600 s; a ``410 Gone`` disables the
+    on by default (``BreakerOptions()``: 5 consecutive failures with no success
+    for 10 s open it, a 30 s cool-down doubling up to 600 s; a ``410 Gone`` disables the
     destination until a person resumes it in the admin's destinations page,
     its JSON API or ``outboxkit destinations resume``; see
     docs/destinations.md).  ``breaker=None`` turns it off: every row is then

@@ -106,6 +106,17 @@ def test_a_run_of_failures_opens_the_breaker_and_blocks_its_rows_until_the_probe
     assert state.last_error == "boom" and state.changed_by == "3 consecutive failures"
 
 
+def test_a_flaky_destination_is_not_opened_by_bad_luck_but_a_dead_one_is():
+    """A run of failures opens the breaker only once no success has come for ``failure_span`` seconds: a receiver
+    failing a third of its requests at random has runs of failures between recent successes and stays healthy."""
+    state = apply(fresh(), SUCCEEDED)
+    for second in range(1, 6):  # five failures in a row, within the span of the last success
+        state = apply(state, FAILED, at=NOW + timedelta(seconds=second))
+    assert state.status == "healthy" and state.consecutive_failures == 5
+    state = apply(state, FAILED, at=NOW + timedelta(seconds=OPTIONS.failure_span))  # still failing, the span over
+    assert state.status == "open" and state.changed_by == "6 consecutive failures"
+
+
 def test_any_answer_ends_a_failure_run():
     state = apply(apply(fresh(), FAILED), FAILED)
     state = apply(state, SUCCEEDED)
