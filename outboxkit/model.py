@@ -120,12 +120,12 @@ class OutboxOptions:
     its JSON API or ``outboxkit destinations resume``; see
     docs/destinations.md).  ``breaker=None`` turns it off: every row is then
     sent and retried on its own backoff whatever its destination does.
-    ``destination_concurrency`` caps the sends in flight
-    to one destination while it is suspect (not yet answered with a success,
-    its last attempt failed, or one of its sends has been out longer than a
-    second) and other destinations have rows to send; default
-    ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
-    quarter of the send threads (``outboxkit.destinations.gate``).
+    ``destination_concurrency`` caps the rows claimed at once for one
+    destination, across every process, while it is suspect (no success on
+    record yet, a failure run, or a send out longer than a second) and other
+    destinations have rows due; default ``max(1, concurrency // 4)``, so a
+    receiver that hangs holds at most a quarter of the send threads
+    (``outboxkit.storage.destination_claim``).
     ``hung_send_seconds`` (default 1 s; None turns it off): a send out
     longer than this (or than four times its destination's slowest recent
     answer, if that is longer; to a destination that has not answered yet,

@@ -140,7 +140,8 @@ class Claimer:
                 return [], token, 0, False
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
-                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor
+                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
+                cap=self.options.destination_cap, breaker=self.options.breaker is not None,
             )
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)

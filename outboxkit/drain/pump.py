@@ -4,14 +4,11 @@
    exception is one failed attempt for that row only (traceback logged,
    message in ``last_error``); its neighbours go on.
 
-   The claim took no row of a blocked destination (open, disabled, slowed:
-   ``outboxkit.storage.destination_claim``).  Each row's destination (stored on
-   the row) then decides whether it goes now (``outboxkit.destinations.gate``):
-   rows of a destination out of rate-limit tokens are given back unsent with
-   their attempts kept; rows over a suspect destination's cap wait in the
-   pump's state, claimed, for a place under it, and are moved only by
-   ``outboxkit.drain.cap_waiting`` (sent when a send is back, given back when
-   their lease runs short, or when the pump stops or returns).
+   The claim took no row of a blocked destination (open, disabled, slowed)
+   and no more rows of a suspect one than its cap
+   (``outboxkit.storage.destination_claim``).  Rows of a destination out of
+   rate-limit tokens are given back unsent with their attempts kept
+   (``outboxkit.destinations.gate``).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -38,7 +35,7 @@ for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Bac
 The pump's loop, its claim-and-send step and the read a claim leaves for
 later share one state (``PumpState``), one outcome connection, the send pool
 and the in-flight bound, so they live together; the steps below it (claim,
-record, gate, the rows waiting over a cap) live in their own modules.
+record, gate) live in their own modules.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ from sqlalchemy import Engine
 from outboxkit.breaker import check_destination_name
 from outboxkit.clock import Clock
 from outboxkit.destinations.gate import DestinationGate, Send
-from outboxkit.drain.cap_waiting import CapWaiting, Submit
 from outboxkit.drain.claim import Claimer
 from outboxkit.drain.hung_sends import HungSends
 from outboxkit.drain.loop import RETRY_CLAIM_SECONDS, WAKE, Background, PumpState, ResultT, refill_threshold
@@ -132,10 +128,6 @@ class SendPump(Generic[ResultT]):
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
-        self.cap_waiting = CapWaiting(
-            gate, self.in_flight, clock=clock, batch_size=self.options.batch_size, timeout=self.options.timeout,
-            record_margin=self._record_margin,
-        )
         self._ordered = queries.ordered is not None  # the class's ordering key, which its claim and indexes follow
 
     @property
@@ -143,8 +135,8 @@ class SendPump(Generic[ResultT]):
         return self.options.job_name
 
     def new_state(self) -> PumpState:
-        """A fresh state for a drain call or the background loop, with room for rows waiting over a cap."""
-        return PumpState(waiting=self.cap_waiting.backlog())
+        """A fresh state for a drain call or the background loop."""
+        return PumpState()
 
     def pump(
         self,
@@ -167,13 +159,6 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
-                if state.waiting:
-                    if not may_claim():  # stopping, or a call's limit reached: rows over a cap go back, not wait
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
-                    else:
-                        result.claimed -= self.cap_waiting.expire(state.waiting)
-                        if not state.in_flight:  # no outcome of this pump will free a place: look now
-                            result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.hung_check_in(self.hung) == 0.0:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.drain.hung_sends)
@@ -189,23 +174,15 @@ class SendPump(Generic[ResultT]):
                     self.recorder.flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
                     timeout = None
                 else:
                     if background.stopping.is_set() and not state.in_flight:
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
-                    if not state.in_flight and not state.waiting and not state.more_due and result.eventful:
+                    if not state.in_flight and not state.more_due and result.eventful:
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
-                expiry = state.waiting.next_expiry
-                if expiry is not None:  # a row waiting over its cap must go back before its lease runs short
-                    until_expiry = max(0.0, (expiry - self.clock.now()).total_seconds())
-                    if not state.in_flight:  # its places are held by this drainer's other drains: look again soon
-                        until_expiry = min(until_expiry, RETRY_CLAIM_SECONDS)
-                    timeout = until_expiry if timeout is None else min(timeout, until_expiry)
                 hung_check = state.hung_check_in(self.hung)
                 if hung_check is not None:
                     if timeout is not None and hung_check >= timeout:
@@ -233,11 +210,7 @@ class SendPump(Generic[ResultT]):
                 state.in_flight -= len(group)
                 state.hung -= hung
                 self.in_flight.give(len(group) - hung)
-                if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
-                    state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
-                if state.waiting and may_claim():  # a send is back: a place under its destination's cap may be free
-                    result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
                 if self.gate.take_unblocked():  # a probe succeeded: its destination's rows may be claimed now
@@ -254,8 +227,6 @@ class SendPump(Generic[ResultT]):
         if marked:
             state.hung += marked
             self.in_flight.give(marked)
-            if state.awaiting_outcome:  # a capped claim waits for a place: one is free now
-                state.awaiting_outcome, state.more_due = False, True
 
     def _control(
         self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
@@ -272,7 +243,7 @@ class SendPump(Generic[ResultT]):
             state.in_flight -= 1
             self.in_flight.give(1)
             result.claimed -= 1  # not sent, its attempt taken back
-            self.gate.give_back_unsent(destination, row, token=token, now=self.clock.now())
+            self.gate.give_back_unsent(row, token=token, now=self.clock.now())
 
     def _record(
         self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
@@ -295,10 +266,9 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
-        self.gate.settle()  # rows given back (over a cap, without a token) are due again: let this claim see them
-        # The one guard of the places this claim took: until the gate's decision hands them to sends (or to rows
-        # waiting over a cap), any error (the claim, the rate bucket's statement, a killed session) gives every one
-        # back, so the drainer keeps claiming; the rows a failed step held come due again at their lease's end.
+        # The one guard of the places this claim took: until the gate's decision hands them to sends, any error
+        # (the claim, the rate bucket's statement, a killed session) gives every one back, so the drainer keeps
+        # claiming; the rows a failed step held come due again at their lease's end.
         try:
             # A held connection that died while the loop was idle is replaced and the claim made once more:
             # nothing was sent, and rows a lost claim took come due at its lease's end.
@@ -306,7 +276,7 @@ class SendPump(Generic[ResultT]):
                 lambda connection: self.claimer.claim(granted, result, may_claim, connection)
             )
             deliveries, build_failures = self._build(rows)
-            admission = self.gate.admit(deliveries, token=token, now=self.clock.now(), keep=state.waiting.room)
+            admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
         except BaseException:
             self.in_flight.give(granted)
             raise
@@ -319,21 +289,15 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
-        if admission.capped:
-            state.more_due, state.awaiting_outcome = False, True
         self.in_flight.give(granted - len(admission.sends))
-        # the cleared rows go out, those over a cap wait, those given back are not counted as claimed
-        result.claimed -= self.cap_waiting.admitted(admission, token, state.waiting, self._sender(state, events, result))
+        result.claimed -= admission.deferred  # given back without a token: not counted as claimed
+        submit = self._sender(state, events, result)
+        for send in admission.sends:
+            submit(send, token)
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
-        if background is not None and admission.capped and taken == granted:
-            # A full claim: more rows are likely due now.  The loop claims again at the next outcome, or
-            # when none comes soon (the retry wait), without reading the earliest due time first: a
-            # destination that hangs caps nearly every batch, and that read on this thread was most of
-            # what its rows still cost the others.
-            state.next_due = self.clock.now()
-        elif background is not None and (short or not state.more_due):
+        if background is not None and (short or not state.more_due):
             # The loop's next wake-up.  A short claim took every row it could lock: when none is due
             # now, this read stands in for the empty claim that would have said so (one round trip
             # instead of a claim's transaction); when some are (locked elsewhere, or just come due),
@@ -346,7 +310,9 @@ class SendPump(Generic[ResultT]):
             if not state.in_flight:
                 self._read_due(state, outcomes)
 
-    def _sender(self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT) -> Submit:
+    def _sender(
+        self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT
+    ) -> Callable[[Send, uuid.UUID], None]:
         """Hands a cleared row to the send pool and counts it in flight in ``state``."""
 
         def submit(send: Send, token: uuid.UUID) -> None:
@@ -400,7 +366,6 @@ class SendPump(Generic[ResultT]):
         """
         started_at = self.clock.now()
         if self.gate.rate_grant_expired(now=started_at, granted_at=granted_at):
-            self.gate.finished(destination, row.id, None, now=started_at)
             finished.put((_GIVEN_BACK, row, token, destination))
             return
         attempt = None
@@ -431,7 +396,6 @@ class SendPump(Generic[ResultT]):
             hung = self.hung.finished(send_key, answered_in=elapsed if answered else None)
             outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
             probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
-            self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
             finished.put(FinishedSend(row, token, attempt, started_at, destination, hung=hung))
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport

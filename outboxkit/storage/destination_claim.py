@@ -31,6 +31,13 @@ once and nothing claimed has to be given back:
   Rows whose destination could not be decided at insert (NULL) take their
   turns as one more destination, never blocked.
 
+* **A cap on sends in flight, across processes.**  A *suspect* destination
+  (no success yet, a failure run, or a send out longer than a second in any
+  process) has at most ``OutboxOptions.destination_cap`` rows claimed at once,
+  counted from the live claims in the database (``claimed_until`` in the
+  future), unless it is the only destination with due rows: a receiver that
+  hangs holds at most that many send threads of all the drainers together.
+
 A destination's state is read by its key (the table's primary key), only
 for the destinations walked, so the claim's cost follows the destinations
 with pending rows, never the number of states stored.
@@ -55,26 +62,44 @@ _NEXT_DESTINATION = """COALESCE(
     (SELECT destination FROM {table} WHERE status = 'pending' AND destination > {current} ORDER BY destination LIMIT 1),
     (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL ORDER BY destination LIMIT 1))"""
 
-# One walk step's view of a destination: whether it is blocked, whether it may probe, whether it has a due row.
+# One walk step's view of a destination: whether it is blocked, whether it may probe, whether it has a due row, and
+# its room under the cap (SUSPECT, ROOM).
 _LOOK = """LEFT JOIN LATERAL (
-        SELECT {blocked} AS blocked, {probe_due} AS probe_due FROM {states} AS state
+        SELECT {blocked} AS blocked, {probe_due} AS probe_due, {suspect} AS suspect FROM {states} AS state
         WHERE state.outbox = :outbox AND state.destination = {current}) AS state ON true
     LEFT JOIN LATERAL (
         SELECT next_attempt_at <= :now AS due FROM {table}
         WHERE status = 'pending' AND destination = {current}
-        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first ON true"""
+        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first ON true
+    CROSS JOIN LATERAL ({live}) AS live"""
+
+# The cap.  A destination is *suspect* when its state shows no success yet (or none stored), a failure run, or one of
+# its sends, in any process, has been out longer than a second (a claim older than that still live: every claim of
+# the outbox has the same lease, so its age is its lease end's distance from this claim's).  A suspect destination
+# has at most :cap rows claimed at once across every process, counted from the live claims in the database; its room
+# is what is left.  Without a breaker no state is stored, so a destination without one is suspect only while
+# :unknown_suspect (the breaker is on) says so.  The cap protects the other destinations, so a destination that is
+# alone in the walk is not capped.
+SUSPECT_STATE = "(state.last_success_at IS NULL OR state.consecutive_failures > 0)"
+_LIVE = """SELECT count(*) AS claimed,
+        COALESCE(bool_or(claimed_until < CAST(:lease_until AS timestamptz) - interval '1 second'), false) AS slow
+        FROM {table} WHERE claimed_until > :now AND status = 'pending' AND destination = {current}"""
+ROOM = (
+    "CASE WHEN COALESCE(state.suspect, CAST(:unknown_suspect AS boolean)) OR live.slow "
+    "THEN greatest(0, :cap - live.claimed) ELSE :limit END"
+)
 
 _WALK = """
-WITH RECURSIVE walk(destination, blocked, probe_due, due, wrapped, start_destination, found, step) AS (
+WITH RECURSIVE walk(destination, blocked, probe_due, due, room, wrapped, start_destination, found, step) AS (
     SELECT start.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
-           false, start.destination,
+           {room}, false, start.destination,
            CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, 1
     FROM (SELECT {first_destination} AS destination) AS start
     {look_start}
     WHERE start.destination IS NOT NULL
   UNION ALL
     SELECT next.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
-           next.wrapped, walk.start_destination,
+           {room}, next.wrapped, walk.start_destination,
            walk.found + CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, walk.step + 1
     FROM walk
     CROSS JOIN LATERAL (
@@ -114,7 +139,8 @@ _TURNS = """, shares AS (
     FROM walk CROSS JOIN LATERAL (
         SELECT id, next_attempt_at, claim_token FROM {table}
         WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now
-        ORDER BY destination, next_attempt_at, id LIMIT (SELECT rows FROM shares)
+        ORDER BY destination, next_attempt_at, id
+        LIMIT least((SELECT rows FROM shares), CASE WHEN (SELECT max(found) FROM walk) > 1 THEN walk.room ELSE :limit END)
         FOR UPDATE SKIP LOCKED) AS pick
     WHERE walk.due AND NOT walk.blocked
   UNION ALL
@@ -134,12 +160,13 @@ WALKED_TO = "(SELECT destination FROM walk ORDER BY step DESC LIMIT 1)::text AS 
 
 
 def _walk(table: str) -> str:
-    look = {"blocked": BLOCKED, "probe_due": PROBE_DUE, "states": STATES, "table": table}
+    look = {"blocked": BLOCKED, "probe_due": PROBE_DUE, "suspect": SUSPECT_STATE, "states": STATES, "table": table}
     return _WALK.format(
         first_destination=_NEXT_DESTINATION.format(table=table, current=":after"),
         next_destination=_NEXT_DESTINATION.format(table=table, current="walk.destination"),
-        look_start=_LOOK.format(current="start.destination", **look),
-        look_next=_LOOK.format(current="next.destination", **look),
+        look_start=_LOOK.format(current="start.destination", live=_LIVE.format(table=table, current="start.destination"), **look),
+        look_next=_LOOK.format(current="next.destination", live=_LIVE.format(table=table, current="next.destination"), **look),
+        room=ROOM,
     )
 
 
@@ -150,7 +177,7 @@ def probe_sql(pick: str) -> str:
 
 def destination_claim_sql(table: str) -> str:
     """The unordered claim's first half: the walk, the probes and the candidates it locks (``walk``, ``probes``,
-    ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, outbox, after."""
+    ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, outbox, after, cap."""
     return _walk(table) + probe_sql(_UNORDERED_PICK.format(table=table)) + _TURNS.format(table=table)
 
 

@@ -269,6 +269,8 @@ class OutboxQueries:
         limit: int,
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
+        cap: int | None = None,
+        breaker: bool | None = None,
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
@@ -279,6 +281,10 @@ class OutboxQueries:
         claim walks the outbox's destinations (or, with an ordering key, its
         keys) from ``cursor``, which it then moves past those it visited; the
         probes of destinations whose cool-down is over are among the rows.
+        ``cap`` is the most rows of a suspect destination claimed at once
+        across processes (default: the class's ``destination_cap``);
+        ``breaker`` says whether outcomes are stored (default: the class's),
+        so a destination without a state is not yet proven.
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -289,6 +295,8 @@ class OutboxQueries:
         """
         params: dict[str, Any] = {
             "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
+            "cap": cap if cap is not None else self.outbox.__outbox__.destination_cap,
+            "unknown_suspect": breaker if breaker is not None else self.outbox.__outbox__.breaker is not None,
         }
         cursor = cursor if cursor is not None else KeyCursor()
         params["after"] = cursor.after

@@ -60,11 +60,14 @@ def insert_rows(engine: Engine, count: int, *, at: str = DEAD, due: datetime = N
         return list(connection.scalars(statement, rows))
 
 
-def claim(engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None) -> list[int]:
-    """Claim due rows with the drain's own claim statement; their ids."""
+def claim(
+    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100
+) -> list[int]:
+    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination); their ids."""
     with engine.begin() as connection:
         rows, _ = queries_for(SampleEvent).claim_due_rows(
-            connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor
+            connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor,
+            cap=cap,
         )
     return [row.id for row in rows]
 
@@ -209,7 +212,7 @@ def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_
     insert_rows(engine, 5, at=LIVE)
     claim_sql = queries_for(SampleEvent)._claim_driver_sql
     parameters = {"now": NOW, "lease_until": NOW + timedelta(seconds=60), "limit": 50, "token": uuid.uuid4(),
-                  "outbox": "sample-events", "after": None}
+                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True}
     with engine.connect() as connection:
         driver = connection.connection.driver_connection
         plan = driver.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql, parameters).fetchone()[0][0]["Plan"]
@@ -294,3 +297,42 @@ def test_two_processes_claiming_an_open_destination_at_once_send_exactly_one_pro
     claimed = race(_claim_repeatedly, database_url, 25)
     assert len(claimed[0]) + len(claimed[1]) == 1  # held_rows_claimed: 0; only the one probe
     assert state_of(engine, store).status == "half_open"
+
+
+# -- the cap on rows in flight, across processes -----------------------------------------------
+
+
+def test_a_suspect_destination_has_at_most_its_cap_claimed_across_claims(engine, store):
+    """Counted from the live claims in the database, so two drainers (two claims here) together hold at most the cap;
+    a recorded outcome frees a place; a destination proven healthy is not capped."""
+    record(engine, store, FAILED, row_id=1)  # a failure run: suspect
+    with engine.begin() as connection:  # the other one has answered with a success: proven
+        store.record(connection, LIVE, SUCCEEDED, now=NOW, row_id=2, error=None, status_code=200, options=OPTIONS)
+    dead = insert_rows(engine, 6)
+    live = insert_rows(engine, 4, at=LIVE)
+    first = claim(engine, at=NOW, limit=20, cap=2)
+    assert sorted(set(first) & set(dead)) == dead[:2] and set(live) <= set(first)
+    insert_rows(engine, 2, at=LIVE)
+    second = claim(engine, at=NOW + timedelta(seconds=1), limit=20, cap=2)  # another drainer: the cap is full
+    assert not set(second) & set(dead) and len(second) == 2
+    with engine.begin() as connection:  # one of the two claimed rows is recorded: a place is free
+        connection.execute(text(
+            "UPDATE sample_event_outbox SET claim_token = NULL, claimed_until = NULL, next_attempt_at = :later "
+            "WHERE id = :id"
+        ), {"id": dead[0], "later": NOW + timedelta(hours=1)})
+    insert_rows(engine, 1, at=LIVE)
+    third = claim(engine, at=NOW + timedelta(seconds=2), limit=20, cap=2)
+    assert sorted(set(third) & set(dead)) == [dead[2]]
+
+
+def test_a_destination_not_yet_proven_is_capped_among_others(engine, store):
+    fresh = insert_rows(engine, 5, at=LIVE)
+    other = insert_rows(engine, 5)
+    taken = claim(engine, at=NOW, limit=20, cap=2)
+    assert sorted(taken) == fresh[:2] + other[:2]  # neither has answered a success yet
+
+
+def test_a_destination_alone_is_not_capped(engine, store):
+    record(engine, store, FAILED, row_id=1)
+    dead = insert_rows(engine, 6)
+    assert sorted(claim(engine, at=NOW, limit=20, cap=2)) == dead

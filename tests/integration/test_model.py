@@ -143,7 +143,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
         "now": datetime(2100, 1, 1, tzinfo=timezone.utc),
         "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc),
     }
-    parameters.update(limit=50, token=uuid.uuid4(), outbox="sample-events", after=None)
+    parameters.update(limit=50, token=uuid.uuid4(), outbox="sample-events", after=None, cap=8, unknown_suspect=True)
     connection = outbox_engine.connect()
     try:  # EXPLAIN ANALYZE runs the claim: roll it back
         plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + claim), parameters).scalar_one()[0]["Plan"]
