@@ -63,6 +63,9 @@ class PumpState:
     isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
     retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
+    # The last claim took nothing while sends are out: a destination's cap (counted from live claims) may be what
+    # stopped it, so the next outcome, which frees a place under it, is followed by a claim.
+    awaiting_outcome: bool = False
     # The earliest due time is still to be read for the last claim ("short": it took fewer rows than it
     # could; "empty": it took none): read once an outcome comes back, nothing is in flight, or
     # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's

@@ -210,6 +210,8 @@ class SendPump(Generic[ResultT]):
                 state.in_flight -= len(group)
                 state.hung -= hung
                 self.in_flight.give(len(group) - hung)
+                if state.awaiting_outcome:  # a place under a capped destination's limit is free again
+                    state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
@@ -289,6 +291,7 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
+        state.awaiting_outcome = taken == 0 and state.in_flight > 0
         self.in_flight.give(granted - len(admission.sends))
         result.claimed -= admission.deferred  # given back without a token: not counted as claimed
         submit = self._sender(state, events, result)

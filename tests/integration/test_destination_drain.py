@@ -273,3 +273,26 @@ def test_a_hanging_destination_costs_the_others_no_give_back_and_holds_at_most_i
     assert len(dead) == 20 and all(row.status == "pending" for row in dead)
     assert sent_to_blackhole == 2  # its cap
     assert sum(row.attempts for row in dead) == 2  # one attempt per connection: nothing spent on rows not sent
+
+
+def test_one_drain_call_delivers_every_healthy_row_while_another_destination_holds_its_cap(
+    engine, make_drainer, receiver, read_events
+):
+    """A claim that a cap cut short is followed by another once an outcome frees a place (here the healthy
+    destination's first answers prove it), so a drain call does not stop at the first capped claim."""
+    drainer = make_drainer(concurrency=8, batch_size=10, timeout=30.0, destination_concurrency=2, breaker=BREAKER)
+    outcome: list[object] = []
+    call = threading.Thread(target=lambda: outcome.append(drainer.drain()))
+    try:
+        with Blackhole() as blackhole:
+            insert_at(engine, blackhole.url, [{"n": n} for n in range(4)])
+            healthy = insert_at(engine, receiver.url, [{"n": n} for n in range(20)])
+            call.start()
+            receiver.wait_for(lambda r: len(r.requests) >= 20, timeout=25)  # well inside one 30 s deadline
+            assert blackhole.most_open <= 2  # its cap
+        # The blackhole closed its connections: the hanging sends end, and the call returns.
+    finally:
+        call.join(timeout=60)
+    (result,) = outcome
+    rows = read_events()
+    assert [rows[row_id].status for row_id in healthy] == ["done"] * 20 and result.delivered == 20
