@@ -1,12 +1,10 @@
 """The memory a drainer keeps per destination, and what is left once the destinations are idle.
 
 A multi-tenant sender may deliver to tens of thousands of destinations.  Per
-destination a drainer keeps its gate's view (``outboxkit.destinations.gate``:
-the stored state it read, its sends in flight, proven, failing) and its
-receiver's latest answer times (``outboxkit.drain.hung_sends``).  This sends one
-row to each of ``--destinations`` destinations (one admit, one finished send
-and one answer each, as the drain does; no database or network: the claim is
-quiet, so nothing is read), then measures with ``tracemalloc`` the memory
+destination a drainer keeps the latest state it stored (``outboxkit.destinations.gate``)
+and its receiver's latest answer times (``outboxkit.drain.hung_sends``).  This sends one
+row to each of ``--destinations`` destinations (one admit and one answer each, as the
+drain does for a healthy destination; no database or network), then measures with ``tracemalloc`` the memory
 still allocated (``kept_kib``: what a drainer without forgetting kept for
 ever), then lets the bound pass on test clocks, uses one more destination,
 and measures again (``after_bound_kib``).
@@ -39,7 +37,6 @@ from sqlalchemy import create_engine  # noqa: E402
 from outboxkit import Delivery  # noqa: E402
 from outboxkit.destinations.gate import DestinationGate  # noqa: E402
 from outboxkit.drain.hung_sends import ANSWERS_FORGOTTEN_AFTER_SECONDS, HungSends  # noqa: E402
-from outboxkit.policy import AttemptResult  # noqa: E402
 
 
 class Ticks:
@@ -55,10 +52,9 @@ def use(gate: DestinationGate, hung: HungSends, destination: str, row_id: int, *
     now = datetime.now(timezone.utc)
     row = WebhookOutbox(id=row_id)
     delivery = Delivery(url="https://receiver.example/hook")  # one URL: its parse cache stays the same size
-    gate.admit([(row, delivery, destination)], token=uuid.uuid4(), now=now, quiet=True)
+    gate.admit([(row, delivery, destination)], token=uuid.uuid4(), now=now)
     hung.started(row_id, owner=gate, destination=destination, now=clock)
     hung.finished(row_id, answered_in=0.05, now=clock)
-    gate.finished(destination, row_id, AttemptResult(status_code=200), now=now)
 
 
 def allocated() -> int:
@@ -70,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--destinations", type=int, default=10_000)
     options = parser.parse_args()
-    engine = create_engine("postgresql+psycopg://root@127.0.0.1:5432/test")  # never connected: the claims are quiet
+    engine = create_engine("postgresql+psycopg://root@127.0.0.1:5432/test")  # never connected: nothing here reads the database
     ticks = Ticks()
     tracemalloc.start()
     gate = DestinationGate(engine, WebhookOutbox, options=WebhookOutbox.__outbox__, monotonic=ticks)

@@ -33,6 +33,10 @@ never answers (a blackholed partner) until told to answer.
    cool-down + 1 s (``recovery_all_rows_s`` also waits for the rows that were
    in their own backoff after a failed attempt, such as the last probe).
 4. ``signing_cpu_us_per_row`` from bench/signing.py.
+6. **The claim's cost against the states stored** (``claim_cost``): one claim of 50 of 1,000 due rows of
+   one destination, rolled back, median of 30, with no destination state stored (``claim_ms_no_states``)
+   and with 100,000 quiet ones (``claim_ms_100k_states``); the claim reads the state of the destinations
+   it walks by key, so ``claim_ms_ratio_100k_states`` (target <= 1.2) stays near 1.
 5. **Ordered delivery** (``ordered_vs_unordered``, bench/ordered_delivery.py): 20,000 rows over 1,000
    keys, 10% random 503s, ordered and unordered outboxes otherwise alike: ``ordered_rows_per_s``,
    ``unordered_rows_per_s``, ``ordered_ratio`` (target >= 0.7), ``order_violations`` (must be 0).
@@ -216,18 +220,17 @@ def run_worker(sqlalchemy_url: str, stop: multiprocessing.synchronize.Event) -> 
 
 
 def held_rows(engine: Engine) -> list[int]:
-    """The rows the breaker holds now: pending, unclaimed, due exactly at the destination's hold end.
+    """The rows the breaker keeps from the claim now: pending and unclaimed, of the destination it opened.
 
-    Unclaimed: a probe out at that moment is due at the same instant (its lease's end is the hold's end), but it
-    is the probe, not a held row; when the switch cuts it off it fails and waits out its own backoff, like the
-    rows ``recovery_all_rows_s`` also waits for.
+    Unclaimed: a probe out at that moment is not a held row; when the switch cuts it off it fails and waits out
+    its own backoff, like the rows ``recovery_all_rows_s`` also waits for.
     """
     with engine.connect() as connection:
-        held_until = connection.execute(select(destination_table.c.held_until)).scalar_one()
+        destination = connection.execute(select(destination_table.c.destination)).scalar_one()
         return list(connection.scalars(
             select(WebhookOutbox.id).where(
                 WebhookOutbox.status == "pending",
-                WebhookOutbox.next_attempt_at == held_until,
+                WebhookOutbox.destination == destination,
                 WebhookOutbox.claimed_until.is_(None),
             )
         ))
@@ -352,6 +355,49 @@ def target_keys(target: dict[str, object]) -> dict[str, object]:
             "target_healthy_ratio_met": target["met"]}
 
 
+def claim_cost(engine: Engine, *, rounds: int = 30) -> dict[str, float]:
+    """The claim's median time (ms) with no state stored and with 100,000 quiet ones (see the module, part 6)."""
+    import uuid
+    from datetime import datetime, timedelta, timezone
+
+    from outboxkit.storage.drain_queries import queries_for
+
+    clear(engine)
+    insert_rows(engine, ["http://127.0.0.1:9/hook"] * 1000)
+    queries = queries_for(WebhookOutbox)
+
+    def median_ms() -> float:
+        times = []
+        for _ in range(rounds):
+            now = datetime.now(timezone.utc) + timedelta(seconds=1)
+            with engine.connect() as connection:
+                started = time.perf_counter()
+                queries.claim_due_rows(connection, now=now, lease_until=now + timedelta(seconds=60), limit=50,
+                                       token=uuid.uuid4())
+                times.append((time.perf_counter() - started) * 1000)
+                connection.rollback()
+        return statistics.median(times)
+
+    with engine.begin() as connection:
+        connection.execute(text("ANALYZE webhook_outbox"))
+    without = median_ms()
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO outboxkit_destinations (outbox, destination, status, updated_at) "
+            "SELECT 'webhooks', 'http://quiet-' || n || '.example\\:80', 'healthy', now() FROM generate_series(1, 100000) AS n"
+        ))
+        connection.execute(text("ANALYZE outboxkit_destinations"))
+    with_states = median_ms()
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM outboxkit_destinations"))
+    clear(engine)
+    return {
+        "claim_ms_no_states": round(without, 2),
+        "claim_ms_100k_states": round(with_states, 2),
+        "claim_ms_ratio_100k_states": round(with_states / without, 2),
+    }
+
+
 def load_average() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
@@ -392,6 +438,7 @@ def main() -> None:
         for name, value in figures.items():
             print(f"{name}: {value:.2f}", flush=True)
         signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
+        figures.update(claim_cost(engine))
         ordered = {} if options.no_ordered else ordered_vs_unordered(engine, repeat=options.ordered_repeat)
     finally:
         dead.close()

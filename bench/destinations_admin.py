@@ -70,9 +70,9 @@ def main() -> None:
             )
             for state in store.all_states(connection):
                 connection.execute(
-                    text("INSERT INTO webhook_outbox (event, target_url, payload, next_attempt_at) "
-                         "SELECT 'e', 'http://held.example/', '{}', :until FROM generate_series(1, :count)"),
-                    {"until": state.held_until, "count": arguments.held},
+                    text("INSERT INTO webhook_outbox (event, target_url, destination, payload, next_attempt_at) "
+                         "SELECT 'e', 'http://held.example/', :destination, '{}', :now FROM generate_series(1, :count)"),
+                    {"destination": state.destination, "now": now, "count": arguments.held},
                 )
             connection.execute(text("ANALYZE webhook_outbox"))
         walls, cpus = [], []
@@ -82,10 +82,10 @@ def main() -> None:
                 views = destination_views(connection, WebhookOutbox, now=now, cap=CAP)
                 walls.append((time.perf_counter() - wall) * 1000)
                 cpus.append((time.process_time() - cpu) * 1000)
-            held_until = views[0].state.held_until
+            held = views[0].state.destination
             plan = "\n".join(connection.execute(
                 text("EXPLAIN SELECT count(*) FROM (SELECT 1 FROM webhook_outbox WHERE status = 'pending' "
-                     "AND next_attempt_at = :at AND claim_token IS NULL LIMIT 10001) AS capped"), {"at": held_until}
+                     "AND destination = :destination LIMIT 10001) AS capped"), {"destination": held}
             ).scalars())
         counted = sum(view.waiting_rows for view in views)
     finally:

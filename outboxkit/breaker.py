@@ -13,23 +13,28 @@ now), so they are pinned by known-answer tests:
 
 * ``healthy``: rows are sent.  A run of ``BreakerOptions.failures``
   consecutive failures (a timeout, a connection error, 408 or any 5xx)
-  opens the breaker.  A success, or any answer that is not a failure (a
-  4xx: the receiver is there and answering), ends the run.
-* ``open``: rows are not sent and keep their attempts; they wait until
+  opens the breaker once no success has come for ``failure_span`` seconds:
+  a dead destination opens, a flaky one (failing some requests at random,
+  so runs of failures sit between recent successes) stays healthy and its
+  rows retry on their own backoff.  A success, or any answer that is not a
+  failure (a 4xx: the receiver is there and answering), ends the run.
+* ``open``: rows are not claimed and keep their attempts; they wait until
   ``next_probe_at``, ``cool_down`` seconds after the opening.
 * ``half_open``: the cool-down is over and one row, the probe, is being sent
-  (at most one probe per destination across every process: a conditional
-  UPDATE decides who sends it).  Its success closes the breaker and the
-  waiting rows flow at once; its failure re-opens it with the cool-down
-  doubled (up to ``max_cool_down``).  A probe whose outcome never comes (its
-  worker died) lets another probe go when its lease ends.
+  (at most one probe per destination across every process: the claim's
+  conditional UPDATE decides who sends it, ``outboxkit.storage.destination_claim``).
+  Its success closes the breaker and the waiting rows flow at once; its
+  failure re-opens it with the cool-down doubled (up to ``max_cool_down``).
+  A probe whose outcome never comes (its worker died) lets another probe go
+  when its lease ends.
 * ``disabled``: the receiver answered ``410 Gone`` (the Standard Webhooks
   convention for "stop sending"); nothing is sent until a person resumes it.
 
 Besides the state, ``429 Too Many Requests`` and ``503`` with a
 ``Retry-After`` slow the destination as a whole: none of its rows is sent
 before the time asked for (capped at ``max_slow_down``), not only the row that
-was answered.
+was answered, and no probe goes before it either.  A slow-down that has
+passed is cleared by the next outcome.
 
 Counts of recent outcomes (successes and failures in the current window of
 ``window`` seconds) give the failure rate operators see.
@@ -58,8 +63,6 @@ __all__ = [
 
 # The longest destination name kept (the table's column); longer names are refused.
 DESTINATION_NAME_LIMIT = 300
-# How long rows of a disabled destination wait (their next_attempt_at) unless a person resumes it first.
-DISABLED_HOLD = timedelta(days=3650)
 _DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
 
 
@@ -91,7 +94,8 @@ def _positive(value: object) -> bool:
 class BreakerOptions:
     """An outbox's breaker thresholds (``OutboxOptions.breaker``); the defaults are documented in docs/destinations.md.
 
-    ``failures``: consecutive failures that open the breaker (default 5).
+    ``failures``: consecutive failures that open the breaker (default 5),
+    once no success has come for ``failure_span`` seconds (default 10).
     ``cool_down``: seconds from opening to the first probe (default 30);
     each failed probe doubles it, up to ``max_cool_down`` (default 600).
     ``window``: seconds over which recent outcomes are counted (default 300).
@@ -100,6 +104,7 @@ class BreakerOptions:
     """
 
     failures: int = 5
+    failure_span: float = 10.0
     cool_down: float = 30.0
     max_cool_down: float = 600.0
     window: float = 300.0
@@ -108,6 +113,10 @@ class BreakerOptions:
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int) or not 1 <= self.failures <= 1_000_000:
             raise ConfigurationError(f"BreakerOptions.failures must be an integer from 1 to 1000000, got {self.failures!r}")
+        if isinstance(self.failure_span, bool) or not isinstance(self.failure_span, (int, float)) or not (
+            math.isfinite(self.failure_span) and self.failure_span >= 0
+        ):
+            raise ConfigurationError(f"BreakerOptions.failure_span must be a number of seconds >= 0, got {self.failure_span!r}")
         for name in ("cool_down", "max_cool_down", "window", "max_slow_down"):
             value = getattr(self, name)
             if not _positive(value):
@@ -167,12 +176,7 @@ STATUSES = tuple(status.value for status in Status)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DestinationState:
-    """One destination of one outbox, as stored in ``outboxkit_destinations``.
-
-    ``held_until`` is the due time given to the rows held back while the
-    breaker is open, half-open or disabled: a transition that ends the hold
-    moves exactly those rows (one step of the due index).
-    """
+    """One destination of one outbox, as stored in ``outboxkit_destinations``."""
 
     outbox: str
     destination: str
@@ -186,7 +190,6 @@ class DestinationState:
     next_probe_at: datetime | None = None
     probe_row_id: int | None = None
     probe_until: datetime | None = None
-    held_until: datetime | None = None
     slowed_until: datetime | None = None
     last_error: str | None = None
     last_status_code: int | None = None
@@ -194,26 +197,9 @@ class DestinationState:
     last_success_at: datetime | None = None
     changed_by: str | None = None
 
-    def probe_due(self, now: datetime) -> bool:
-        """The cool-down is over (or the last probe's lease ended): the next row may go as the probe."""
-        if self.status == Status.OPEN.value:
-            return self.next_probe_at is not None and self.next_probe_at <= now
-        if self.status == Status.HALF_OPEN.value:
-            return self.probe_until is not None and self.probe_until <= now
-        return False
-
-    def wait_until(self, now: datetime) -> datetime | None:
-        """Until when this destination's rows must wait; None when a row may be sent now.
-
-        A row may go as the probe when ``probe_due``: ``wait_until`` says when
-        the *other* rows may go.
-        """
-        if self.status in (Status.OPEN.value, Status.HALF_OPEN.value, Status.DISABLED.value):
-            assert self.held_until is not None
-            return self.held_until
-        if self.slowed_until is not None and self.slowed_until > now:
-            return self.slowed_until
-        return None
+    def blocked(self, now: datetime) -> bool:
+        """Whether its rows are not claimed now (the claim's rule, ``outboxkit.storage.destination_claim.BLOCKED``)."""
+        return self.status != Status.HEALTHY.value or (self.slowed_until is not None and self.slowed_until > now)
 
     @property
     def failure_rate(self) -> float | None:
@@ -235,6 +221,8 @@ def after_outcome(
     """The state after one attempt of row ``row_id`` said ``reading``."""
     if state.window_started_at is None or (now - state.window_started_at).total_seconds() >= options.window:
         state = replace(state, window_started_at=now, window_successes=0, window_failures=0)
+    if state.slowed_until is not None and state.slowed_until <= now:
+        state = replace(state, slowed_until=None)  # passed: the state is quiet again
     if reading.slow_down is not None:
         until = now + timedelta(seconds=min(reading.slow_down, options.max_slow_down))
         if state.slowed_until is None or until > state.slowed_until:
@@ -263,11 +251,11 @@ def after_outcome(
             next_probe_at=None,
             probe_row_id=None,
             probe_until=None,
-            held_until=now + DISABLED_HOLD,
             changed_by="receiver: HTTP 410 Gone",
         )
     state = replace(state, consecutive_failures=state.consecutive_failures + 1)
-    if state.status == Status.HEALTHY.value and state.consecutive_failures >= options.failures:
+    succeeded_lately = state.last_success_at is not None and (now - state.last_success_at).total_seconds() < options.failure_span
+    if state.status == Status.HEALTHY.value and state.consecutive_failures >= options.failures and not succeeded_lately:
         reason = f"{state.consecutive_failures} consecutive failures"
         return _opened(state, now=now, cool_down=options.cool_down, opened_at=now, reason=reason)
     if state.status == Status.HALF_OPEN.value and state.probe_row_id == row_id:
@@ -286,7 +274,6 @@ def _opened(state: DestinationState, *, now: datetime, cool_down: float, opened_
         next_probe_at=next_probe_at,
         probe_row_id=None,
         probe_until=None,
-        held_until=next_probe_at,
         changed_by=reason,
     )
 
@@ -300,13 +287,12 @@ def _closed(state: DestinationState) -> DestinationState:
         next_probe_at=None,
         probe_row_id=None,
         probe_until=None,
-        held_until=None,
         changed_by=None,
     )
 
 
 def resumed(state: DestinationState, *, actor: str) -> DestinationState:
-    """A person resumed the destination: healthy, its failure run forgotten, its waiting rows due now."""
+    """A person resumed the destination: healthy, its failure run and slow-down forgotten, its rows claimable again."""
     return replace(_closed(state), consecutive_failures=0, slowed_until=None, changed_by=f"resumed by {actor}")
 
 
@@ -316,6 +302,5 @@ def disabled(state: DestinationState, *, now: datetime, actor: str) -> Destinati
         _closed(state),
         status=Status.DISABLED.value,
         opened_at=now,
-        held_until=now + DISABLED_HOLD,
         changed_by=f"disabled by {actor}",
     )

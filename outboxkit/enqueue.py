@@ -21,6 +21,8 @@ What a row gets is what the ORM path gives it:
   ``status`` ``'pending'``, ``attempts`` 0, the application's own
   ``default=``), and the server defaults for the rest (``next_attempt_at``,
   ``created_at`` and ``updated_at`` are the transaction's ``now()``);
+* its ``destination`` (``Outbox.destination_for``), decided from the
+  values given, as the ORM decides it from the instance;
 * an application may set its own columns, ``idempotency_key`` (a
   ``uuid.UUID``) and ``next_attempt_at`` (an aware datetime: a scheduled
   one-shot send); the delivery state (``status``, ``attempts``, the lease,
@@ -63,7 +65,7 @@ from sqlalchemy import Connection, Dialect, Insert, Table, insert
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidTypeError, InvalidValueError
-from outboxkit.model import Outbox
+from outboxkit.model import KIT_COLUMNS, Outbox, destination_of_values
 from outboxkit.storage.notify import notify_statement
 
 __all__ = ["COPY_THRESHOLD", "enqueue", "enqueue_many"]
@@ -156,6 +158,7 @@ class _Plan:
     """What one outbox table needs from an enqueue, worked out once per class."""
 
     outbox_name: str
+    outbox: type[Outbox]
     table: Table
     statement: Insert
     settable: frozenset[str]
@@ -189,6 +192,7 @@ class _Plan:
         for name, default, is_callable in self.defaults:
             if name not in row:
                 row[name] = default() if is_callable else default
+        row["destination"] = destination_of_values(self.outbox, row)
         return row
 
     def _refusal(self, names: list[str]) -> str:
@@ -239,7 +243,7 @@ def _build_plan(outbox: type[Outbox]) -> _Plan:
     table = getattr(outbox, "__table__", None)
     if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and isinstance(table, Table)):
         raise InvalidTypeError(f"enqueue needs a mapped Outbox subclass, got {outbox!r}")
-    kit_columns = set(Outbox.__annotations__) - {"__outbox__"}
+    kit_columns = KIT_COLUMNS
     settable = frozenset(name for name in table.columns.keys() if name not in kit_columns) | SETTABLE_KIT_COLUMNS
     defaults: list[tuple[str, Any, bool]] = []
     expression_defaults: set[str] = set()
@@ -247,6 +251,8 @@ def _build_plan(outbox: type[Outbox]) -> _Plan:
     not_null: set[str] = set()
     for column in table.columns:
         default = column.default
+        if column.key == "destination":  # decided per row from its values (_Plan.complete)
+            continue
         if default is not None and getattr(default, "is_scalar", False):
             defaults.append((column.key, default.arg, False))
         elif default is not None and getattr(default, "is_callable", False):
@@ -260,6 +266,7 @@ def _build_plan(outbox: type[Outbox]) -> _Plan:
                 required.add(column.key)
     return _Plan(
         outbox_name=outbox.__name__,
+        outbox=outbox,
         table=table,
         statement=insert(table),
         settable=settable,

@@ -52,9 +52,10 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.orm import Mapped, MappedColumn, declared_attr, mapped_column
+from sqlalchemy import event as sqlalchemy_event
+from sqlalchemy.orm import Mapped, MappedColumn, configure_mappers, declared_attr, mapped_column
 
-from outboxkit.breaker import BreakerOptions, destination_of
+from outboxkit.breaker import DESTINATION_NAME_LIMIT, BreakerOptions, check_destination_name, destination_of
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from outboxkit.rate_limits import RateLimit
@@ -64,7 +65,7 @@ from outboxkit.transports.signing import SigningTransport, WebhookSecrets
 if TYPE_CHECKING:
     from outboxkit.transports.base import Transport
 
-__all__ = ["STATUSES", "Outbox", "OutboxOptions", "outbox_table_args"]
+__all__ = ["STATUSES", "Outbox", "OutboxOptions", "destination_of_values", "outbox_table_args"]
 
 STATUSES = ("pending", "done", "stuck")
 LAST_ERROR_LIMIT = 2000
@@ -111,18 +112,18 @@ class OutboxOptions:
     kit starts.  They are never shown in the options' repr.
 
     ``breaker`` is each destination's circuit breaker and its thresholds,
-    on by default (``BreakerOptions()``: 5 consecutive failures open it, a
-    30 s cool-down doubling up to 600 s; a ``410 Gone`` disables the
+    on by default (``BreakerOptions()``: 5 consecutive failures with no success
+    for 10 s open it, a 30 s cool-down doubling up to 600 s; a ``410 Gone`` disables the
     destination until a person resumes it in the admin's destinations page,
     its JSON API or ``outboxkit destinations resume``; see
     docs/destinations.md).  ``breaker=None`` turns it off: every row is then
     sent and retried on its own backoff whatever its destination does.
-    ``destination_concurrency`` caps the sends in flight
-    to one destination while it is suspect (not yet answered with a success,
-    its last attempt failed, or one of its sends has been out longer than a
-    second) and other destinations have rows to send; default
-    ``max(1, concurrency // 4)``, so a receiver that hangs holds at most a
-    quarter of the send threads (``outboxkit.destinations.gate``).
+    ``destination_concurrency`` caps the rows claimed at once for one
+    destination, across every process, while it is suspect (no success on
+    record yet, a failure run, or a send out longer than a second) and other
+    destinations have rows due; default ``max(1, concurrency // 4)``, so a
+    receiver that hangs holds at most a quarter of the send threads
+    (``outboxkit.storage.destination_claim``).
     ``hung_send_seconds`` (default 1 s; None turns it off): a send out
     longer than this (or than four times its destination's slowest recent
     answer, if that is longer; to a destination that has not answered yet,
@@ -328,7 +329,10 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
       serves the in-flight count (``claimed_until > now`` implies the
       predicate): a claim sets the lease and every outcome write, park or
       reset clears it, so the index holds the rows claimed right now (and
-      those of a crashed worker until they are claimed again).
+      those of a crashed worker until they are claimed again);
+    * ``ix_<table>_destination_due`` on ``(destination, next_attempt_at, id)
+      WHERE status = 'pending'``: each destination's due rows in claim order,
+      so the claim can read them per destination.
 
     An outbox with an ``ordering_key`` gets two more, which its claim reads
     (``outboxkit.storage.ordering``):
@@ -348,6 +352,10 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
         Index(f"ix_{table}_due_id", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")),
         Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
         Index(f"ix_{table}_claimed", "claimed_until", postgresql_where=text("claimed_until IS NOT NULL")),
+        Index(
+            f"ix_{table}_destination_due", "destination", "next_attempt_at", "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
     )
     options = getattr(cls, "__outbox__", None)
     key = options.ordering_key if isinstance(options, OutboxOptions) else None
@@ -378,7 +386,7 @@ def _check_ordering_key(cls: type, options: OutboxOptions) -> None:
     key = options.ordering_key
     if key is None:
         return
-    owned = set(Outbox.__annotations__)
+    owned = set(KIT_COLUMNS)
     columns = sorted(_declared_columns(cls) - owned)
     if key not in columns:
         reason = "is one of the kit's own columns" if key in owned else "is not a column of the class"
@@ -433,6 +441,23 @@ class Outbox:
     claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     claim_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
 
+    @declared_attr
+    @classmethod
+    def destination(cls) -> Mapped[str | None]:
+        """Where the row's delivery goes (``destination_for``), decided when the row is inserted.
+
+        The ORM sets it before the insert (``_decide_destination``); any other
+        insert through SQLAlchemy (``enqueue``, a Core ``insert()``) gets it as
+        the column's default, from the values inserted.  NULL when it could
+        not be decided then (``build_delivery`` or ``destination_for`` raised):
+        the drain decides it after the claim, as for a row inserted before the
+        column existed.
+        """
+        return mapped_column(
+            String(DESTINATION_NAME_LIMIT),
+            default=lambda context: destination_of_values(cls, context.get_current_parameters()),
+        )
+
     @declared_attr.directive
     @classmethod
     def __table_args__(cls) -> tuple[Any, ...]:
@@ -462,15 +487,53 @@ class Outbox:
         raise NotImplementedError(f"{type(self).__name__} does not implement build_delivery")
 
     def destination_for(self, delivery: Delivery) -> str:
-        """The destination this row's delivery goes to (``outboxkit.breaker``).
+        """The destination this row's delivery goes to (``outboxkit.breaker``), stored on the row at insert.
 
         By default the URL's scheme, host and port.  Override it to name
         destinations yourself (per tenant, per partner): rows that share a
         name share a circuit breaker and a cap on sends in flight.  A name is
-        a string of 1 to 300 characters; anything else, or an exception, is a
-        failed attempt like an exception in ``build_delivery``.
+        a string of 1 to 300 characters.  It runs when the row is inserted,
+        so it may read only what the row has then (not ``id``); if it or
+        ``build_delivery`` raises there, the drain decides the destination
+        after the claim, and an exception then is a failed attempt like one
+        in ``build_delivery``.
         """
         return destination_of(delivery.url)
 
+    def _decide_destination(self) -> str | None:
+        """``destination_for(build_delivery())`` as the row is inserted; None when either raises."""
+        try:
+            delivery = self.build_delivery()
+            return check_destination_name(self.destination_for(delivery)) if isinstance(delivery, Delivery) else None
+        except Exception:  # the drain's build says it again, as the row's failed attempt
+            return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} status={self.status} attempts={self.attempts}>"
+
+
+def destination_of_values(outbox: type[Outbox], values: dict[str, Any]) -> str | None:
+    """The destination of a row about to be inserted as ``values`` (column keys), or None if it cannot be decided."""
+    mapper = outbox.__mapper__  # type: ignore[attr-defined]
+    if not mapper.configured:  # a Core insert before any ORM use: the attributes are instrumented on configuration
+        configure_mappers()
+    row = mapper.class_manager.new_instance()  # not __init__: an application's constructor may want other arguments
+    table = outbox.__table__  # type: ignore[attr-defined]
+    for key, value in values.items():
+        column = table.columns.get(key)
+        if column is not None and column.key != "destination":
+            setattr(row, mapper.get_property_by_column(column).key, value)
+    return row._decide_destination()  # type: ignore[no-any-return]
+
+
+KIT_COLUMNS: frozenset[str] = frozenset(
+    name for name, hint in Outbox.__annotations__.items() if str(hint).startswith("Mapped[")
+) | {"destination"}
+"""The columns the mixin owns (the row's delivery state and its destination)."""
+
+
+@sqlalchemy_event.listens_for(Outbox, "before_insert", propagate=True)
+def _destination_before_insert(mapper: Any, connection: Any, row: Outbox) -> None:
+    """The ORM path: the destination decided from the instance itself (its relationships and properties too)."""
+    if row.destination is None:
+        row.destination = row._decide_destination()

@@ -80,6 +80,11 @@ class AttemptResult:
             raise InvalidValueError("an AttemptResult has exactly one of a status_code, a failure or an acknowledgement")
 
     @property
+    def answered(self) -> bool:
+        """The receiver or broker answered: a status, an acknowledgement, or a refusal of this very message."""
+        return self.failure is None or self.failure is FailureKind.REJECTED
+
+    @property
     def succeeded(self) -> bool:
         if self.acknowledgement is not None:
             return True

@@ -5,7 +5,7 @@ Routes, relative to where the application mounts the router::
     GET  /api/destinations                                 every outbox's destinations, those needing a person first
     GET  /api/outboxes/{outbox}/destinations               one outbox's
     GET  /api/outboxes/{outbox}/destination?name=          one destination (404 when it has no state)
-    POST /api/outboxes/{outbox}/destinations/resume        {"destination": ...}: healthy again, its held rows due now
+    POST /api/outboxes/{outbox}/destinations/resume        {"destination": ...}: healthy again, its held rows may go
     POST /api/outboxes/{outbox}/destinations/disable       {"destination": ...}: nothing sent to it until resumed
     POST /api/outboxes/{outbox}/destinations/probe         {"destination": ...}: an open breaker's cool-down ends now
 
@@ -88,7 +88,7 @@ def destination_api_router(
             openapi_extra=json_body(DestinationActionRequest),
         )
 
-    action("resume", "Resume a destination: healthy again, the rows it held back due now (audited)", operations.resume)
+    action("resume", "Resume a destination: healthy again, the rows it held back may go now (audited)", operations.resume)
     action("disable", "Disable a destination: nothing is sent to it, not even a probe, until resumed (audited)",
            operations.disable)
     action("probe", "Probe a destination now: an open breaker's cool-down ends, the next row goes as the probe (audited)",

@@ -121,7 +121,7 @@ class Flash:
 
 def _destination_message(kind: str, count: int) -> str:
     if kind == "destination_resumed":
-        return f"Resumed: the destination is healthy; {count:,} row(s) it held back are due now."
+        return f"Resumed: the destination is healthy; {count:,} row(s) it held back may go now."
     if kind == "destination_disabled":
         return "Disabled: nothing is sent to this destination, not even a probe, until it is resumed."
     if kind == "destination_probed":

@@ -9,21 +9,22 @@ and writes the result, which makes every change atomic across processes:
 * ``record`` locks the destination's row (``FOR UPDATE``, creating it on the
   first outcome), so two processes recording failures at once count both,
   and the breaker opens once.
-* ``try_probe`` is one conditional ``UPDATE``: of any number of processes
-  that find the cool-down over, exactly one turns the breaker ``half_open``
-  and sends its row as the probe.
-* ``hold`` holds claimed rows back without spending their attempts: it
-  reads the state ``FOR SHARE`` (so a transition that would release them
-  waits for it, or it sees the transition) and gives the rows the due time
-  ``held_until``.
-* A transition that ends or moves a hold (the breaker closes, a probe fails,
-  a person resumes) moves the rows held at the old ``held_until``, in the
-  same transaction: one step of the outbox's due index, so waiting rows flow
-  again at once instead of at their old due time.  Rows made due now also
-  ``NOTIFY`` the outbox's channel, which wakes every process's drain loop.
+* The claim reads the states of the destinations it walks and decides the
+  probe itself (``outboxkit.storage.destination_claim``): nothing here holds
+  rows back or gives them back for a state.
+* A change that lets a blocked destination's rows go again (the breaker
+  closes, a person resumes it or ends its cool-down now) also notifies
+  the outbox's channel in the same transaction, which wakes every process's
+  drain loop to claim them.
+* ``prune_quiet`` deletes states that say nothing an absent one does not
+  (healthy, no failure run, no slow-down), untouched for a while: retention
+  calls it (``outboxkit.leader.retention``), so the table follows the
+  destinations that failed lately, not every one that ever did.
+* ``release_claims`` gives claimed rows back unsent (rows over a cap that
+  cannot wait, rows without a rate-limit token): their attempt is taken back.
 
 A destination with no row is healthy: a state row deleted by hand costs
-nothing but its history, and its held rows come due at their ``held_until``.
+nothing but its history.
 """
 
 from __future__ import annotations
@@ -34,7 +35,20 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, DateTime, Row, Table, Uuid, bindparam, column, select, update, values
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    DateTime,
+    Row,
+    Table,
+    Uuid,
+    bindparam,
+    column,
+    delete,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.dialects.postgresql import insert
 
 from outboxkit.breaker import (
@@ -111,66 +125,12 @@ class DestinationStore:
         self._write(connection, before, after, now=now)
         return before, after
 
-    def try_probe(self, connection: Connection, destination: str, *, row_id: int, now: datetime, probe_until: datetime) -> bool:
-        """Make ``row_id`` the destination's probe if its cool-down is over and nobody else did; True if so.
-
-        The rows held until the probe's lease ends (``probe_until``) are the
-        ones a failed probe moves to the next cool-down and a successful one
-        releases.
-        """
-        table = destination_table
-        result = connection.execute(
-            update(table)
-            .where(
-                table.c.outbox == self.job_name,
-                table.c.destination == destination,
-                (
-                    (table.c.status == Status.OPEN.value) & (table.c.next_probe_at <= now)
-                    | (table.c.status == Status.HALF_OPEN.value) & (table.c.probe_until <= now)
-                ),
-            )
-            .values(
-                status=Status.HALF_OPEN.value,
-                probe_row_id=row_id,
-                probe_until=probe_until,
-                held_until=probe_until,
-                updated_at=now,
-            )
-        )
-        return bool(result.rowcount == 1)
-
-    def hold(
-        self, connection: Connection, destination: str, *, ids: list[int], token: uuid.UUID, now: datetime
-    ) -> datetime | None:
-        """Hold claimed rows back until the destination lets them go; returns that time, or None to send them now.
-
-        The state is read ``FOR SHARE``: a transition that would release held
-        rows either committed before (and the rows are sent) or waits for this
-        transaction (and then moves them).
-        """
-        state = self._locked(connection, destination, create=False, share=True)
-        until = state.wait_until(now) if state is not None else None
-        if until is not None:
-            self.release(connection, ids=ids, token=token, until=until, now=now)
-        return until
-
-    def release(self, connection: Connection, *, ids: list[int], token: uuid.UUID, until: datetime, now: datetime) -> int:
-        """Give claimed rows back unsent: the attempt the claim counted is taken back, due again at ``until``.
-
-        Guarded by the claim token; returns how many rows were given back.
-        """
-        rows = self._rows
-        result = connection.execute(
-            update(rows)
-            .where(rows.c.id.in_(ids), rows.c.claim_token == token)
-            .values(attempts=rows.c.attempts - 1, next_attempt_at=until, claim_token=None, claimed_until=None, updated_at=now)
-        )
-        return int(result.rowcount)
-
     def release_claims(
         self, connection: Connection, rows: Sequence[tuple[int, uuid.UUID, datetime]], *, now: datetime
     ) -> int:
-        """``release`` for rows of any number of claims, ``(row id, claim token, due time)`` each; one statement.
+        """Give claimed rows of any number of claims back unsent, ``(row id, claim token, due time)`` each; one statement.
+
+        The attempt the claim counted is taken back; each row is due again at its due time.
 
         Each row is guarded by its own claim token: one reset or claimed again
         meanwhile is left as it is.  Returns how many rows were given back.
@@ -190,10 +150,31 @@ class DestinationStore:
         )
         return int(result.rowcount)
 
+    def prune_quiet(self, connection: Connection, *, untouched_since: datetime, now: datetime, limit: int) -> int:
+        """Delete up to ``limit`` states that say nothing an absent one does not (healthy, no failure run, no
+        slow-down still running) and that nothing has changed since ``untouched_since``; returns how many."""
+        table = destination_table
+        quiet = (
+            select(table.c.destination)
+            .where(
+                table.c.outbox == self.job_name,
+                table.c.status == Status.HEALTHY.value,
+                table.c.consecutive_failures == 0,
+                (table.c.slowed_until.is_(None)) | (table.c.slowed_until <= now),
+                table.c.updated_at < untouched_since,
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)  # a state being recorded right now is left for the next run
+        )
+        result = connection.execute(
+            delete(table).where(table.c.outbox == self.job_name, table.c.destination.in_(quiet.scalar_subquery()))
+        )
+        return int(result.rowcount)
+
     # -- a person's actions ----------------------------------------------------
 
     def resume(self, connection: Connection, destination: str, *, now: datetime, actor: str) -> DestinationState | None:
-        """Healthy again, failure run forgotten, held rows due now.  None if the destination has no state."""
+        """Healthy again, failure run forgotten, its rows claimable at once.  None if the destination has no state."""
         before = self._locked(connection, destination, create=False)
         if before is None:
             return None
@@ -214,7 +195,7 @@ class DestinationStore:
         before = self._locked(connection, destination, create=False)
         if before is None or before.status != Status.OPEN.value:
             return None
-        after = dataclasses.replace(before, next_probe_at=now, held_until=now)
+        after = dataclasses.replace(before, next_probe_at=now)
         self._write(connection, before, after, now=now)
         return after
 
@@ -242,17 +223,11 @@ class DestinationStore:
             .where(table.c.outbox == self.job_name, table.c.destination == after.destination)
             .values(**changed, updated_at=now)
         )
-        if before.held_until is not None and before.held_until != after.held_until:
-            # The hold ended or moved: its rows follow, due at the new hold's end or now.  Held rows
-            # carry exactly held_until, so the due index finds them in one step.
-            rows = self._rows
-            connection.execute(
-                update(rows)
-                .where(rows.c.status == "pending", rows.c.next_attempt_at == before.held_until, rows.c.claim_token.is_(None))
-                .values(next_attempt_at=after.held_until or now, updated_at=now)
-            )
-            if after.held_until is None:
-                connection.execute(notify_statement(self.outbox))  # on commit: every drain loop claims them at once
+        freed = before.blocked(now) and not after.blocked(now)
+        moved = after.next_probe_at != before.next_probe_at
+        probe_sooner = moved and after.next_probe_at is not None and after.next_probe_at <= now
+        if freed or probe_sooner:
+            connection.execute(notify_statement(self.outbox))  # on commit: every drain loop claims at once
 
 
 def _state(row: Row[Any]) -> DestinationState:

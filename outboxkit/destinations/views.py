@@ -1,26 +1,17 @@
-"""The operator's statements on destinations: each stored state with the rows waiting for it, and their release.
+"""The operator's statements on destinations: each stored state with the rows waiting for it.
 
 The admin, the CLI (through ``outboxkit.operations.destinations``) and the
 metrics read destinations here.  A destination's state is its row in
 ``outboxkit_destinations`` (``outboxkit.destinations.store``); one that has
 never changed state has no row and is healthy, so it is not listed.
 
-**Rows waiting.**  Rows have no destination column: a row's destination
-comes from its delivery, which only ``build_delivery`` knows.  What the
-database does know is the rows a destination holds back: a row given back
-unsent because its breaker is open, half-open or disabled, or because a
-``Retry-After`` slows its destination, carries exactly the hold's end as its
-due time (``held_until``, ``next_probe_at`` of the cool-down it waited for,
-or ``slowed_until``).  So the rows waiting for a destination are the pending,
-unclaimed rows due at one of those instants: one step of the outbox's due
-index each, counted up to a cap like the admin's other counts.  A healthy
-destination that is not slowed holds nothing back (its rows are simply due,
-or in their own backoff) and has no rows waiting.
-
-``release_waiting`` makes the rows held at given instants due now: what a
-person's resume or "probe now" does to rows that the state transition
-itself does not move (rows held by a ``Retry-After`` slow-down, rows still
-at the cool-down's end when a probe took the hold over).
+**Rows waiting.**  Each row carries its destination, so the rows a blocked
+destination (open, half-open, disabled, or slowed by a ``Retry-After``)
+keeps from the claim are its pending rows: one capped step of the outbox's
+index ``ix_<table>_destination_due`` each.  A destination that is not blocked
+keeps nothing back (its rows are simply due, or in their own backoff).
+``waiting_until`` is when they may go again: the probe's time, the end of
+the slow-down, or never while it is disabled.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, case, select, text, update
+from sqlalchemy import Connection, case, select, text
 
 from outboxkit.breaker import DestinationState, Status
 from outboxkit.destinations.store import DestinationStore
@@ -39,11 +30,10 @@ from outboxkit.storage.tables import destinations as destination_table
 __all__ = [
     "DestinationView",
     "destination_views",
-    "hold_instants",
     "read_state",
-    "release_waiting",
     "waiting_counts",
     "waiting_rows",
+    "waiting_until",
 ]
 
 # The order operators read destinations in: the ones that need a person first.
@@ -59,16 +49,18 @@ class DestinationView:
     waiting_rows_at_least: bool
 
 
-def hold_instants(state: DestinationState, *, now: datetime) -> list[datetime]:
-    """The due times the rows this destination holds back carry (see the module docstring), earliest first."""
-    instants: set[datetime] = set()
-    if state.status != Status.HEALTHY.value and state.held_until is not None:
-        instants.add(state.held_until)
-    if state.status in (Status.OPEN.value, Status.HALF_OPEN.value) and state.next_probe_at is not None:
-        instants.add(state.next_probe_at)  # rows held through the cool-down, before the probe moved the hold
-    if state.slowed_until is not None and state.slowed_until > now:
-        instants.add(state.slowed_until)
-    return sorted(instants)
+def waiting_until(state: DestinationState, *, now: datetime) -> datetime | None:
+    """When a blocked destination's rows may be claimed again (the probe's time, the slow-down's end); None when it is
+    not blocked, or disabled (until a person resumes it)."""
+    if not state.blocked(now) or state.status == Status.DISABLED.value:
+        return None
+    moments = [state.slowed_until if state.slowed_until is not None and state.slowed_until > now else None]
+    if state.status == Status.OPEN.value:
+        moments.append(state.next_probe_at)
+    elif state.status == Status.HALF_OPEN.value:
+        moments.append(state.probe_until)
+    known = [moment for moment in moments if moment is not None]
+    return max(known) if known else None
 
 
 def read_state(connection: Connection, outbox: type[Outbox], destination: str, *, lock: bool = False) -> DestinationState | None:
@@ -91,23 +83,21 @@ def waiting_rows(connection: Connection, outbox: type[Outbox], state: Destinatio
 def waiting_counts(
     connection: Connection, outbox: type[Outbox], states: list[DestinationState], *, now: datetime, cap: int
 ) -> dict[str, int]:
-    """Rows held back for each destination in one statement (one capped index step per hold instant).
+    """Pending rows each blocked destination keeps from the claim, in one statement (one capped index step each).
 
-    A count over ``cap`` means "over cap"; destinations that hold nothing back are absent.
+    A count over ``cap`` means "over cap"; destinations that are not blocked are absent.
     """
-    pairs = [(state.destination, instant) for state in states for instant in hold_instants(state, now=now)]
-    if not pairs:
+    names = [state.destination for state in states if state.blocked(now)]
+    if not names:
         return {}
     table = quote_table(outbox.__table__)  # type: ignore[attr-defined]
     statement = text(
-        "SELECT held.destination, sum(counted.rows) FROM unnest(CAST(:names AS text[]), CAST(:instants AS timestamptz[])) "
-        "AS held(destination, instant) CROSS JOIN LATERAL (SELECT count(*) AS rows FROM (SELECT 1 FROM "
-        f"{table} WHERE status = 'pending' AND next_attempt_at = held.instant AND claim_token IS NULL LIMIT :cap) AS capped) "
-        "AS counted GROUP BY held.destination"
+        "SELECT held.destination, counted.rows FROM unnest(CAST(:names AS text[])) AS held(destination) "
+        "CROSS JOIN LATERAL (SELECT count(*) AS rows FROM (SELECT 1 FROM "
+        f"{table} WHERE status = 'pending' AND destination = held.destination LIMIT :cap) AS capped) AS counted"
     )
-    names, instants = [name for name, _ in pairs], [instant for _, instant in pairs]
-    found = connection.execute(statement, {"names": names, "instants": instants, "cap": cap + 1})
-    return {name: int(count) for name, count in found}
+    found = connection.execute(statement, {"names": names, "cap": cap + 1})
+    return {name: int(count) for name, count in found if count}
 
 
 def destination_views(
@@ -138,16 +128,3 @@ def destination_views(
         )
         for state in kept
     ]
-
-
-def release_waiting(connection: Connection, outbox: type[Outbox], instants: list[datetime], *, now: datetime) -> int:
-    """Rows held at ``instants`` (pending, unclaimed) become due now; returns how many (the caller notifies the drains)."""
-    if not instants:
-        return 0
-    rows = outbox.__table__  # type: ignore[attr-defined]
-    result = connection.execute(
-        update(rows)
-        .where(rows.c.status == "pending", rows.c.next_attempt_at.in_(instants), rows.c.claim_token.is_(None))
-        .values(next_attempt_at=now, updated_at=now)
-    )
-    return int(result.rowcount)

@@ -7,8 +7,7 @@ Read in this order:
   lease stamped before any send;
 * ``pump`` (steps 2 and 3): build and send, several at a time, and the pump that keeps the claim fed;
   ``loop`` holds its state between events; ``send_pool`` its bounded threads and in-flight limit;
-  ``hung_sends`` which sends stop counting against concurrency; ``cap_backlog`` and ``cap_waiting``
-  the rows waiting over a destination's cap;
+  ``hung_sends`` which sends stop counting against concurrency;
 * ``record`` (step 4): each outcome written in its own short transaction under the claim token;
 * ``worker``: this process's drain loops, woken by NOTIFY and by due times;
 * ``kit_core``: ``KitCore``, the kit's delivery side (engine, outboxes, their drainers, transport,

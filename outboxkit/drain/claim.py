@@ -23,9 +23,13 @@ never started always is).  A row still holding the claim of a worker that
 died is claimed alone, so a row that kills its worker does not take healthy
 batch-mates down with it again.
 
-An outbox with an ordering key claims only the head of each key
-(``outboxkit.storage.ordering``), walking its keys in turn from where its previous
-claim stopped.
+The claim walks the outbox's destinations in turn from where its previous
+claim stopped, and decides in SQL which may go: rows of a destination that
+is open, disabled or slowed are not claimed, one row per cool-down goes as
+the probe, and the batch is shared fairly across destinations
+(``outboxkit.storage.destination_claim``).  An outbox with an ordering key
+claims only the head of each key (``outboxkit.storage.ordering``), walking
+its keys in turn.
 
 An operator's pause (``outboxkit.storage.pauses``) is checked before each claim: a
 paused outbox claims nothing, in every process.  The statements are in
@@ -97,7 +101,7 @@ class Claimer:
         self.clock = clock
         self.telemetry = telemetry
         self.pause_check = pause_check
-        self.key_cursor = KeyCursor()  # an ordered outbox's next claim walks its keys from here (outboxkit.storage.ordering)
+        self.walk_cursor = KeyCursor()  # the next claim walks the destinations (or an ordered outbox's keys) from here
 
     @property
     def job_name(self) -> str:
@@ -109,7 +113,7 @@ class Claimer:
         result: DrainCounts,
         may_claim: Callable[[], bool] | None = None,
         connection: Connection | None = None,
-    ) -> tuple[list[Outbox], uuid.UUID, int, bool, bool]:
+    ) -> tuple[list[Outbox], uuid.UUID, int, bool]:
         """One committed statement (see the module): take up to ``wanted`` due rows.
 
         ``connection`` is an AUTOCOMMIT connection the caller holds (the
@@ -121,12 +125,11 @@ class Claimer:
         stop that was handled before that reading always prevents the claim: a claim's own time never
         follows a stop it went ahead despite.
 
-        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone, whether every
-        stored destination state of the outbox was quiet at the claim: the destination gate then reads none).
+        Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
         token = uuid.uuid4()
         if self.pause_check.paused():
-            return [], token, 0, False, True  # an operator paused this outbox: claim nothing, in every process
+            return [], token, 0, False  # an operator paused this outbox: claim nothing, in every process
         if not result.claimed:
             result.started = time.monotonic()  # a loop's busy spell starts at the claim that finds rows
         with contextlib.ExitStack() as cleanup:
@@ -134,16 +137,17 @@ class Claimer:
                 connection = cleanup.enter_context(self.queries.outcome_connection(self.engine))
             now = self.clock.now()
             if may_claim is not None and not may_claim():
-                return [], token, 0, False, True
+                return [], token, 0, False
             lease_until = now + timedelta(seconds=self.options.lease_seconds)
-            rows, orphaned, quiet = self.queries.claim_due_rows(
-                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.key_cursor
+            rows, orphaned = self.queries.claim_due_rows(
+                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
+                cap=self.options.destination_cap, breaker=self.options.breaker is not None,
             )
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
-        return rows, token, taken, orphaned, quiet
+        return rows, token, taken, orphaned
 
     def _park_exhausted(
         self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts

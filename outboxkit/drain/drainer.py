@@ -217,7 +217,6 @@ class Drainer:
                 return
             self._closed = True
         self.pump.senders.shutdown()
-        self.gate.close()
 
     # -- calls that return ---------------------------------------------------
 
@@ -270,15 +269,11 @@ class Drainer:
 
         Their outcomes are not written: each row keeps its lease and comes
         due again when it ends, a redelivery with the same key, never a loss.
-        Rows the call kept waiting over a destination's cap
-        (``outboxkit.drain.cap_waiting``) are left the same way, unsent, their
-        attempt counted, and no longer counted as waiting.
         Each frees its in-flight slot as it finishes (by its deadline), so
         the bound on rows held stays true without this call waiting.
         """
         events.abandon()
         state.in_flight = state.hung = 0
-        self.pump.cap_waiting.forget(state.waiting)
 
     # -- the background loop -----------------------------------------------
 

@@ -197,12 +197,6 @@ class KitCore:
         drainer = self._built_drainer(job_name)
         return drainer.pump.hung.count if drainer is not None else 0
 
-    def rows_waiting_over_cap(self, job_name: str) -> int:
-        """This process's claimed rows of one outbox waiting over their destination's cap now
-        (``outboxkit.drain.cap_waiting``); 0 before its drainer exists."""
-        drainer = self._built_drainer(job_name)
-        return drainer.pump.cap_waiting.count if drainer is not None else 0
-
     def drain_once(self, name_or_class: str | type[Outbox]) -> DrainResult:
         """Claim, deliver and record one batch of one outbox.  Never raises for delivery or database errors."""
         return self.drainer(name_or_class).drain_once()

@@ -14,11 +14,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
-from outboxkit.drain.cap_backlog import CapBacklog
 from outboxkit.drain.claim import DrainCounts
 from outboxkit.drain.hung_sends import HungSends
 from outboxkit.drain.send_pool import InFlightLimit
@@ -64,15 +63,14 @@ class PumpState:
     isolated: bool = False  # the last claim took an orphaned row alone (see the module docstring)
     next_due: datetime | None = None  # the earliest next_attempt_at known (background loop only)
     retry_wait: float = RETRY_CLAIM_SECONDS  # the next wait for due rows that could not be claimed
-    awaiting_outcome: bool = False  # the last claim gave rows back for a destination's cap: claim after an outcome
+    # The last claim took nothing while sends are out: a destination's cap (counted from live claims) may be what
+    # stopped it, so the next outcome, which frees a place under it, is followed by a claim.
+    awaiting_outcome: bool = False
     # The earliest due time is still to be read for the last claim ("short": it took fewer rows than it
     # could; "empty": it took none): read once an outcome comes back, nothing is in flight, or
     # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's
     # sends (``drain_pump.SendPump``).
     due_read: Literal["short", "empty"] | None = None
-    # Claimed rows over their destination's cap, waiting for a place under it (outboxkit.drain.cap_backlog); the pump
-    # makes its states with a backlog (``SendPump.new_state``), a bare state keeps none.
-    waiting: CapBacklog = field(default_factory=lambda: CapBacklog(0))
 
     def hung_check_in(self, hung_sends: HungSends, *, now: float | None = None) -> float | None:
         """Seconds until the pump's sends out are next looked at for hung ones (0: now; ``now`` is

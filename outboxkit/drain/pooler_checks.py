@@ -1,4 +1,5 @@
-"""What the kit checks before it drains or schedules: connections a transaction-mode pooler would break.
+"""What the kit checks before it drains or schedules: connections a transaction-mode pooler would break, and
+outbox tables older than the model.
 
 Two checks, run by ``DrainWorker.start`` and ``OutboxScheduler.elect``
 (so by the lifespan and ``outboxkit worker``) before any thread starts:
@@ -16,7 +17,12 @@ decided once per kit (``outboxkit.storage.pooler_verdict``): the first check's
 answer stands for the drain loops and the election alike, and a refusal
 sticks, so every later start of the kit raises it again.  In production
 the leader re-checks the engine from its tick (``recheck_engine``); a
-refusal then stops the scheduler and the kit's drain loops.  Each check
+refusal then stops the scheduler and the kit's drain loops.
+
+``DrainWorker.start`` also runs ``check_outbox_tables``: an outbox table
+without the ``destination`` column (created before the column existed) is
+refused in every environment, with the migration that adds it, since no claim
+could run on it.  Each check
 waits at most ``CHECK_SECONDS`` for the database: one that does not answer
 (a dead network path) must not hold up the application's start, and the
 background threads prove their own connections again anyway.
@@ -31,15 +37,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.model import Outbox
 from outboxkit.storage.sessions import NotASessionError, automatic_prepares_through_a_pool, check_session
 from outboxkit.telemetry.log_events import log_fields
 
 if TYPE_CHECKING:
     from outboxkit.drain.kit_core import KitCore as OutboxKit
 
-__all__ = ["CHECK_SECONDS", "RECHECK_SECONDS", "check_engine", "recheck_engine", "session_source_accepted"]
+__all__ = ["CHECK_SECONDS", "RECHECK_SECONDS", "check_engine", "check_outbox_tables", "recheck_engine", "session_source_accepted"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +164,39 @@ def _engine_problem(kit: OutboxKit) -> tuple[bool, str | None]:
         "max_prepared_statements > 0 set OUTBOXKIT_PREPARED_STATEMENTS=true instead "
         "(docs/operations.md, 'PgBouncer and other poolers')"
     )
+
+
+# Of each outbox table that exists: whether it has the destination column.
+_TABLES_WITHOUT_DESTINATION = text(
+    "SELECT name FROM unnest(CAST(:names AS text[])) AS name "
+    "WHERE to_regclass(name) IS NOT NULL AND NOT EXISTS ("
+    " SELECT FROM pg_attribute WHERE attrelid = to_regclass(name) AND attname = 'destination' AND NOT attisdropped)"
+)
+
+
+def check_outbox_tables(kit: OutboxKit, outboxes: list[type[Outbox]]) -> None:
+    """Refuse outbox tables without the ``destination`` column, naming the migration (docs/destinations.md).
+
+    A table that does not exist yet is left to the drain's own message (``outboxkit.storage.diagnostics``).
+    """
+    names = {outbox.__table__.fullname: outbox for outbox in outboxes}  # type: ignore[attr-defined]
+
+    def read() -> list[str]:
+        try:
+            with kit.engine.connect() as connection:
+                return list(connection.execute(_TABLES_WITHOUT_DESTINATION, {"names": sorted(names)}).scalars())
+        except OperationalError:  # the database does not answer: the drains say so, and check the table when it does
+            return []
+
+    missing = _within_time(read, what="the outbox tables")
+    if missing:
+        classes = ", ".join(f"{names[name].__name__} ({name})" for name in missing)
+        raise ConfigurationError(
+            f"outbox table(s) without the destination column: {classes}; the claim reads each row's destination. "
+            "Generate a migration (`alembic revision --autogenerate`: it adds the column and its index), fill it in "
+            "for pending rows with outboxkit.migrations.helpers.backfill_destinations, and run `alembic upgrade heads` "
+            "(docs/destinations.md, 'Upgrading an outbox table')"
+        )
 
 
 def _within_time(check: Callable[[], Result], *, what: str) -> Result | None:

@@ -4,13 +4,11 @@
    exception is one failed attempt for that row only (traceback logged,
    message in ``last_error``); its neighbours go on.
 
-   Each row's destination (``Outbox.destination_for``) then decides whether
-   it goes now (``outboxkit.destinations.gate``): rows of a destination whose
-   breaker is open, or that is slowed or out of rate-limit tokens, are given
-   back unsent with their attempts kept; rows over a suspect destination's
-   cap wait in the pump's state, claimed, for a place under it, and are
-   moved only by ``outboxkit.drain.cap_waiting`` (sent when a send is back, given
-   back when their lease runs short, or when the pump stops or returns).
+   The claim took no row of a blocked destination (open, disabled, slowed)
+   and no more rows of a suspect one than its cap
+   (``outboxkit.storage.destination_claim``).  Rows of a destination out of
+   rate-limit tokens are given back unsent with their attempts kept
+   (``outboxkit.destinations.gate``).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -37,7 +35,7 @@ for an outcome, a wake-up or the earliest due time it knows of (``drain_loop.Bac
 The pump's loop, its claim-and-send step and the read a claim leaves for
 later share one state (``PumpState``), one outcome connection, the send pool
 and the in-flight bound, so they live together; the steps below it (claim,
-record, gate, the rows waiting over a cap) live in their own modules.
+record, gate) live in their own modules.
 """
 
 from __future__ import annotations
@@ -57,7 +55,6 @@ from sqlalchemy import Engine
 from outboxkit.breaker import check_destination_name
 from outboxkit.clock import Clock
 from outboxkit.destinations.gate import DestinationGate, Send
-from outboxkit.drain.cap_waiting import CapWaiting, Submit
 from outboxkit.drain.claim import Claimer
 from outboxkit.drain.hung_sends import HungSends
 from outboxkit.drain.loop import RETRY_CLAIM_SECONDS, WAKE, Background, PumpState, ResultT, refill_threshold
@@ -83,7 +80,7 @@ DEADLINE_SLACK_SECONDS = 1.0
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
 
-_GIVEN_BACK = object()  # a send thread found its row's destination closed meanwhile: not sent
+_GIVEN_BACK = object()  # a send thread found its row's rate-limit token too old: not sent
 
 
 class SendPump(Generic[ResultT]):
@@ -131,10 +128,6 @@ class SendPump(Generic[ResultT]):
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False
         self._record_margin = min(RECORD_MARGIN_SECONDS, self.options.lease_margin / 3)
-        self.cap_waiting = CapWaiting(
-            gate, self.in_flight, clock=clock, batch_size=self.options.batch_size, timeout=self.options.timeout,
-            record_margin=self._record_margin,
-        )
         self._ordered = queries.ordered is not None  # the class's ordering key, which its claim and indexes follow
 
     @property
@@ -142,8 +135,8 @@ class SendPump(Generic[ResultT]):
         return self.options.job_name
 
     def new_state(self) -> PumpState:
-        """A fresh state for a drain call or the background loop, with room for rows waiting over a cap."""
-        return PumpState(waiting=self.cap_waiting.backlog())
+        """A fresh state for a drain call or the background loop."""
+        return PumpState()
 
     def pump(
         self,
@@ -166,13 +159,6 @@ class SendPump(Generic[ResultT]):
             while True:
                 if state.due_read is not None and not state.in_flight:
                     self._read_due(state, outcomes)
-                if state.waiting:
-                    if not may_claim():  # stopping, or a call's limit reached: rows over a cap go back, not wait
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
-                    else:
-                        result.claimed -= self.cap_waiting.expire(state.waiting)
-                        if not state.in_flight:  # no outcome of this pump will free a place: look now
-                            result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.hung_check_in(self.hung) == 0.0:
                     self._mark_hung(state, events)
                 counted = state.in_flight - state.hung  # hung sends no longer count (outboxkit.drain.hung_sends)
@@ -188,23 +174,15 @@ class SendPump(Generic[ResultT]):
                     self.recorder.flush_attempts(outcomes)
                 if background is None:
                     if not state.in_flight:
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
                     timeout = None
                 else:
                     if background.stopping.is_set() and not state.in_flight:
-                        result.claimed -= self.cap_waiting.give_back(state.waiting)
                         return
-                    if not state.in_flight and not state.waiting and not state.more_due and result.eventful:
+                    if not state.in_flight and not state.more_due and result.eventful:
                         # the end of a busy spell: one summary line
                         background.result = result = self._end_spell(result)
                     timeout = background.wait_seconds(state, blocked=blocked, now=self.clock.now())
-                expiry = state.waiting.next_expiry
-                if expiry is not None:  # a row waiting over its cap must go back before its lease runs short
-                    until_expiry = max(0.0, (expiry - self.clock.now()).total_seconds())
-                    if not state.in_flight:  # its places are held by this drainer's other drains: look again soon
-                        until_expiry = min(until_expiry, RETRY_CLAIM_SECONDS)
-                    timeout = until_expiry if timeout is None else min(timeout, until_expiry)
                 hung_check = state.hung_check_in(self.hung)
                 if hung_check is not None:
                     if timeout is not None and hung_check >= timeout:
@@ -232,14 +210,12 @@ class SendPump(Generic[ResultT]):
                 state.in_flight -= len(group)
                 state.hung -= hung
                 self.in_flight.give(len(group) - hung)
-                if state.awaiting_outcome:  # a place under the capped destination's limit may be free again
+                if state.awaiting_outcome:  # a place under a capped destination's limit is free again
                     state.awaiting_outcome, state.more_due = False, True
                 self._record(group, state, outcomes, result)
-                if state.waiting and may_claim():  # a send is back: a place under its destination's cap may be free
-                    result.claimed -= self.cap_waiting.send_ready(state.waiting, self._sender(state, events, result))
                 if state.due_read is not None:  # a send is back: the claim's read no longer runs beside it
                     self._read_due(state, outcomes)
-                if self.gate.take_released():  # its destination closed: the rows it held are due now
+                if self.gate.take_unblocked():  # a probe succeeded: its destination's rows may be claimed now
                     state.more_due = True
 
     def _mark_hung(self, state: PumpState, events: queue.SimpleQueue[object]) -> None:
@@ -253,13 +229,12 @@ class SendPump(Generic[ResultT]):
         if marked:
             state.hung += marked
             self.in_flight.give(marked)
-            if state.awaiting_outcome:  # a capped claim waits for a place: one is free now
-                state.awaiting_outcome, state.more_due = False, True
 
     def _control(
         self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
     ) -> None:
-        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent, or a stop
+        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent (its rate-limit
+        token too old), or a stop
         (nothing to do: the loop sees its flag)."""
         if event is WAKE:
             assert background is not None
@@ -270,7 +245,7 @@ class SendPump(Generic[ResultT]):
             state.in_flight -= 1
             self.in_flight.give(1)
             result.claimed -= 1  # not sent, its attempt taken back
-            self.gate.give_back(destination, row, token=token, now=self.clock.now())
+            self.gate.give_back_unsent(row, token=token, now=self.clock.now())
 
     def _record(
         self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
@@ -293,13 +268,17 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
-        self.gate.settle()  # rows given back over a cap are due again: let this claim see them
-        # A held connection that died while the loop was idle is replaced and the claim made once more: nothing was
-        # sent, and rows a lost claim took come due at its lease's end.
+        # The one guard of the places this claim took: until the gate's decision hands them to sends, any error
+        # (the claim, the rate bucket's statement, a killed session) gives every one back, so the drainer keeps
+        # claiming; the rows a failed step held come due again at their lease's end.
         try:
-            rows, token, taken, orphaned, quiet = outcomes.run_reconnecting(
+            # A held connection that died while the loop was idle is replaced and the claim made once more:
+            # nothing was sent, and rows a lost claim took come due at its lease's end.
+            rows, token, taken, orphaned = outcomes.run_reconnecting(
                 lambda connection: self.claimer.claim(granted, result, may_claim, connection)
             )
+            deliveries, build_failures = self._build(rows)
+            admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
         except BaseException:
             self.in_flight.give(granted)
             raise
@@ -312,25 +291,16 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
-        deliveries, build_failures = self._build(rows)
-        admission = self.gate.admit(
-            deliveries, token=token, now=self.clock.now(), quiet=quiet, keep=state.waiting.room
-        )
-        if admission.capped:
-            state.more_due, state.awaiting_outcome = False, True
+        state.awaiting_outcome = taken == 0 and state.in_flight > 0
         self.in_flight.give(granted - len(admission.sends))
-        # the cleared rows go out, those over a cap wait, those given back are not counted as claimed
-        result.claimed -= self.cap_waiting.admitted(admission, token, state.waiting, self._sender(state, events, result))
+        result.claimed -= admission.deferred  # given back without a token: not counted as claimed
+        submit = self._sender(state, events, result)
+        for send in admission.sends:
+            submit(send, token)
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
-        if background is not None and admission.capped and taken == granted:
-            # A full claim: more rows are likely due now.  The loop claims again at the next outcome, or
-            # when none comes soon (the retry wait), without reading the earliest due time first: a
-            # destination that hangs caps nearly every batch, and that read on this thread was most of
-            # what its rows still cost the others.
-            state.next_due = self.clock.now()
-        elif background is not None and (short or not state.more_due):
+        if background is not None and (short or not state.more_due):
             # The loop's next wake-up.  A short claim took every row it could lock: when none is due
             # now, this read stands in for the empty claim that would have said so (one round trip
             # instead of a claim's transaction); when some are (locked elsewhere, or just come due),
@@ -343,14 +313,16 @@ class SendPump(Generic[ResultT]):
             if not state.in_flight:
                 self._read_due(state, outcomes)
 
-    def _sender(self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT) -> Submit:
+    def _sender(
+        self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT
+    ) -> Callable[[Send, uuid.UUID], None]:
         """Hands a cleared row to the send pool and counts it in flight in ``state``."""
 
         def submit(send: Send, token: uuid.UUID) -> None:
             key = str(send.row.idempotency_key)
             self.senders.submit(
                 self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
-                send.probe, result.telemetry_links, send.granted_at,
+                result.telemetry_links, send.granted_at,
             )
             state.in_flight += 1
 
@@ -370,10 +342,11 @@ class SendPump(Generic[ResultT]):
 
         It follows a claim, so a held connection that died meanwhile (a server restart between the claim and this
         read) is replaced and the read made once more, as the claim does: a read is safe to repeat."""
+        now = self.clock.now()
         if outcomes.held is not None:
-            return outcomes.run_reconnecting(self.queries.earliest_due)
+            return outcomes.run_reconnecting(lambda connection: self.queries.earliest_due(connection, now=now))
         with self.queries.outcome_connection(self.engine) as connection:
-            return self.queries.earliest_due(connection)
+            return self.queries.earliest_due(connection, now=now)
 
     def _send_one(
         self,
@@ -384,7 +357,6 @@ class SendPump(Generic[ResultT]):
         key: str,
         timeout: float,
         destination: str,
-        probe_row: bool,
         run_links: dict[int, list[Any]],
         granted_at: datetime | None = None,
     ) -> None:
@@ -396,8 +368,7 @@ class SendPump(Generic[ResultT]):
         whose lease is nearly over is not sent at all and is retried.
         """
         started_at = self.clock.now()
-        if not probe_row and self.gate.blocked(destination, now=started_at, granted_at=granted_at):
-            self.gate.finished(destination, row.id, None, now=started_at)
+        if self.gate.rate_grant_expired(now=started_at, granted_at=granted_at):
             finished.put((_GIVEN_BACK, row, token, destination))
             return
         attempt = None
@@ -424,11 +395,10 @@ class SendPump(Generic[ResultT]):
             if attempt is None:
                 attempt = AttemptResult(failure=FailureKind.TRANSPORT, error="the send was interrupted")
             elapsed = time.monotonic() - started
-            answered = attempt.status_code is not None  # the receiver answered: how long it took is its answer time
+            answered = attempt.answered  # how long the receiver or broker took is its answer time
             hung = self.hung.finished(send_key, answered_in=elapsed if answered else None)
             outcome = outcome_name(self.recorder.policy.status_for(attempt, attempts=row.attempts))
             probe.sent(attempt, outcome=outcome, run_links=run_links)  # run_links: the drain span links its attempts
-            self.gate.finished(destination, row.id, attempt, now=self.clock.now())  # frees its place under the cap
             finished.put(FinishedSend(row, token, attempt, started_at, destination, hung=hung))
         if elapsed > timeout + DEADLINE_SLACK_SECONDS and not self._overrun_reported:
             self._overrun_reported = True  # once per drainer: it is a property of the transport
@@ -455,7 +425,8 @@ class SendPump(Generic[ResultT]):
                     raise DeliveryBuildError(
                         f"{type(row).__name__}.build_delivery returned {type(delivery).__name__}, not Delivery"
                     )
-                destination = check_destination_name(row.destination_for(delivery))
+                # Decided at insert; a row whose insert could not decide it (or older than the column) decides now.
+                destination = row.destination or check_destination_name(row.destination_for(delivery))
             except Exception as exc:
                 logger.error(
                     "%s: build_delivery failed for row %s\n%s", self.job_name, row.id, traceback.format_exc().rstrip(),

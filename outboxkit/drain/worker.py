@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from outboxkit.drain.pooler_checks import check_engine, session_source_accepted
+from outboxkit.drain.pooler_checks import check_engine, check_outbox_tables, session_source_accepted
 from outboxkit.errors import error_summary
 from outboxkit.model import Outbox
 from outboxkit.storage.notify import NotifyListener, channel_for, listener_application_name
@@ -116,6 +116,7 @@ class DrainWorker:
         if self.running:
             return
         check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
+        check_outbox_tables(self.kit, list(self.outboxes))  # a table older than the destination column raises
         # A LISTEN through a transaction-mode pooler hears almost nothing: refused before anything
         # starts (production raises), else the loops run on due times and polling alone.
         listen = settings.listen_enabled and session_source_accepted(

@@ -59,7 +59,7 @@ _CATALOG = text("SELECT schema FROM outboxkit_event_types WHERE name = :event_ty
 _PUBLISH = text(
     """
 WITH matched AS MATERIALIZED (
-    SELECT s.id, s.url, s.headers FROM outboxkit_subscriptions AS s
+    SELECT s.id, s.url, s.destination, s.headers FROM outboxkit_subscriptions AS s
     WHERE s.enabled AND s.event_types && CAST(:candidates AS varchar[])
       AND s.tenant IS NOT DISTINCT FROM CAST(:tenant AS varchar)
     LIMIT :over
@@ -75,10 +75,11 @@ WITH matched AS MATERIALIZED (
         'data', payload
     ) AS body
 ), delivered AS (
-    INSERT INTO outboxkit_event_deliveries (event_id, subscription_id, event_type, tenant, ordering_key, url, headers, body)
+    INSERT INTO outboxkit_event_deliveries
+        (event_id, subscription_id, event_type, tenant, ordering_key, url, destination, headers, body)
     SELECT event.id, matched.id, :event_type, :tenant,
            CASE WHEN CAST(:key AS varchar) IS NULL THEN NULL ELSE matched.id || ':' || CAST(:key AS varchar) END,
-           matched.url, matched.headers, event.body
+           matched.url, matched.destination, matched.headers, event.body
     FROM matched CROSS JOIN event
     RETURNING 1
 )

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, RowMapping, delete, insert, select, text, update
 
+from outboxkit.breaker import destination_of
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.errors import InvalidSubscriptionError, UnknownSubscriptionError, UnsafeUrlError
 from outboxkit.events.definitions import SubscriptionDefinition
@@ -159,7 +160,7 @@ class SubscriptionStore:
             connection.execute(
                 update(_deliveries)
                 .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
-                .values(url=definition.url, headers=dict(definition.headers))
+                .values(url=definition.url, destination=destination_of(definition.url), headers=dict(definition.headers))
             )
         return _subscription(row)
 
@@ -217,6 +218,7 @@ class SubscriptionStore:
     def _values(definition: SubscriptionDefinition) -> dict[str, Any]:
         return {
             "url": definition.url,
+            "destination": destination_of(definition.url),
             "event_types": list(definition.event_types),
             "tenant": definition.tenant,
             "secrets": list(definition.secrets),

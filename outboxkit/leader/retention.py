@@ -20,8 +20,13 @@ What one run does, and which rule each step keeps:
   with time, so every later row is younger still), at the end of the table,
   after ``max_rows`` deletions or after ``max_seconds``; what is left goes
   in the next run;
-* it returns ``{"deleted": n}``, which the run history
-  (``outboxkit_job_runs``) records.
+* it also deletes the outbox's destination states that have said nothing
+  for the same period (healthy, no failure run, no slow-down running,
+  unchanged since the cutoff: ``DestinationStore.prune_quiet``), at most
+  ``max_rows`` of them; a destination without a state is healthy, so
+  nothing is lost but an old error text;
+* it returns ``{"deleted": n, "destination_states_pruned": m}``, which the
+  run history (``outboxkit_job_runs``) records.
 
 Why a primary-key walk and not an index on ``delivered_at``: such an index
 costs every delivery one more index insert, for a job that runs once an
@@ -39,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from outboxkit.destinations.store import DestinationStore
 from outboxkit.errors import ConfigurationError
 from outboxkit.model import Outbox
 from outboxkit.schedules.jobs import JobContext, ScheduledJob, every
@@ -135,8 +141,14 @@ def retention_job(kit: KitCore, outbox: type[Outbox]) -> ScheduledJob:
         raise ConfigurationError(f"outbox {options.job_name!r} keeps delivered rows forever (retain_done_for=None)")
 
     def apply_retention(context: JobContext) -> dict[str, int]:
-        cutoff = kit.clock.now() - timedelta(seconds=retain_for)
-        return {"deleted": delete_delivered_rows(kit.engine, outbox, older_than=cutoff)}
+        now = kit.clock.now()
+        cutoff = now - timedelta(seconds=retain_for)
+        deleted = delete_delivered_rows(kit.engine, outbox, older_than=cutoff)
+        with kit.engine.begin() as connection:
+            pruned = DestinationStore(outbox).prune_quiet(
+                connection, untouched_since=cutoff, now=now, limit=RetentionLimits().max_rows
+            )
+        return {"deleted": deleted, "destination_states_pruned": pruned}
 
     return ScheduledJob(
         id=retention_job_id(outbox),

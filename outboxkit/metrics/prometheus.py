@@ -24,8 +24,8 @@ Two kinds of figure, with different costs:
   duration, drain run duration, database errors, leadership changes, job
   runs and each job's last success, the NOTIFY listener's connection and
   reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
-  So do ``outboxkit_hung_sends`` and ``outboxkit_waiting_over_cap_rows``, gauges read from this process's
-  drainers at each scrape (``outboxkit.drain.hung_sends``, ``outboxkit.drain.cap_waiting``).
+  So does ``outboxkit_hung_sends``, a gauge read from this process's drainers at each scrape
+  (``outboxkit.drain.hung_sends``).
 * The row gauges (pending, in flight, stuck, oldest due age, held by order) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
@@ -231,12 +231,6 @@ class OutboxMetrics(Observer):
             "outbox's concurrency, each beside a replacement (at most concurrency at once; sum across processes)",
             outbox, registry=registry,
         )
-        self.waiting_over_cap_rows = gauge(
-            "outboxkit_waiting_over_cap_rows",
-            "Rows this process claimed and keeps waiting for a place under their destination's cap, unsent (at most "
-            "2 x batch_size per drain loop or call; sum across processes)",
-            outbox, registry=registry,
-        )
         for change in ("elected", "demoted"):
             self.leadership_changes.labels(change=change)
 
@@ -257,7 +251,6 @@ class OutboxMetrics(Observer):
             self.attempt_history_dropped.labels(outbox=job_name)
             # Read at each scrape from this process's drainer (no database): what hangs now.
             self.hung_sends.labels(outbox=job_name).set_function(lambda: self.kit.hung_sends(job_name))
-            self.waiting_over_cap_rows.labels(outbox=job_name).set_function(lambda: self.kit.rows_waiting_over_cap(job_name))
             self._attempt("delivered", job_name, "2xx")
         return children
 

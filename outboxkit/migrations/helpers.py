@@ -31,6 +31,21 @@ on insert goes into a revision of the application's own::
 The statements are those of ``outboxkit.storage.notify.install_trigger_sql`` and
 ``drop_trigger_sql``; both functions also work in offline mode
 (``alembic upgrade heads --sql``), where they print the SQL.
+
+Each row carries its ``destination``, decided when it is inserted.  A table
+made before the column existed gets it from autogenerate (the column and the
+index ``ix_<table>_destination_due``); ``backfill_destinations`` then fills it
+in for the rows still to be sent, after the column exists::
+
+    def upgrade() -> None:
+        op.add_column("order_outbox", sa.Column("destination", sa.String(300), nullable=True))
+        op.create_index("ix_order_outbox_destination_due", "order_outbox", ["destination", "next_attempt_at", "id"],
+                        postgresql_where=sa.text("status = 'pending'"))
+        backfill_destinations(OrderOutbox)
+
+A pending row left without one (offline mode, or its ``build_delivery``
+raises) is still delivered: the drain decides its destination after the
+claim, as it did before the column existed.
 docs/getting-started.md walks through the whole recipe, from
 ``alembic init`` to the first revision.
 """
@@ -41,13 +56,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from alembic.operations import Operations
+from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.model import Outbox
 from outboxkit.storage.notify import drop_trigger_sql, install_trigger_sql
 from outboxkit.storage.tables import kit_metadata
 
-__all__ = ["KIT_TABLES", "drop_notify_triggers", "include_name", "include_object", "install_notify_triggers"]
+__all__ = [
+    "KIT_TABLES", "backfill_destinations", "drop_notify_triggers", "include_name", "include_object",
+    "install_notify_triggers",
+]
+
+# Rows read and written per round of backfill_destinations.
+BACKFILL_BATCH = 1000
 
 KIT_TABLES: frozenset[str] = frozenset(table.name for table in kit_metadata.tables.values())
 """The tables the kit's own migration branch owns."""
@@ -90,6 +113,52 @@ def drop_notify_triggers(*outboxes: type[Outbox], operations: Operations | None 
     _execute(operations, (statement for outbox in _checked(outboxes) for statement in drop_trigger_sql(outbox)))
 
 
+def backfill_destinations(
+    *outboxes: type[Outbox], operations: Operations | None = None, batch_size: int = BACKFILL_BATCH
+) -> int:
+    """In a revision's ``upgrade()``, after the column exists: each pending row's destination, as an insert now
+    would decide it (``Outbox.destination_for``); returns how many rows got one.
+
+    Rows are read and written ``batch_size`` at a time, in ``id`` order, on
+    the migration's connection.  In offline mode (``--sql``) it writes
+    nothing: the destination comes from the application's Python code, not
+    SQL, and the drain decides it for rows left without one.
+    """
+    operations = _operations(operations)
+    if operations.get_context().as_sql:
+        operations.execute("-- outboxkit: backfill_destinations needs a live connection; rows without one are "
+                           "decided by the drain")
+        return 0
+    connection = operations.get_bind()
+    return sum(_backfill(connection, outbox, batch_size) for outbox in _checked(outboxes))
+
+
+def _backfill(connection: Connection, outbox: type[Outbox], batch_size: int) -> int:
+    table = outbox.__table__  # type: ignore[attr-defined]
+    write = (
+        update(table)
+        .where(table.c.id == bindparam("row_id"), table.c.destination.is_(None))
+        .values(destination=bindparam("decided"))
+    )
+    after, written = 0, 0
+    with Session(connection, autoflush=False) as session:
+        while True:
+            rows = session.scalars(
+                select(outbox)
+                .where(outbox.status == "pending", outbox.destination.is_(None), outbox.id > after)
+                .order_by(outbox.id)
+                .limit(batch_size)
+            ).all()
+            if not rows:
+                return written
+            after = rows[-1].id
+            decided = [{"row_id": row.id, "decided": name} for row in rows if (name := row._decide_destination())]
+            if decided:
+                connection.execute(write, decided)
+                written += len(decided)
+            session.expunge_all()
+
+
 def _checked(outboxes: tuple[type[Outbox], ...]) -> tuple[type[Outbox], ...]:
     if not outboxes:
         raise ConfigurationError("name at least one outbox class, e.g. install_notify_triggers(OrderOutbox)")
@@ -99,10 +168,15 @@ def _checked(outboxes: tuple[type[Outbox], ...]) -> tuple[type[Outbox], ...]:
     return outboxes
 
 
-def _execute(operations: Operations | None, statements: Iterable[str]) -> None:
+def _operations(operations: Operations | None) -> Operations:
     if operations is None:
         from alembic import op
 
-        operations = op  # type: ignore[assignment]
+        return op  # type: ignore[return-value]
+    return operations
+
+
+def _execute(operations: Operations | None, statements: Iterable[str]) -> None:
+    operations = _operations(operations)
     for statement in statements:
-        operations.execute(statement)  # type: ignore[union-attr]
+        operations.execute(statement)

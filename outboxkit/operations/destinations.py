@@ -44,10 +44,9 @@ from outboxkit.destinations.store import DestinationStore
 from outboxkit.destinations.views import (
     DestinationView,
     destination_views,
-    hold_instants,
     read_state,
-    release_waiting,
     waiting_rows,
+    waiting_until,
 )
 from outboxkit.errors import UnknownDestinationError
 from outboxkit.kit import OutboxKit
@@ -100,7 +99,8 @@ class DestinationModel(BaseModel):
     waiting_rows: int = Field(description="Pending rows it holds back, counted up to 10,000 (see waiting_rows_at_least).")
     waiting_rows_at_least: bool
     waiting_until: datetime | None = Field(
-        description="The due time its held rows carry (the admin's row list filters on it: due_at); null when it holds none."
+        description="When its waiting rows may be claimed again (its probe, the end of a slow-down); null when it holds none "
+        "back or is disabled."
     )
     changed_by: str | None = Field(description="What last opened, disabled or resumed it.")
 
@@ -132,7 +132,7 @@ class DestinationActionResult(BaseModel):
     changed: bool = Field(description="False when there was nothing to do (see reason); nothing was recorded then.")
     reason: str | None = Field(description="Why nothing changed, when it did not.")
     status: DestinationStatus = Field(description="The destination's status now.")
-    released_rows: int = Field(description="Rows it held back that are due now (resume, probe now).")
+    released_rows: int = Field(description="Rows it held back that may be claimed now (resume, probe now).")
     audit_id: int | None
 
 
@@ -188,8 +188,6 @@ class DestinationOperations:
             released = min(waiting_rows(connection, outbox, before, now=now, cap=DUE_COUNT_CAP), DUE_COUNT_CAP)
             after = DestinationStore(outbox).resume(connection, destination, now=now, actor=actor)
             assert after is not None  # the row is locked: it cannot have gone
-            # The transition released the rows at its hold's end; these are the rest (a slow-down, a cool-down's end).
-            release_waiting(connection, outbox, hold_instants(before, now=now), now=now)
             connection.execute(notify_statement(outbox))  # on commit: every drain claims them at once
             audit_id = self._audit(connection, outbox_name, "destination_resume", before, after, actor)
         return _changed("resume", after, released, audit_id)
@@ -268,7 +266,6 @@ def _changed(action: DestinationAction, state: DestinationState, released: int, 
 
 def _model(view: DestinationView, now: datetime) -> DestinationModel:
     state = view.state
-    instants = hold_instants(state, now=now)
     held = state.status in (Status.OPEN.value, Status.HALF_OPEN.value, Status.DISABLED.value)
     return DestinationModel(
         outbox=state.outbox,
@@ -290,7 +287,7 @@ def _model(view: DestinationView, now: datetime) -> DestinationModel:
         slowed_until=state.slowed_until if _slowed(state, now) else None,
         waiting_rows=view.waiting_rows,
         waiting_rows_at_least=view.waiting_rows_at_least,
-        waiting_until=(state.held_until if held else None) or (instants[-1] if instants else None),
+        waiting_until=waiting_until(state, now=now),
         changed_by=state.changed_by,
     )
 

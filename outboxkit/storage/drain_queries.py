@@ -46,20 +46,24 @@ from sqlalchemy.orm import Session
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.storage.array_literals import integer_array, text_array
+from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
+from outboxkit.storage.destination_claim import destination_claim_sql, earliest_due_sql
 from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
 from outboxkit.storage.row_instances import RowInstances
 
 __all__ = ["OutboxQueries", "queries_for"]
 
-# Oldest due first.  SKIP LOCKED makes concurrent claims disjoint: a row
-# another transaction is claiming right now is passed over, not waited for.
-# The claim stamps a lease (claimed_until) and a fresh token, counts the
-# attempt and moves next_attempt_at to the lease's end, so a row whose worker
-# dies comes due again by itself.
+# The claim: its candidates come from a walk over destinations (outboxkit.storage.destination_claim: blocked
+# destinations are not claimed, one probe per cool-down, a fair share per destination) or, with an ordering key,
+# over keys (outboxkit.storage.ordering).  SKIP LOCKED makes concurrent claims disjoint: a row another
+# transaction is claiming right now is passed over, not waited for.  The claim stamps a lease (claimed_until)
+# and a fresh token, counts the attempt and moves next_attempt_at to the lease's end, so a row whose worker
+# dies comes due again by itself.  A probe row is not locked by the walk (its state row's conditional UPDATE
+# decides who sends it), so the UPDATE below re-checks that it is still pending and due.
 # A due row that still carries a claim token was held by a worker that died
 # before recording its outcome, and may be the row that killed it.  Such a
-# row is claimed alone: otherwise it would be claimed again with the
+# row is claimed alone (with the probes): otherwise it would be claimed again with the
 # batch-mates its crash took down (they share its lease end) and take them
 # down again until they too ran out of attempts.  The other candidates it
 # locked are left untouched and free again when the claim commits.
@@ -67,14 +71,15 @@ __all__ = ["OutboxQueries", "queries_for"]
 # set_config() that is SET LOCAL synchronous_commit = off in the same round
 # trip: the claim's commit does not wait for the WAL flush (see COMMIT
 # DURABILITY below).
-# The claim's second half, shared with the ordered claim (outboxkit.storage.ordering), which finds its
-# candidates otherwise and returns one more column ({returning}).  {columns} is ``outbox.*``, or
-# (the drain's claim) every column named in the model's order, so the result's columns match
-# by position and SQLAlchemy builds the result's metadata once, not on every claim.
+# {columns} is ``outbox.*``, or (the drain's claim) every column named in the model's order, so the result's
+# columns match by position and SQLAlchemy builds the result's metadata once, not on every claim.  Both claims
+# return where their walk stopped ({walked_to}), where the next claim starts.
 _CLAIM_CANDIDATES = """, due AS (
     SELECT id, false AS orphaned FROM candidates WHERE NOT EXISTS (SELECT FROM candidates WHERE orphaned)
     UNION ALL
     (SELECT id, true FROM candidates WHERE orphaned ORDER BY next_attempt_at, id LIMIT 1)
+    UNION ALL
+    SELECT id, false FROM probes
 )
 UPDATE {table} AS outbox
 SET attempts = outbox.attempts + 1,
@@ -83,30 +88,10 @@ SET attempts = outbox.attempts + 1,
     next_attempt_at = :lease_until,
     updated_at = :now
 FROM due{asynchronous_commit}
-WHERE outbox.id = due.id
-RETURNING {columns}, due.orphaned AS outboxkit_orphaned{returning}
+WHERE outbox.id = due.id AND outbox.status = 'pending' AND outbox.next_attempt_at <= :now
+RETURNING {columns}, due.orphaned AS outboxkit_orphaned,
+    {walked_to}
 """
-# The drain's claim returns one more column: whether every stored destination
-# state of this outbox is quiet (healthy, no failure run, neither held nor
-# slowed), read in the claim's own round trip.  When it is, the destination
-# gate has nothing to read, since a quiet state admits rows exactly as an
-# absent one does (outboxkit.destinations.gate).  An uncorrelated subquery,
-# evaluated once per claim; ``:outbox`` is the outbox's job name.
-_QUIET_COLUMN = """,
-    NOT EXISTS (
-        SELECT FROM outboxkit_destinations AS state
-        WHERE state.outbox = :outbox
-          AND (state.status <> 'healthy' OR state.consecutive_failures <> 0
-               OR state.held_until IS NOT NULL OR state.slowed_until IS NOT NULL)
-    ) AS outboxkit_quiet"""
-CLAIM_DUE_ROWS = """
-WITH candidates AS (
-    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
-    WHERE status = 'pending' AND next_attempt_at <= :now
-    ORDER BY next_attempt_at, id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-)""" + _CLAIM_CANDIDATES
 
 # A claimed row whose previous attempt never recorded an outcome (its worker
 # died) and which has no attempts left: park it instead of sending again.
@@ -186,9 +171,9 @@ RETURNING outbox.id
 _ASYNCHRONOUS_JOIN = ", (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit"
 _ASYNCHRONOUS_OUTCOME = "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit\n"
 
-# The earliest due time of any pending row (a row in flight counts with its
-# lease end): the background loop sleeps until then.  One step of the due index.
-EARLIEST_DUE = "SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending'"
+# The earliest due time of a row a claim could take (a row in flight counts with its lease end; a blocked
+# destination's rows with the time it may go again): the background loop sleeps until then.  One step per
+# destination with pending rows (outboxkit.storage.destination_claim), or per key (outboxkit.storage.ordering).
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,25 +188,22 @@ class Outcome:
     error: str | None
 
 
-def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False) -> str:
-    """CLAIM_DUE_ROWS for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters).
-
-    ``columns`` is what it returns of each row; ``quiet`` adds the destinations' quiet column (``:outbox``)."""
-    return CLAIM_DUE_ROWS.format(
+def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+    """The claim for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters: now,
+    lease_until, limit, token, outbox, after).  ``columns`` is what it returns of each row."""
+    return destination_claim_sql(table) + _CLAIM_CANDIDATES.format(
         table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
-        returning=_QUIET_COLUMN if quiet else "",
+        walked_to=DESTINATIONS_WALKED_TO,
     )
 
 
-def ordered_claim_sql(
-    statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*", quiet: bool = False
-) -> str:
+def ordered_claim_sql(statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
     """The claim of an outbox with an ordering key: its keys' heads (``storage.ordering``), then the claim's second half."""
     return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
         table=statements.table,
         asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
         columns=columns,
-        returning=(_QUIET_COLUMN if quiet else "") + ",\n    " + statements.walked_to_column(),
+        walked_to=statements.walked_to_column(),
     )
 
 
@@ -254,14 +236,13 @@ class OutboxQueries:
         # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.  Its
         # columns are named in the model's order and declared positionally, so the result's metadata is built
         # once and cached with the compiled statement, instead of matched by name on every claim.
-        returned = [*table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_quiet", Boolean)]
+        returned = [*table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_walked_to", Text)]
         columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
         if self.ordered is None:
-            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
-            earliest_due = text(EARLIEST_DUE.format(table=quoted))
+            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns)
+            earliest_due = text(earliest_due_sql(quoted))
         else:  # an ordering key: the claim takes each key's head (outboxkit.storage.ordering)
-            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, quiet=True)
-            returned.append(column("outboxkit_walked_to", Text))
+            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns)
             earliest_due = text(self.ordered.earliest_due_sql())
         self._claim: TextClause = text(sql)
         # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
@@ -288,17 +269,22 @@ class OutboxQueries:
         limit: int,
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
-    ) -> tuple[list[Outbox], bool, bool]:
+        cap: int | None = None,
+        breaker: bool | None = None,
+    ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
-        Returns the rows as instances of the model, oldest due first,
+        Returns the rows as instances of the model, oldest due first, and
         whether the claim took a row alone because its last worker died
-        holding it, and whether every stored destination state of the outbox
-        was quiet at the claim (``outboxkit_quiet`` above; True when no row
-        was claimed).  Unless ``synchronous_commit``, the claim's commit does
-        not wait for the WAL flush (see "Commit durability" above).  An
-        outbox with an ordering key claims only its keys' heads, walking its
-        keys from ``cursor`` (which it then moves past the keys it visited).
+        holding it.  Unless ``synchronous_commit``, the claim's commit does
+        not wait for the WAL flush (see "Commit durability" above).  The
+        claim walks the outbox's destinations (or, with an ordering key, its
+        keys) from ``cursor``, which it then moves past those it visited; the
+        probes of destinations whose cool-down is over are among the rows.
+        ``cap`` is the most rows of a suspect destination claimed at once
+        across processes (default: the class's ``destination_cap``);
+        ``breaker`` says whether outcomes are stored (default: the class's),
+        so a destination without a state is not yet proven.
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -309,10 +295,11 @@ class OutboxQueries:
         """
         params: dict[str, Any] = {
             "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
+            "cap": cap if cap is not None else self.outbox.__outbox__.destination_cap,
+            "unknown_suspect": breaker if breaker is not None else self.outbox.__outbox__.breaker is not None,
         }
-        if self.ordered is not None:
-            cursor = cursor if cursor is not None else KeyCursor()
-            params["after"] = cursor.after
+        cursor = cursor if cursor is not None else KeyCursor()
+        params["after"] = cursor.after
         if self._instances.plain:
             result = self._driver_execute(connection, self._claim_driver_sql, params)
             claimed = result.fetchall()
@@ -325,11 +312,10 @@ class OutboxQueries:
                 loaded = session.execute(self._claim_statement, params).all()
             rows = [values[0] for values in loaded]
             extras = [tuple(values[1:]) for values in loaded]
-        if self.ordered is not None and extras:
-            assert cursor is not None
-            cursor.after = extras[0][2]
+        if extras:
+            cursor.after = extras[0][1]
         order = sorted(range(len(rows)), key=lambda index: (rows[index].next_attempt_at, rows[index].id))
-        return [rows[index] for index in order], any(each[0] for each in extras), all(each[1] for each in extras)
+        return [rows[index] for index in order], any(each[0] for each in extras)
 
     def park_exhausted(
         self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime, error: str
@@ -339,12 +325,14 @@ class OutboxQueries:
         )
         return result.rowcount
 
-    def earliest_due(self, connection: Connection) -> datetime | None:
-        """The earliest ``next_attempt_at`` of any pending row a claim could take, or None when there is none.
+    def earliest_due(self, connection: Connection, *, now: datetime) -> datetime | None:
+        """The earliest time a claim could take a row, or None when there is none.
 
-        With an ordering key, a row waiting behind its key's head is not one of them.
+        A row of a blocked destination counts from when its destination may go again (its probe, the end of its
+        slow-down; never while it is disabled); with an ordering key, a row waiting behind its key's head does not
+        count.
         """
-        params = None if self.ordered is None else {"outbox": self.job_name}
+        params = {"outbox": self.job_name, "now": now}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
         return None if found is None else found[0]
 

@@ -28,6 +28,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy import inspect as sqlalchemy_inspect
 
 from outboxkit.errors import InvalidValueError
+from outboxkit.model import KIT_COLUMNS as MODEL_KIT_COLUMNS
 from outboxkit.model import LAST_ERROR_LIMIT, STATUSES, Outbox
 from outboxkit.storage.drain_queries import quote_table
 from outboxkit.storage.operator_results import (
@@ -48,7 +49,7 @@ __all__ = ["AdminQueries", "admin_queries_for"]
 
 # Columns the kit owns on every outbox; whatever else a table has is the
 # application's payload.
-KIT_COLUMNS = frozenset(name for name, annotation in Outbox.__annotations__.items() if str(annotation).startswith("Mapped["))
+KIT_COLUMNS = MODEL_KIT_COLUMNS
 # Below this many rows in the table, ``done`` is counted exactly (a capped
 # scan); above it, it is derived from the planner's row estimate.
 DONE_EXACT_LIMIT = 10_000

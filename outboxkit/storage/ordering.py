@@ -26,6 +26,11 @@ LOCKED`` as the unordered claim locks, so concurrent claims stay disjoint: a
 head another drain is claiming is skipped, and one claimed and committed
 meanwhile no longer passes the re-check (it is no longer due).
 
+A head is claimable only while no row of its key is claimed: a row made
+pending again before the row in flight (a replayed delivered row, a reset
+skipped row) waits until that row is recorded, so a key never has two rows
+in flight.
+
 Order is ``id`` order among committed rows.  Two transactions that insert
 rows of one key at once may commit in the other order than their ids; if the
 later id is claimed before the earlier one commits, it is delivered first.
@@ -38,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.storage.destination_claim import BLOCKED, PROBE_DUE, STATES, blocked_wakeups_sql, probe_sql
 from outboxkit.storage.tables import ordering_skips
 
 __all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
@@ -46,7 +52,7 @@ SKIPS = ordering_skips.name
 
 # A key's head: its first row that is not done, passing over rows a person skipped while they are stuck.
 _HEAD = """
-    SELECT head.id, head.status, head.next_attempt_at FROM {table} AS head
+    SELECT head.id, head.status, head.next_attempt_at, head.destination FROM {table} AS head
     WHERE head.{key} = {current} AND head.status <> 'done'
       AND NOT (head.status = 'stuck' AND EXISTS (
           SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = head.id))
@@ -65,8 +71,8 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
     SELECT start.key, head.id, COALESCE(head.claimable, false), false, start.key,
            CASE WHEN head.claimable THEN 1 ELSE 0 END, 1
     FROM (SELECT {first_key} AS key) AS start
-    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AS claimable FROM ({head_of_start}) AS h)
-        AS head ON true
+    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AND {may_go} AND {start_free} AS claimable
+                       FROM ({head_of_start}) AS h) AS head ON true
     WHERE start.key IS NOT NULL
   UNION ALL
     SELECT next.key, head.id, COALESCE(head.claimable, false), next.wrapped, walk.start_key,
@@ -76,15 +82,15 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
         SELECT candidate.key, walk.wrapped OR candidate.key <= walk.key AS wrapped
         FROM (SELECT {next_key} AS key) AS candidate
     ) AS next
-    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AS claimable FROM ({head_of_next}) AS h)
-        AS head ON true
+    LEFT JOIN LATERAL (SELECT id, status = 'pending' AND next_attempt_at <= :now AND {may_go} AND {next_free} AS claimable
+                       FROM ({head_of_next}) AS h) AS head ON true
     WHERE walk.found < :limit AND next.key IS NOT NULL AND NOT (next.wrapped AND next.key >= walk.start_key)
 ), unkeyed AS (
-    SELECT id FROM {table}
-    WHERE status = 'pending' AND next_attempt_at <= :now AND {key} IS NULL
+    SELECT id FROM {table} AS h
+    WHERE status = 'pending' AND next_attempt_at <= :now AND {key} IS NULL AND {may_go}
     ORDER BY next_attempt_at, id
     LIMIT :limit
-), candidates AS (
+){probes}, candidates AS (
     SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
     WHERE id IN (SELECT head_id FROM walk WHERE claimable UNION ALL SELECT id FROM unkeyed)
       AND status = 'pending' AND next_attempt_at <= :now
@@ -92,6 +98,28 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )"""
+# A head (or unkeyed row) ``h`` may go unless its destination is blocked (outboxkit.storage.destination_claim).
+_MAY_GO = f"""NOT EXISTS (
+        SELECT FROM {STATES} AS state WHERE state.outbox = :outbox AND state.destination = h.destination AND {BLOCKED})"""
+
+# No row of the key {current} is claimed now: a row made pending again before a row in flight (a replayed
+# delivered row, a reset skipped row) becomes its key's head, but is claimable only once that row is recorded (or
+# its lease ends), so a key never has two rows in flight.  Read on the index of claimed rows.
+_KEY_FREE = """NOT EXISTS (
+        SELECT FROM {table} AS busy WHERE busy.claimed_until > :now AND busy.status = 'pending' AND busy.{key} = {current})"""
+
+# The probe of each destination whose probe is due (read on its partial index of states not healthy): its oldest due
+# row that is unkeyed or its key's head, among its first PROBE_SCAN due rows, so a probe never breaks a key's order.
+PROBE_SCAN = 100
+_ORDERED_PICK = """SELECT state.destination, (
+            SELECT c.id FROM (
+                SELECT id, {key} AS key, next_attempt_at FROM {table} WHERE status = 'pending'
+                AND destination = state.destination AND next_attempt_at <= :now
+                ORDER BY destination, next_attempt_at, id LIMIT {scan}) AS c
+            WHERE c.key IS NULL OR (c.id = (SELECT h.id FROM ({head_of_c}) AS h) AND {c_free})
+            ORDER BY c.next_attempt_at, c.id LIMIT 1) AS id
+        FROM {states} AS state WHERE state.outbox = :outbox AND state.status <> 'healthy' AND {probe_due}"""
+
 # The claim's second half (the orphan rule, the UPDATE) is the unordered claim's: outboxkit.storage.drain_queries adds it,
 # returning as well where the walk stopped (WALKED_TO), where the next claim starts.
 WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
@@ -107,10 +135,14 @@ WITH RECURSIVE keys(key) AS (
     FROM keys WHERE keys.key IS NOT NULL
 )
 SELECT min(due) FROM (
-    SELECT min(next_attempt_at) AS due FROM {table} WHERE status = 'pending' AND {key} IS NULL
+    (SELECT next_attempt_at AS due FROM {table} AS h WHERE status = 'pending' AND {key} IS NULL AND {may_go}
+     ORDER BY next_attempt_at, id LIMIT 1)
   UNION ALL
     SELECT head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
-    WHERE keys.key IS NOT NULL AND head.status = 'pending'
+    WHERE keys.key IS NOT NULL AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
+        SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = head.destination AND {blocked})
+  UNION ALL
+    {blocked_wakeups}
 ) AS dues
 """
 
@@ -239,6 +271,10 @@ class OrderedStatements:
         after = f"CAST(:after AS {self.key_type})"
         first_key = _NEXT_KEY.format(key=self.key, table=self.table, current=after)
         # With no cursor, "the first key after NULL" is NULL and COALESCE falls back to the first key.
+        pick = _ORDERED_PICK.format(
+            key=self.key, table=self.table, scan=PROBE_SCAN, head_of_c=self._head("c.key"), states=STATES,
+            probe_due=PROBE_DUE, c_free=self._key_free("c.key"),
+        )
         return ORDERED_CANDIDATES.format(
             table=self.table,
             key=self.key,
@@ -246,13 +282,20 @@ class OrderedStatements:
             next_key=_NEXT_KEY.format(key=self.key, table=self.table, current="walk.key"),
             head_of_start=self._head("start.key"),
             head_of_next=self._head("next.key"),
+            may_go=_MAY_GO,
+            start_free=self._key_free("start.key"),
+            next_free=self._key_free("next.key"),
+            probes=probe_sql(pick),
         )
 
     def walked_to_column(self) -> str:
         return WALKED_TO
 
     def earliest_due_sql(self) -> str:
-        return EARLIEST_ORDERED_DUE.format(table=self.table, key=self.key, head_of_keys=self._head("keys.key"))
+        return EARLIEST_ORDERED_DUE.format(
+            table=self.table, key=self.key, head_of_keys=self._head("keys.key"), may_go=_MAY_GO, states=STATES,
+            blocked=BLOCKED, blocked_wakeups=blocked_wakeups_sql(self.table), keys_free=self._key_free("keys.key"),
+        )
 
     def backlog_sql(self) -> str:
         """The due and held-by-order figures (``ORDERED_BACKLOG``; parameters now, outbox, key_limit, cap, with_due)."""
@@ -275,6 +318,9 @@ class OrderedStatements:
             table=self.table, key=self.key, skips=SKIPS, head_of_row=self._head("target." + self.key),
             cap_plus_one=WAITING_CAP + 1,
         )
+
+    def _key_free(self, current: str) -> str:
+        return _KEY_FREE.format(table=self.table, key=self.key, current=current)
 
     def _head(self, current: str) -> str:
         return _HEAD.format(table=self.table, key=self.key, current=current, skips=SKIPS)

@@ -233,7 +233,6 @@ destinations = Table(
     Column("next_probe_at", DateTime(timezone=True)),
     Column("probe_row_id", BigInteger),
     Column("probe_until", DateTime(timezone=True)),
-    Column("held_until", DateTime(timezone=True)),
     Column("slowed_until", DateTime(timezone=True)),
     Column("last_error", Text),
     Column("last_status_code", SmallInteger),
@@ -243,6 +242,11 @@ destinations = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{status}'" for status in DESTINATION_STATUSES) + ")", name="ck_outboxkit_destinations_status"
+    ),
+    # Added by migration outboxkit_0010: the states that block their rows (or did), which the ordered claim reads.
+    Index(
+        "ix_outboxkit_destinations_blocked", "outbox",
+        postgresql_where=text("status <> 'healthy' OR slowed_until IS NOT NULL"),
     ),
 )
 
@@ -381,6 +385,8 @@ subscriptions = Table(
     kit_metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("url", Text, nullable=False),
+    # The url's destination (scheme, host, port), written at save; publish copies it onto each delivery.
+    Column("destination", String(300)),
     Column("event_types", ARRAY(String(200)), nullable=False),
     Column("tenant", String(200)),
     Column("secrets", ARRAY(Text), nullable=False),

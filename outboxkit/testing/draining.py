@@ -96,7 +96,7 @@ def drain_until_idle(
                 raise NotIdleError(f"the drain of {result.job_name!r} failed in round {rounds}: {result.error}")
         for recorder in recorders:
             recorder.check()
-        next_due = _next_due(kit.engine, outboxes)
+        next_due = _next_due(kit.engine, outboxes, now=kit.clock.now())
         if next_due is None:  # nothing left a drain could claim (rows behind a stuck head of their key wait)
             return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
         if next_due > kit.clock.now():
@@ -105,7 +105,8 @@ def drain_until_idle(
             manual.set(next_due)
     raise NotIdleError(
         f"still not idle after {max_rounds} rounds (clock at {kit.clock.now().isoformat()}): "
-        f"{_pending(kit.engine, outboxes)} row(s) pending, the next due at {_next_due(kit.engine, outboxes)}; "
+        f"{_pending(kit.engine, outboxes)} row(s) pending, the next due at "
+        f"{_next_due(kit.engine, outboxes, now=kit.clock.now())}; "
         "a row that is due but never claimed is usually locked by a transaction the test left open"
     )
 
@@ -127,10 +128,10 @@ def _clock_to_move(kit: OutboxKit, clock: ManualClock | None, advance_clock: boo
     return kit.clock
 
 
-def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]]) -> datetime | None:
+def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]], *, now: datetime) -> datetime | None:
     """The earliest due time of a row a drain could claim (with an ordering key, rows behind their key's head wait)."""
     with engine.connect() as connection:
-        times = [queries_for(outbox).earliest_due(connection) for outbox in outboxes]
+        times = [queries_for(outbox).earliest_due(connection, now=now) for outbox in outboxes]
     due = [moment for moment in times if moment is not None]
     return min(due) if due else None
 

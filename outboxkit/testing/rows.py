@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, inspect, select
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, InvalidTypeError, OutboxAssertionError
-from outboxkit.model import Outbox
+from outboxkit.model import KIT_COLUMNS, Outbox
 from outboxkit.storage.database import kit_engine
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _describe_rows(outbox: type[Outbox], columns: list[str], rows: Sequence[Outb
     table = outbox.__tablename__  # type: ignore[attr-defined]
     if not rows:
         return f"{table} is empty"
-    kit_owned = set(Outbox.__annotations__)
+    kit_owned = KIT_COLUMNS
     shown = [name for name in _SHOWN_KIT_COLUMNS if name in columns] + [name for name in columns if name not in kit_owned]
     lines = [
         "  " + " ".join(f"{name}={getattr(row, name)!r}" for name in shown) for row in rows[:_ROWS_SHOWN]

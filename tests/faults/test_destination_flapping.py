@@ -127,4 +127,4 @@ def test_two_processes_share_a_flapping_destinations_breaker_and_lose_nothing(da
         states = store.states(connection, [destination_of(receiver.url)])
     final = states[destination_of(receiver.url)]  # failures were recorded, so the state exists
     assert final.window_failures >= flap.breaker.failures and final.last_status_code == 503
-    assert final.status == "healthy" and final.held_until is None  # the last answers closed it
+    assert final.status == "healthy"  # the last answers closed it

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,7 +71,7 @@ def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_thei
     assert drainer.drain().retried == 6  # all six were out before the breaker opened
     assert state(engine, failing_receiver.url).status == "open"
     clock.advance(seconds=30)  # past every row's backoff, inside the cool-down
-    assert drainer.drain().claimed == 0  # claimed, held back, not sent
+    assert drainer.drain().claimed == 0  # not claimed: the claim leaves an open destination's rows out
     assert len(failing_receiver.requests) == 6
     clock.advance(seconds=31)  # the cool-down is over: one probe, which fails
     drainer.drain()
@@ -87,38 +86,6 @@ def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_thei
     result = drainer.drain()
     assert result.delivered == 6 and state(engine, failing_receiver.url).status == "healthy"
     assert {row.status for row in read_events().values()} == {"done"}
-    attempts_match_requests(read_events, failing_receiver)
-
-
-def test_a_claim_reads_destination_states_only_when_one_is_not_quiet(
-    engine, make_drainer, clock, failing_receiver, read_events
-):
-    """While every stored state of the outbox is quiet the claim says so and the gate reads none; a breaker that
-    another drainer opened is still seen at this drainer's next claim, which reads the state and holds the row."""
-    reads: list[str] = []
-
-    def note(connection, cursor, statement, parameters, context, executemany) -> None:
-        if statement.lstrip().startswith("SELECT") and "outboxkit_destinations" in statement:
-            reads.append(statement)
-
-    first = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    other = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    event.listen(engine, "before_cursor_execute", note)
-    try:
-        insert_at(engine, failing_receiver.url, [{"n": 0}, {"n": 1}])
-        assert first.drain().delivered == 2
-        assert reads == []  # no state stored: nothing to read
-        failing_receiver.respond = lambda request: Reply(status=503)
-        insert_at(engine, failing_receiver.url, [{"n": n} for n in range(2, 5)])
-        assert other.drain().retried == 3
-        assert state(engine, failing_receiver.url).status == "open"
-        reads.clear()
-        clock.advance(seconds=30)  # past the rows' backoff, inside the cool-down
-        assert first.drain().claimed == 0  # claimed, held back by the state it read, not sent
-    finally:
-        event.remove(engine, "before_cursor_execute", note)
-    assert reads
-    assert len(failing_receiver.requests) == 5
     attempts_match_requests(read_events, failing_receiver)
 
 
@@ -269,182 +236,63 @@ def test_healthy_destinations_keep_flowing_while_another_hangs(engine, receiver,
     assert all(row.status == "pending" for row in rows.values() if row.target_url.startswith(blackhole.url))
 
 
-def test_rows_queued_for_a_send_when_the_breaker_opens_are_given_back_unsent(
-    engine, make_drainer, failing_receiver, read_events
-):
-    """One send thread: the first answer opens the breaker while the second send is out; the rest never go."""
-    first = threading.Event()
-
-    def respond(request):
-        if not first.is_set():
-            first.set()
-            return Reply(status=503)
-        return Reply(status=503, hang=True)  # until the test has seen the breaker open
-
-    failing_receiver.respond = respond
-    ids = insert_at(engine, failing_receiver.url, [{"n": n} for n in range(5)])
-    drainer = make_drainer(breaker=BreakerOptions(failures=1, cool_down=60), concurrency=1, batch_size=5, max_attempts=20)
-    draining = threading.Thread(target=drainer.drain)
-    draining.start()
-    try:
-        deadline = time.monotonic() + 60
-        while (current := state(engine, failing_receiver.url)) is None or current.status != "open":
-            assert time.monotonic() < deadline, "the breaker did not open"
-            threading.Event().wait(0.02)
-    finally:
-        failing_receiver.release()
-        draining.join(timeout=60)
-    assert len(failing_receiver.requests) == 2
-    rows = read_events()
-    assert [(rows[row_id].status, rows[row_id].attempts) for row_id in ids[2:]] == [("pending", 0)] * 3
-    attempts_match_requests(read_events, failing_receiver)
-
-
-def test_a_hanging_destination_costs_each_batch_no_statement_and_no_due_time_read(
-    engine, receiver, read_events, monkeypatch
-):
-    """What a capped destination costs the drain's thread: the rows over its cap wait in the drainer
-    (outboxkit.drain.cap_backlog), so no batch writes anything for them; the state read is a single AUTOCOMMIT
-    statement (no BEGIN, no COMMIT or ROLLBACK); a full claim whose batch had rows over a cap is followed by the next
-    claim without a read of the earliest due time; at the stop the rows still waiting go back with their attempts."""
+def test_a_hanging_destination_costs_the_others_no_give_back_and_holds_at_most_its_cap(engine, receiver, read_events):
+    """What a capped destination costs the drain: its rows beyond the cap are never claimed (the claim counts its live
+    claims), so nothing is given back and no attempt taken back; no state is read besides the claim's own; it holds
+    at most its cap of connections, and its rows spend an attempt only for a connection."""
     options = dataclasses.replace(
         SampleEvent.__outbox__, concurrency=8, batch_size=10, timeout=30, destination_concurrency=2, breaker=BREAKER
     )
-    statements: list[tuple[str, str | None]] = []
+    statements: list[str] = []
 
     def note(connection, cursor, statement, parameters, context, executemany) -> None:
-        statements.append((statement, connection.get_execution_options().get("isolation_level")))
+        statements.append(statement)
 
-    steps: list[tuple[str, bool]] = []  # ("claim", full), ("admit", over a cap), ("earliest_due", _)
     with HttpTransport() as transport:
         drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
-        claim, admit, earliest_due = drainer.claimer.claim, drainer.gate.admit, drainer.pump._earliest_due
-
-        def claiming(wanted, *args, **kwargs):
-            rows, token, taken, orphaned, quiet = claim(wanted, *args, **kwargs)
-            steps.append(("claim", taken == wanted))
-            return rows, token, taken, orphaned, quiet
-
-        def admitting(*args, **kwargs):
-            admission = admit(*args, **kwargs)
-            steps.append(("admit", admission.capped > 0 or bool(admission.waiting)))
-            return admission
-
-        def reading(*args, **kwargs):
-            steps.append(("earliest_due", False))
-            return earliest_due(*args, **kwargs)
-
-        monkeypatch.setattr(drainer.claimer, "claim", claiming)
-        monkeypatch.setattr(drainer.gate, "admit", admitting)
-        monkeypatch.setattr(drainer.pump, "_earliest_due", reading)
         event.listen(engine, "before_cursor_execute", note)
         try:
             with Blackhole() as blackhole:
-                for n in range(60):  # every third row to the blackhole: nearly every batch has rows over its cap
+                for n in range(60):  # every third row to the blackhole
                     insert_at(engine, blackhole.url if n % 3 == 0 else receiver.url, [{"n": n}])
                 drainer.start(poll_seconds=1)
                 receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
                 while_running = list(statements)
-                drainer.stop(wait=False)  # the rows still waiting go back now; the sends out hang until the blackhole closes
+                drainer.stop(wait=False)
                 wait_until(lambda: unclaimed_sample_events(engine, blackhole.url) == 18, timeout=30,
-                           message="the waiting rows go back")
+                           message="only its cap of rows was ever claimed")
                 sent_to_blackhole = blackhole.accepted
         finally:
             event.remove(engine, "before_cursor_execute", note)
             drainer.close()
-    state_reads = [level for statement, level in while_running if statement.lstrip().startswith("SELECT") and
+    state_reads = [statement for statement in while_running if statement.lstrip().startswith("SELECT") and
                    "outboxkit_destinations" in statement and "FOR" not in statement]
-    give_backs = [statement for statement, _ in while_running if "attempts=(sample_event_outbox.attempts - " in statement]
-    assert not give_backs  # the rows over the cap waited: nothing was written for them
-    assert set(state_reads) <= {"AUTOCOMMIT"}  # state reads happen only once a state is not quiet
-    over_cap_full = [
-        index for index in range(1, len(steps)) if steps[index] == ("admit", True) and steps[index - 1] == ("claim", True)
-    ]
-    assert over_cap_full, steps
-    for index in over_cap_full:
-        following = next((step for step, _ in steps[index + 1 :] if step != "admit"), None)
-        assert following != "earliest_due", steps
+    give_backs = [statement for statement in while_running if "attempts=(sample_event_outbox.attempts - " in statement]
+    assert not give_backs and not state_reads
     dead = [row for row in read_events().values() if row.target_url.startswith(blackhole.url)]
-    assert len(dead) == 20 and all(row.status == "pending" and row.claimed_until is None for row in dead)
+    assert len(dead) == 20 and all(row.status == "pending" for row in dead)
     assert sent_to_blackhole == 2  # its cap
-    assert sum(row.attempts for row in dead) == 2  # the rows that waited and went back unsent spent no attempt
+    assert sum(row.attempts for row in dead) == 2  # one attempt per connection: nothing spent on rows not sent
 
 
-# -- rows over a cap wait in the pump (outboxkit.drain.cap_backlog) ------------------------------------
-
-
-def give_back_statements(engine: Engine) -> tuple[list[str], object]:
-    """Collects the statements that give claimed rows back (their attempt taken back)."""
-    seen: list[str] = []
-
-    def note(connection, cursor, statement, parameters, context, executemany) -> None:
-        if "attempts=(sample_event_outbox.attempts - " in statement:
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", note)
-    return seen, note
-
-
-def test_rows_over_a_cap_wait_and_go_out_when_their_destination_answers(engine, receiver, read_events):
-    """A destination not yet proven gets its cap (one send); its other rows wait in the call, claimed, and go out
-    once that send answers: each row claimed once, sent once, nothing given back meanwhile."""
-    options = dataclasses.replace(
-        SampleEvent.__outbox__, concurrency=8, batch_size=20, timeout=30, destination_concurrency=1, breaker=BREAKER
-    )
-    with Receiver() as slow, HttpTransport() as transport:
-        slow.respond = lambda request: Reply(hang=True)  # its first answers wait for release()
-        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
-        seen, note = give_back_statements(engine)
-        try:
-            slow_ids = insert_at(engine, slow.url, [{"n": n} for n in range(5)])
-            fast_ids = insert_at(engine, receiver.url, [{"n": n} for n in range(5)])
-            outcome: list[object] = []
-            call = threading.Thread(target=lambda: outcome.append(drainer.drain()))
+def test_one_drain_call_delivers_every_healthy_row_while_another_destination_holds_its_cap(
+    engine, make_drainer, receiver, read_events
+):
+    """A claim that a cap cut short is followed by another once an outcome frees a place (here the healthy
+    destination's first answers prove it), so a drain call does not stop at the first capped claim."""
+    drainer = make_drainer(concurrency=8, batch_size=10, timeout=30.0, destination_concurrency=2, breaker=BREAKER)
+    outcome: list[object] = []
+    call = threading.Thread(target=lambda: outcome.append(drainer.drain()))
+    try:
+        with Blackhole() as blackhole:
+            insert_at(engine, blackhole.url, [{"n": n} for n in range(4)])
+            healthy = insert_at(engine, receiver.url, [{"n": n} for n in range(20)])
             call.start()
-            wait_until(lambda: len(receiver.requests) == 5 and slow.in_flight == 1, timeout=25,
-                       message="the fast rows delivered, one send out to the slow destination")
-            assert len(slow.requests) == 1  # its cap: the four others wait, claimed
-            assert call.is_alive()
-            slow.respond = lambda request: Reply()
-            slow.release()
-            call.join(timeout=25)
-            assert not call.is_alive()
-        finally:
-            event.remove(engine, "before_cursor_execute", note)
-            drainer.close()
-    assert seen == []  # nothing was given back: the rows over the cap waited
+            receiver.wait_for(lambda r: len(r.requests) >= 20, timeout=25)  # well inside one 30 s deadline
+            assert blackhole.most_open <= 2  # its cap
+        # The blackhole closed its connections: the hanging sends end, and the call returns.
+    finally:
+        call.join(timeout=60)
     (result,) = outcome
-    assert result.delivered == 10 and result.claimed == 10
     rows = read_events()
-    assert [(rows[row_id].status, rows[row_id].attempts) for row_id in slow_ids + fast_ids] == [("done", 1)] * 10
-    assert len(slow.requests) == 5
-
-
-def test_rows_waiting_over_a_cap_go_back_before_their_lease_runs_short(engine, receiver, read_events):
-    """A destination that hangs frees no place: its rows waiting over the cap go back unsent, their attempts taken
-    back, once their lease no longer leaves room for a whole send (the lease is short here: one round of sends, one
-    timeout + 3 s)."""
-    options = dataclasses.replace(
-        SampleEvent.__outbox__, concurrency=8, batch_size=8, timeout=30, lease_margin=3, destination_concurrency=1,
-        breaker=BREAKER,
-    )
-    with HttpTransport() as transport:
-        drainer = Drainer(engine, SampleEvent, transport=transport, options=options)
-        seen, note = give_back_statements(engine)
-        try:
-            with Blackhole() as blackhole:
-                dead_ids = insert_at(engine, blackhole.url, [{"n": n} for n in range(4)])
-                insert_at(engine, receiver.url, [{"n": n} for n in range(4)])
-                drainer.start(poll_seconds=60)
-                wait_until(lambda: len(receiver.requests) == 4, timeout=25, message="the healthy rows delivered")
-                # send_by = lease end - record margin (1 s) - timeout: 2 s after the claim, far before the 30 s
-                # deadline of the one send out, and before the lease's end (33 s)
-                wait_until(lambda: bool(seen), timeout=25, message="the waiting rows go back")
-                assert blackhole.accepted == 1  # its cap; the rows claimed again since then wait again
-                drainer.stop(wait=False)
-        finally:
-            event.remove(engine, "before_cursor_execute", note)
-            drainer.close()
-    rows = read_events()
-    assert sum(rows[row_id].attempts for row_id in dead_ids) == blackhole.accepted == 1
-    assert all(rows[row_id].status == "pending" and rows[row_id].claimed_until is None for row_id in dead_ids)
+    assert [rows[row_id].status for row_id in healthy] == ["done"] * 20 and result.delivered == 20

@@ -36,8 +36,8 @@ def operations(admin) -> DestinationOperations:
 def test_an_open_destination_is_listed_with_its_state_failures_last_error_and_rows_waiting(admin, operations):
     record(admin.engine, Signal.SUCCESS, at=START - timedelta(seconds=5), destination="https://partner.example:443")
     state = open_breaker(admin.engine, at=START)
-    add_webhooks(admin.engine, 3, status="pending", next_attempt_at=state.held_until)  # held for the cool-down
-    add_webhooks(admin.engine, 2, status="pending", next_attempt_at=START)  # due: not held by anybody
+    add_webhooks(admin.engine, 3, status="pending", next_attempt_at=START)  # its rows: the claim leaves them out
+    add_webhooks(admin.engine, 2, status="pending", next_attempt_at=START, target_url="https://partner.example/in")
     view = operations.all()
     webhooks = next(entry for entry in view.outboxes if entry.outbox == "webhooks")
     credit = next(entry for entry in view.outboxes if entry.outbox == "credit-grants")
@@ -46,7 +46,7 @@ def test_an_open_destination_is_listed_with_its_state_failures_last_error_and_ro
     assert (dead.failure_rate, dead.window_failures, dead.window_successes) == (1.0, 3, 0)
     assert (dead.last_status_code, dead.last_error) == (503, "receiver answered 503")
     assert dead.open_since == START and dead.next_probe_at == START + timedelta(seconds=30)
-    assert (dead.waiting_rows, dead.waiting_rows_at_least, dead.waiting_until) == (3, False, state.held_until)
+    assert (dead.waiting_rows, dead.waiting_rows_at_least, dead.waiting_until) == (3, False, state.next_probe_at)
     assert (partner.name, partner.status, partner.waiting_rows, partner.open_since) == (
         "https://partner.example:443", "healthy", 0, None)
     assert partner.failure_rate == 0.0 and webhooks.complete and credit.destinations == []
@@ -55,22 +55,22 @@ def test_an_open_destination_is_listed_with_its_state_failures_last_error_and_ro
 
 def test_rows_waiting_are_a_capped_count(admin):
     state = open_breaker(admin.engine, at=START)
-    add_webhooks(admin.engine, 4, status="pending", next_attempt_at=state.held_until)
+    add_webhooks(admin.engine, 4, status="pending", next_attempt_at=state.next_probe_at)
     with admin.kit.operator_database.connect() as connection:
         (view,) = destination_views(connection, WebhookOutbox, now=START, cap=3)
     assert (view.waiting_rows, view.waiting_rows_at_least) == (3, True)
 
 
-def test_resume_makes_an_open_destination_healthy_its_held_rows_due_now_and_is_audited(admin, admin_database_url, operations):
-    state = open_breaker(admin.engine, at=START)
-    held = add_webhooks(admin.engine, 2, status="pending", attempts=3, next_attempt_at=state.held_until)
+def test_resume_makes_an_open_destination_healthy_its_rows_claimable_and_is_audited(admin, admin_database_url, operations):
+    open_breaker(admin.engine, at=START)
+    held = add_webhooks(admin.engine, 2, status="pending", attempts=3, next_attempt_at=START)
     admin.clock.advance(seconds=5)
     with listening(admin_database_url, WebhookOutbox) as listener:
         result = operations.resume("webhooks", DEAD, actor="alice")
         assert notified(listener) == [channel_for(WebhookOutbox)]  # the drains claim them at once
     assert (result.changed, result.status, result.released_rows) == (True, "healthy", 2)
     assert [(row_of(admin.engine, row_id)["next_attempt_at"], row_of(admin.engine, row_id)["attempts"]) for row_id in held] == [
-        (START + timedelta(seconds=5), 3)] * 2  # due now, attempts kept
+        (START, 3)] * 2  # untouched: one state UPDATE lets them go
     after = destination_row(admin.engine)
     assert (after["status"], after["consecutive_failures"], after["changed_by"]) == ("healthy", 0, "resumed by alice")
     (entry,) = audit_entries(admin.engine)
@@ -78,40 +78,41 @@ def test_resume_makes_an_open_destination_healthy_its_held_rows_due_now_and_is_a
     assert entry["filter"] == {"destination": DEAD, "status_before": "open", "status_after": "healthy"}
 
 
-def test_resume_ends_a_retry_after_slow_down_and_its_rows_are_due_now(admin, operations):
+def test_resume_ends_a_retry_after_slow_down(admin, operations):
     state = record(admin.engine, Signal.THROTTLED, at=START, status_code=429, slow_down=600)
-    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=state.slowed_until)
+    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=START)
+    assert operations.one("webhooks", DEAD).waiting_until == state.slowed_until
     assert operations.one("webhooks", DEAD).waiting_rows == 1
     result = operations.resume("webhooks", DEAD, actor="alice")
     assert (result.changed, result.released_rows) == (True, 1)
-    assert row_of(admin.engine, row_id)["next_attempt_at"] == START and destination_row(admin.engine)["slowed_until"] is None
+    assert destination_row(admin.engine)["slowed_until"] is None and operations.one("webhooks", DEAD).waiting_rows == 0
 
 
 def test_disable_holds_every_row_until_resumed_and_disabling_again_changes_nothing(admin, operations):
-    state = open_breaker(admin.engine, at=START)
-    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=state.held_until)
+    open_breaker(admin.engine, at=START)
+    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=START)
     first = operations.disable("webhooks", DEAD, actor="bob")
     second = operations.disable("webhooks", DEAD, actor="bob")
     disabled = operations.one("webhooks", DEAD)
     assert (first.changed, first.status, second.changed, second.audit_id) == (True, "disabled", False, None)
     assert second.reason == "it is already disabled (disabled by bob)"
-    assert disabled.waiting_rows == 1 and row_of(admin.engine, row_id)["next_attempt_at"] == disabled.waiting_until
-    assert disabled.waiting_until > START + timedelta(days=3000) and disabled.changed_by == "disabled by bob"
+    assert disabled.waiting_rows == 1 and disabled.waiting_until is None  # until a person resumes it
+    assert disabled.changed_by == "disabled by bob"
     assert [entry["action"] for entry in audit_entries(admin.engine)] == ["destination_disable"]
     assert operations.resume("webhooks", DEAD, actor="bob").released_rows == 1
     assert row_of(admin.engine, row_id)["next_attempt_at"] == START
 
 
 def test_probe_now_ends_the_cool_down_and_only_an_open_destination_has_one(admin, admin_database_url, operations):
-    state = open_breaker(admin.engine, at=START)
-    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=state.held_until)
+    open_breaker(admin.engine, at=START)
+    (row_id,) = add_webhooks(admin.engine, 1, status="pending", next_attempt_at=START)
     admin.clock.advance(seconds=2)
     with listening(admin_database_url, WebhookOutbox) as listener:
         result = operations.probe("webhooks", DEAD, actor="carol")
         assert notified(listener) == [channel_for(WebhookOutbox)]
     now = START + timedelta(seconds=2)
     assert (result.changed, result.status, result.released_rows) == (True, "open", 1)
-    assert destination_row(admin.engine)["next_probe_at"] == now and row_of(admin.engine, row_id)["next_attempt_at"] == now
+    assert destination_row(admin.engine)["next_probe_at"] == now and row_of(admin.engine, row_id)["next_attempt_at"] == START
     record(admin.engine, Signal.SUCCESS, at=now)  # the probe went and succeeded: healthy
     again = operations.probe("webhooks", DEAD, actor="carol")
     assert (again.changed, again.reason, again.audit_id) == (False, "it is healthy: there is no cool-down to end", None)

@@ -62,7 +62,9 @@ def test_only_the_named_destination_is_limited(engine, make_drainer, clock, read
         attempts_match_requests(read_events, limited, free)
 
 
-def test_a_probe_goes_without_a_token(engine, make_drainer, clock, receiver, read_events):
+def test_an_open_destinations_rows_wait_and_its_probe_takes_a_token_like_any_row(
+    engine, make_drainer, clock, receiver, read_events
+):
     receiver.respond = lambda request: Reply(status=503)
     insert_at(engine, receiver.url, [{"n": 0}])
     drainer = make_drainer(
@@ -70,14 +72,14 @@ def test_a_probe_goes_without_a_token(engine, make_drainer, clock, receiver, rea
     )
     drainer.drain()  # the first row takes the one token, fails, and opens the breaker
     insert_at(engine, receiver.url, [{"n": n} for n in range(1, 4)])
-    clock.advance(seconds=0.5)  # the breaker holds the new rows; the bucket has half a token
+    clock.advance(seconds=0.5)  # the breaker keeps the new rows from the claim; the bucket has half a token
     assert drainer.drain().claimed == 0
     receiver.respond = lambda request: Reply(status=200)
-    clock.advance(seconds=60)  # the bucket is full again (one token): the probe goes without it, one row with it
+    clock.advance(seconds=60)  # the bucket is full again (one token): the probe takes it and closes the breaker
     drainer.drain()
-    assert len(receiver.requests) == 3
+    assert len(receiver.requests) == 2  # the others wait for their tokens
     rows = read_events()
-    assert sorted(row.status for row in rows.values()) == ["done", "done", "pending", "pending"]
+    assert sorted(row.status for row in rows.values()) == ["done", "pending", "pending", "pending"]
     attempts_match_requests(read_events, receiver)
 
 

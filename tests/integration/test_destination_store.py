@@ -1,15 +1,13 @@
-"""Destination state in the real database: transitions, holds that keep attempts, and races between processes.
+"""Destination state across processes, and the claim that reads it (outboxkit.storage.destination_claim).
 
-Each test runs against its own PostgreSQL database holding ``outboxkit_destinations``
-and the ``SampleEvent`` outbox.  The races run in separate processes (spawned, each
-with its own engine), started together at a barrier.
+The claim decides in its one statement which rows may go: a blocked destination's rows are not claimed (their
+attempts and due times untouched), exactly one probe per cool-down gets through, and each batch is shared across
+destinations.  Outcomes change the shared state under its row lock.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import threading
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -17,15 +15,17 @@ import pytest
 from sqlalchemy import Engine, create_engine, delete, insert, select, text
 from sqlalchemy.orm import Session
 
-from outboxkit.breaker import DISABLED_HOLD, BreakerOptions, Reading, Signal
+from outboxkit.breaker import BreakerOptions, Reading, Signal
 from outboxkit.destinations.store import DestinationStore
 from outboxkit.storage.drain_queries import queries_for
+from outboxkit.storage.ordering import KeyCursor
 from outboxkit.storage.tables import destinations as destination_table
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 DEAD = "http://127.0.0.1:9"
+LIVE = "http://127.0.0.1:8"
 OPTIONS = BreakerOptions(failures=3, cool_down=10, max_cool_down=40)
 FAILED = Reading(Signal.FAILURE)
 SUCCEEDED = Reading(Signal.SUCCESS)
@@ -53,31 +53,28 @@ def state_of(engine: Engine, store: DestinationStore):
         return store.states(connection, [DEAD]).get(DEAD)
 
 
-def insert_rows(engine: Engine, count: int) -> list[int]:
+def insert_rows(engine: Engine, count: int, *, at: str = DEAD, due: datetime = NOW - timedelta(minutes=1)) -> list[int]:
     statement = insert(SampleEvent).returning(SampleEvent.id, sort_by_parameter_order=True)
+    rows = [{"target_url": at + "/hook", "payload": {"n": n}, "next_attempt_at": due} for n in range(count)]
     with engine.begin() as connection:
-        return list(connection.scalars(statement, [{"target_url": DEAD + "/hook", "payload": {"n": n}} for n in range(count)]))
+        return list(connection.scalars(statement, rows))
 
 
-def claim(engine: Engine, *, at: datetime) -> tuple[list[int], uuid.UUID]:
-    """Claim every due row with the drain's own claim statement."""
-    token = uuid.uuid4()
+def claim(
+    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100
+) -> list[int]:
+    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination); their ids."""
     with engine.begin() as connection:
-        rows, _, _ = queries_for(SampleEvent).claim_due_rows(
-            connection, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=token
+        rows, _ = queries_for(SampleEvent).claim_due_rows(
+            connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor,
+            cap=cap,
         )
-    return [row.id for row in rows], token
+    return [row.id for row in rows]
 
 
-def claim_quiet(engine: Engine, *, at: datetime) -> bool:
-    """The claim's own answer to whether every stored destination state of the outbox is quiet."""
-    insert_rows(engine, 1)
-    with engine.begin() as connection:
-        rows, _, quiet = queries_for(SampleEvent).claim_due_rows(
-            connection, now=at, lease_until=at + timedelta(seconds=60), limit=100, token=uuid.uuid4()
-        )
-    assert rows
-    return quiet
+def earliest_due(engine: Engine, *, at: datetime) -> datetime | None:
+    with engine.connect() as connection:
+        return queries_for(SampleEvent).earliest_due(connection, now=at)
 
 
 def rows_by_id(engine: Engine) -> dict[int, SampleEvent]:
@@ -85,29 +82,7 @@ def rows_by_id(engine: Engine) -> dict[int, SampleEvent]:
         return {row.id: row for row in session.scalars(select(SampleEvent))}
 
 
-def hold(engine: Engine, store: DestinationStore, ids: list[int], token: uuid.UUID, *, at: datetime):
-    with engine.begin() as connection:
-        return store.hold(connection, DEAD, ids=ids, token=token, now=at)
-
-
-# -- transitions ---------------------------------------------------------------------
-
-
-def test_the_claim_says_whether_every_destination_state_is_quiet(engine, store):
-    """The claim reports, in its own statement, whether the gate has a state to read: none stored, or all healthy
-    without a failure run, hold or slow-down, is quiet; a failure run, an open breaker or a Retry-After is not."""
-    assert claim_quiet(engine, at=NOW) is True  # no state stored
-    record(engine, store, FAILED, row_id=1)
-    assert claim_quiet(engine, at=NOW) is False  # a run of one failure
-    record(engine, store, SUCCEEDED, row_id=2)
-    assert state_of(engine, store).consecutive_failures == 0
-    assert claim_quiet(engine, at=NOW) is True  # healthy again
-    record(engine, store, Reading(Signal.FAILURE, slow_down=30), row_id=3)
-    assert claim_quiet(engine, at=NOW) is False  # slowed by a Retry-After
-    with engine.begin() as connection:
-        connection.execute(delete(destination_table))
-    open_breaker(engine, store)
-    assert claim_quiet(engine, at=NOW + timedelta(seconds=1)) is False  # open
+# -- the claim leaves blocked destinations out -------------------------------------------------
 
 
 def test_the_first_outcome_creates_the_state_and_a_run_of_failures_opens_it(engine, store):
@@ -117,164 +92,157 @@ def test_the_first_outcome_creates_the_state_and_a_run_of_failures_opens_it(engi
     open_breaker(engine, store)
     state = state_of(engine, store)
     assert state.status == "open" and state.consecutive_failures == 4
-    assert state.opened_at == NOW and state.next_probe_at == state.held_until == NOW + timedelta(seconds=10)
+    assert state.opened_at == NOW and state.next_probe_at == NOW + timedelta(seconds=10)
     assert state.last_error == "attempt of row 3" and state.window_failures == 4
 
 
-def test_held_rows_keep_their_attempts_and_wait_for_the_probe(engine, store):
+def test_an_open_destinations_rows_are_not_claimed_and_keep_their_attempts(engine, store):
     open_breaker(engine, store)
-    ids = insert_rows(engine, 3)
-    claimed, token = claim(engine, at=NOW)
-    assert sorted(claimed) == ids
-    assert hold(engine, store, claimed, token, at=NOW) == NOW + timedelta(seconds=10)
-    for row in rows_by_id(engine).values():
-        assert (row.status, row.attempts, row.claim_token, row.claimed_until) == ("pending", 0, None, None)
-        assert row.next_attempt_at == NOW + timedelta(seconds=10)
-    assert claim(engine, at=NOW + timedelta(seconds=9))[0] == []
-
-
-def test_rows_of_a_healthy_or_unknown_destination_are_not_held(engine, store):
-    ids = insert_rows(engine, 2)
-    claimed, token = claim(engine, at=NOW)
-    assert hold(engine, store, claimed, token, at=NOW) is None
-    assert {row.attempts for row in rows_by_id(engine).values()} == {1}
-    record(engine, store, SUCCEEDED)
-    assert hold(engine, store, ids, token, at=NOW) is None
-
-
-def test_a_successful_probe_closes_the_breaker_and_its_waiting_rows_flow_at_once(engine, store):
-    open_breaker(engine, store)
-    ids = insert_rows(engine, 4)
-    probe_at = NOW + timedelta(seconds=10)
-    claimed, token = claim(engine, at=probe_at)
-    with engine.begin() as connection:
-        assert store.try_probe(connection, DEAD, row_id=claimed[0], now=probe_at, probe_until=probe_at + timedelta(seconds=30))
-    waiting_until = hold(engine, store, claimed[1:], token, at=probe_at)
-    assert waiting_until == probe_at + timedelta(seconds=30)
-    answered = probe_at + timedelta(seconds=1)
-    _, after = record(engine, store, SUCCEEDED, at=answered, row_id=claimed[0])
-    assert after.status == "healthy"
+    dead = insert_rows(engine, 5)
+    live = insert_rows(engine, 3, at=LIVE)
+    assert sorted(claim(engine, at=NOW + timedelta(seconds=1))) == live  # isolation: only the healthy ones
     rows = rows_by_id(engine)
-    assert {rows[row_id].next_attempt_at for row_id in claimed[1:]} == {answered}  # due now, not in 30 s
-    assert sorted(claim(engine, at=answered)[0]) == sorted(claimed[1:])
-    assert len(ids) == 4
+    assert {(rows[row_id].attempts, rows[row_id].claim_token) for row_id in dead} == {(0, None)}
+    assert {rows[row_id].next_attempt_at for row_id in dead} == {NOW - timedelta(minutes=1)}  # untouched
+    assert earliest_due(engine, at=NOW + timedelta(seconds=1)) == NOW + timedelta(seconds=10)  # its probe, not its rows
 
 
-def test_a_failed_probe_moves_the_waiting_rows_to_the_next_longer_cool_down(engine, store):
+def test_exactly_one_probe_per_cool_down_and_its_success_lets_the_rest_flow(engine, store):
     open_breaker(engine, store)
-    insert_rows(engine, 3)
+    dead = insert_rows(engine, 5)
     probe_at = NOW + timedelta(seconds=10)
-    claimed, token = claim(engine, at=probe_at)
-    with engine.begin() as connection:
-        assert store.try_probe(connection, DEAD, row_id=claimed[0], now=probe_at, probe_until=probe_at + timedelta(seconds=30))
-    hold(engine, store, claimed[1:], token, at=probe_at)
-    failed_at = probe_at + timedelta(seconds=2)
-    _, after = record(engine, store, FAILED, at=failed_at, row_id=claimed[0])
-    assert after.status == "open" and after.cool_down == 20 and after.next_probe_at == failed_at + timedelta(seconds=20)
-    rows = rows_by_id(engine)
-    assert {rows[row_id].next_attempt_at for row_id in claimed[1:]} == {failed_at + timedelta(seconds=20)}
-    assert {rows[row_id].attempts for row_id in claimed[1:]} == {0}
+    assert claim(engine, at=probe_at) == [dead[0]]  # the oldest due row, alone
+    state = state_of(engine, store)
+    assert (state.status, state.probe_row_id) == ("half_open", dead[0])
+    assert claim(engine, at=probe_at + timedelta(seconds=1)) == []  # nothing more while it is out
+    record(engine, store, SUCCEEDED, at=probe_at + timedelta(seconds=2), row_id=dead[0])
+    assert state_of(engine, store).status == "healthy"
+    assert sorted(claim(engine, at=probe_at + timedelta(seconds=2))) == dead[1:]
+
+
+def test_a_failed_probe_reopens_with_a_longer_cool_down(engine, store):
+    open_breaker(engine, store)
+    dead = insert_rows(engine, 3)
+    probe_at = NOW + timedelta(seconds=10)
+    [probe] = claim(engine, at=probe_at)
+    record(engine, store, FAILED, at=probe_at, row_id=probe)
+    state = state_of(engine, store)
+    assert state.status == "open" and state.next_probe_at == probe_at + timedelta(seconds=20)
+    assert claim(engine, at=probe_at + timedelta(seconds=19)) == []
+    assert len(claim(engine, at=probe_at + timedelta(seconds=20))) == 1
+    assert {row.attempts for row in rows_by_id(engine).values() if row.id not in (probe,)} <= {0, 1}
+    assert len(dead) == 3
 
 
 def test_a_probe_whose_outcome_never_comes_lets_another_go_when_its_lease_ends(engine, store):
     open_breaker(engine, store)
+    insert_rows(engine, 3)
     probe_at = NOW + timedelta(seconds=10)
-    with engine.begin() as connection:
-        assert store.try_probe(connection, DEAD, row_id=1, now=probe_at, probe_until=probe_at + timedelta(seconds=30))
-        assert not store.try_probe(connection, DEAD, row_id=2, now=probe_at + timedelta(seconds=29), probe_until=NOW)
-        assert store.try_probe(
-            connection, DEAD, row_id=3, now=probe_at + timedelta(seconds=30), probe_until=probe_at + timedelta(seconds=60)
-        )
-    assert state_of(engine, store).probe_row_id == 3
+    assert len(claim(engine, at=probe_at)) == 1
+    assert claim(engine, at=probe_at + timedelta(seconds=59)) == []
+    assert len(claim(engine, at=probe_at + timedelta(seconds=60))) == 1  # the lease ended: another probe
 
 
-def test_gone_disables_and_only_a_resume_releases_the_rows(engine, store):
-    record(engine, store, Reading(Signal.GONE), code=410)
-    state = state_of(engine, store)
-    assert state.status == "disabled" and state.last_status_code == 410
+def test_no_probe_goes_inside_a_receivers_retry_after(engine, store):
+    open_breaker(engine, store)
+    record(engine, store, Reading(Signal.FAILURE, slow_down=600), row_id=4, code=503)
     insert_rows(engine, 2)
-    claimed, token = claim(engine, at=NOW)
-    assert hold(engine, store, claimed, token, at=NOW) == NOW + DISABLED_HOLD
+    assert state_of(engine, store).status == "open"
+    assert claim(engine, at=NOW + timedelta(seconds=31)) == []  # the cool-down is over, the Retry-After is not
+    assert earliest_due(engine, at=NOW + timedelta(seconds=31)) == NOW + timedelta(seconds=600)
+    assert len(claim(engine, at=NOW + timedelta(seconds=600))) == 1
+
+
+def test_a_slowed_destination_is_not_claimed_until_its_slow_down_ends(engine, store):
+    record(engine, store, Reading(Signal.THROTTLED, slow_down=30), row_id=1, code=429)
+    ids = insert_rows(engine, 2)
+    assert claim(engine, at=NOW + timedelta(seconds=29)) == []
+    assert sorted(claim(engine, at=NOW + timedelta(seconds=30))) == ids
+
+
+def test_gone_disables_and_only_a_resume_lets_rows_go(engine, store):
+    record(engine, store, Reading(Signal.GONE), code=410)
+    ids = insert_rows(engine, 2)
+    assert claim(engine, at=NOW + timedelta(days=30)) == []
+    assert earliest_due(engine, at=NOW) is None  # nothing wakes the loop for it: the resume notifies
     with engine.begin() as connection:
-        assert not store.try_probe(connection, DEAD, row_id=claimed[0], now=NOW + timedelta(days=30), probe_until=NOW)
-    resumed_at = NOW + timedelta(hours=2)
-    with engine.begin() as connection:
-        after = store.resume(connection, DEAD, now=resumed_at, actor="alice")
-    assert after is not None and after.status == "healthy" and after.changed_by == "resumed by alice"
-    assert sorted(claim(engine, at=resumed_at)[0]) == sorted(claimed)
-    with engine.begin() as connection:
-        assert store.resume(connection, "http://never-seen:80", now=resumed_at, actor="alice") is None
+        store.resume(connection, DEAD, now=NOW, actor="alice")
+    assert sorted(claim(engine, at=NOW)) == ids
 
 
 def test_a_person_disables_and_probes_now(engine, store):
     with engine.begin() as connection:
-        assert store.disable(connection, DEAD, now=NOW, actor="bob").status == "disabled"
-        assert store.probe_now(connection, DEAD, now=NOW) is None  # only an open breaker has a cool-down to end
+        store.disable(connection, DEAD, now=NOW, actor="bob")
+    insert_rows(engine, 2)
+    assert claim(engine, at=NOW) == []
+    with engine.begin() as connection:
         store.resume(connection, DEAD, now=NOW, actor="bob")
     open_breaker(engine, store)
-    insert_rows(engine, 2)
-    claimed, token = claim(engine, at=NOW)
-    hold(engine, store, claimed, token, at=NOW)
-    later = NOW + timedelta(seconds=1)
     with engine.begin() as connection:
-        state = store.probe_now(connection, DEAD, now=later)
-    assert state is not None and state.probe_due(later)
-    assert sorted(claim(engine, at=later)[0]) == sorted(claimed)
+        assert store.probe_now(connection, DEAD, now=NOW + timedelta(seconds=1)) is not None
+    assert len(claim(engine, at=NOW + timedelta(seconds=1))) == 1
 
 
 def test_a_state_row_deleted_by_hand_loses_no_row(engine, store):
     open_breaker(engine, store)
-    insert_rows(engine, 2)
-    claimed, token = claim(engine, at=NOW)
-    hold(engine, store, claimed, token, at=NOW)
+    ids = insert_rows(engine, 2)
     with engine.begin() as connection:
         connection.execute(delete(destination_table))
-    assert state_of(engine, store) is None
-    due = NOW + timedelta(seconds=10)
-    again, token = claim(engine, at=due)  # the hold's end comes, and the rows are claimed as for a healthy destination
-    assert sorted(again) == sorted(claimed)
-    assert hold(engine, store, again, token, at=due) is None
-    assert {row.attempts for row in rows_by_id(engine).values()} == {1}
+    assert sorted(claim(engine, at=NOW)) == ids
 
 
-def test_a_hold_in_progress_makes_a_closing_transition_wait_so_no_row_waits_for_nothing(engine, store):
-    """A hold reads the state FOR SHARE: the success that closes the breaker waits for it, then moves its rows."""
-    open_breaker(engine, store)
-    insert_rows(engine, 2)
-    claimed, token = claim(engine, at=NOW)
-    closed = threading.Event()
-    with engine.connect() as holding:
-        holding.begin()
-        assert store.hold(holding, DEAD, ids=claimed, token=token, now=NOW) == NOW + timedelta(seconds=10)
-
-        def close() -> None:
-            record(engine, store, SUCCEEDED, at=NOW + timedelta(seconds=1), row_id=99)
-            closed.set()
-
-        closer = threading.Thread(target=close)
-        closer.start()
-        wait_until_blocked(engine)
-        assert not closed.is_set()
-        holding.commit()
-    closer.join(timeout=60)
-    assert closed.is_set()
-    assert {row.next_attempt_at for row in rows_by_id(engine).values()} == {NOW + timedelta(seconds=1)}
+# -- fair and bounded ---------------------------------------------------------------------------
 
 
-def wait_until_blocked(engine: Engine, timeout: float = 60.0) -> None:
-    """Until some session of this database waits on a lock (polled: there is no event to wait on)."""
-    deadline = time.monotonic() + timeout
-    query = text(
-        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock')"
-    )
+def test_a_backlog_of_one_destination_does_not_delay_anothers_new_row(engine):
+    backlog = insert_rows(engine, 200, due=NOW - timedelta(hours=1))
+    [new] = insert_rows(engine, 1, at=LIVE, due=NOW)
+    first = claim(engine, at=NOW, limit=10)
+    assert new in first  # in the first batch, beside the backlog's share of it
+    assert sorted(set(first) - {new}) == backlog[:len(first) - 1]  # the backlog's oldest, in order
+
+
+def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_stored(engine):
+    with engine.begin() as connection:  # 10,000 quiet states of destinations without rows
+        connection.execute(text(
+            "INSERT INTO outboxkit_destinations (outbox, destination, status, updated_at) "
+            "SELECT 'sample-events', 'http://quiet-' || n || '\\:80', 'healthy', now() FROM generate_series(1, 10000) AS n"
+        ))
+        connection.execute(text("ANALYZE outboxkit_destinations"))
+    insert_rows(engine, 5, at=LIVE)
+    claim_sql = queries_for(SampleEvent)._claim_driver_sql
+    parameters = {"now": NOW, "lease_until": NOW + timedelta(seconds=60), "limit": 50, "token": uuid.uuid4(),
+                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True}
     with engine.connect() as connection:
-        while not connection.execute(query).scalar_one():
-            assert time.monotonic() < deadline, "no session blocked on the lock in time"
-            threading.Event().wait(0.02)
-            connection.rollback()
+        driver = connection.connection.driver_connection
+        plan = driver.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql, parameters).fetchone()[0][0]["Plan"]
+        connection.rollback()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+
+    read = sum(node["Actual Rows"] * node["Actual Loops"] for node in nodes(plan)
+               if node.get("Relation Name") == "outboxkit_destinations")
+    assert read <= 2  # by key, for the one destination walked
 
 
-# -- races between processes -------------------------------------------------------------
+def test_the_walk_goes_on_from_where_the_last_claim_stopped(engine):
+    names = [f"http://127.0.0.1:{port}" for port in range(8001, 8006)]
+    for name in names:
+        insert_rows(engine, 3, at=name)
+    cursor = KeyCursor()
+    seen: list[set[str]] = []
+    for _ in range(3):
+        ids = claim(engine, at=NOW, limit=2, cursor=cursor)
+        rows = rows_by_id(engine)
+        seen.append({rows[row_id].destination for row_id in ids})
+    assert all(len(batch) == 2 for batch in seen)  # one row of each of two destinations per batch
+    assert seen[0] != seen[1] and set().union(*seen) == set(names)  # the walk goes round
+
+
+# -- races between processes ---------------------------------------------------------------------
 
 
 def _record_failures(url: str, barrier, results, failures: int, worker: int) -> None:
@@ -292,22 +260,17 @@ def _record_failures(url: str, barrier, results, failures: int, worker: int) -> 
     results.put(opened)
 
 
-def _try_probes(url: str, barrier, results, tries: int, worker: int) -> None:
+def _claim_repeatedly(url: str, barrier, results, tries: int, worker: int) -> None:
     engine = create_engine(sqlalchemy_url(url))
-    store = DestinationStore(SampleEvent)
-    won = 0
-    probe_at = NOW + timedelta(seconds=10)
+    claimed: list[int] = []
     barrier.wait(timeout=60)
     for attempt in range(tries):
-        with engine.begin() as connection:
-            won += store.try_probe(
-                connection, DEAD, row_id=worker * 1000 + attempt, now=probe_at, probe_until=probe_at + timedelta(seconds=30)
-            )
+        claimed += claim(engine, at=NOW + timedelta(seconds=10, milliseconds=attempt))
     engine.dispose()
-    results.put(won)
+    results.put(claimed)
 
 
-def race(target, database_url: str, count: int) -> list[int]:
+def race(target, database_url: str, count: int) -> list:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     results = context.Queue()
@@ -328,8 +291,48 @@ def test_two_processes_recording_failures_at_once_count_every_one_and_open_the_b
     assert state.status == "open" and state.consecutive_failures == 40 and state.window_failures == 40
 
 
-def test_two_processes_racing_for_the_probe_send_exactly_one(engine, store, database_url):
+def test_two_processes_claiming_an_open_destination_at_once_send_exactly_one_probe(engine, store, database_url):
     open_breaker(engine, store)
-    won = race(_try_probes, database_url, 25)
-    assert sum(won) == 1
+    insert_rows(engine, 20)
+    claimed = race(_claim_repeatedly, database_url, 25)
+    assert len(claimed[0]) + len(claimed[1]) == 1  # held_rows_claimed: 0; only the one probe
     assert state_of(engine, store).status == "half_open"
+
+
+# -- the cap on rows in flight, across processes -----------------------------------------------
+
+
+def test_a_suspect_destination_has_at_most_its_cap_claimed_across_claims(engine, store):
+    """Counted from the live claims in the database, so two drainers (two claims here) together hold at most the cap;
+    a recorded outcome frees a place; a destination proven healthy is not capped."""
+    record(engine, store, FAILED, row_id=1)  # a failure run: suspect
+    with engine.begin() as connection:  # the other one has answered with a success: proven
+        store.record(connection, LIVE, SUCCEEDED, now=NOW, row_id=2, error=None, status_code=200, options=OPTIONS)
+    dead = insert_rows(engine, 6)
+    live = insert_rows(engine, 4, at=LIVE)
+    first = claim(engine, at=NOW, limit=20, cap=2)
+    assert sorted(set(first) & set(dead)) == dead[:2] and set(live) <= set(first)
+    insert_rows(engine, 2, at=LIVE)
+    second = claim(engine, at=NOW + timedelta(seconds=1), limit=20, cap=2)  # another drainer: the cap is full
+    assert not set(second) & set(dead) and len(second) == 2
+    with engine.begin() as connection:  # one of the two claimed rows is recorded: a place is free
+        connection.execute(text(
+            "UPDATE sample_event_outbox SET claim_token = NULL, claimed_until = NULL, next_attempt_at = :later "
+            "WHERE id = :id"
+        ), {"id": dead[0], "later": NOW + timedelta(hours=1)})
+    insert_rows(engine, 1, at=LIVE)
+    third = claim(engine, at=NOW + timedelta(seconds=2), limit=20, cap=2)
+    assert sorted(set(third) & set(dead)) == [dead[2]]
+
+
+def test_a_destination_not_yet_proven_is_capped_among_others(engine, store):
+    fresh = insert_rows(engine, 5, at=LIVE)
+    other = insert_rows(engine, 5)
+    taken = claim(engine, at=NOW, limit=20, cap=2)
+    assert sorted(taken) == fresh[:2] + other[:2]  # neither has answered a success yet
+
+
+def test_a_destination_alone_is_not_capped(engine, store):
+    record(engine, store, FAILED, row_id=1)
+    dead = insert_rows(engine, 6)
+    assert sorted(claim(engine, at=NOW, limit=20, cap=2)) == dead

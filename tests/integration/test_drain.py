@@ -408,7 +408,7 @@ def test_a_stop_handled_before_the_claims_clock_reading_prevents_the_claim(inser
         return moment
 
     clock.now = now_then_stop
-    rows, _, taken, _, _ = drainer.claimer.claim(10, DrainResult(job_name="sample-events"), lambda: not stop.is_set())
+    rows, _, taken, _ = drainer.claimer.claim(10, DrainResult(job_name="sample-events"), lambda: not stop.is_set())
     assert (rows, taken) == ([], 0)
     assert all(row.attempts == 0 and row.claim_token is None for row in read_events().values())
     assert sorted(read_events()) == ids

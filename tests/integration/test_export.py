@@ -32,7 +32,7 @@ from tests.support.leadership import wait_until
 EXPORT = "/admin/api/outboxes/webhooks/export"
 KIT_COLUMNS = [
     "id", "idempotency_key", "status", "attempts", "next_attempt_at", "last_error", "last_status_code",
-    "created_at", "updated_at", "delivered_at", "claimed_until", "claim_token",
+    "created_at", "updated_at", "delivered_at", "claimed_until", "claim_token", "destination",
 ]
 HOSTILE_EVENTS = ["=HYPERLINK(\"http://evil\")", "+1", "-2", "@SUM(A1)", "\tcmd", "plain, with \"quotes\"\nand a newline"]
 

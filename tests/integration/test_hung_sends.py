@@ -16,7 +16,7 @@ from outboxkit import Drainer, HttpTransport
 from outboxkit.breaker import BreakerOptions
 from tests.integration.test_destination_drain import Blackhole, insert_at
 from tests.support.leadership import wait_until
-from tests.support.models import SampleEvent, unclaimed_sample_events
+from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 
 BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
@@ -67,42 +67,23 @@ def test_hung_sends_to_a_blackhole_leave_the_healthy_destination_every_send_thre
 def test_no_more_sends_hang_than_concurrency_so_at_most_twice_its_threads_run(engine, read_events):
     """A lone blackhole (uncapped: nobody to protect) with more rows than a batch: concurrency 2, batch 4.  Two
     sends hang, two more start on the extra threads, and there it stops: those two pass the threshold too but the
-    bound (concurrency hung at once) is reached, and the destination never holds more than a batch, hung included.
-    The rows beyond are claimed and wait over its room (outboxkit.drain.cap_backlog) or are given back unsent; at the stop
-    the waiting ones go back too, their attempts kept."""
+    bound (concurrency hung at once) is reached, so at most twice concurrency threads run.  Nothing is lost."""
     drainer_options = options(concurrency=2, batch_size=4)
     with HttpTransport() as transport:
         drainer = Drainer(engine, SampleEvent, transport=transport, options=drainer_options)
-        given_back = threading.Event()
-        admit = drainer.gate.admit
-
-        def admitting(*args, **kwargs):
-            admission = admit(*args, **kwargs)
-            if (admission.capped or admission.waiting) and drainer.pump.hung.count == 2:
-                given_back.set()
-            return admission
-
-        drainer.gate.admit = admitting  # type: ignore[method-assign]
         try:
             with Blackhole() as blackhole:
                 ids = insert_at(engine, blackhole.url, [{"n": n} for n in range(10)])
                 drainer.start(poll_seconds=1)
-                assert given_back.wait(25), "a claim after two sends hung kept its rows from sending"
-                wait_until(lambda: blackhole.open_now == 4, timeout=25, message="four sends out")
-                assert drainer.pump.hung.count == 2  # the bound: concurrency
+                wait_until(lambda: blackhole.open_now == 4 and drainer.pump.hung.count == 2, timeout=25,
+                           message="four sends out, two of them hung")
                 assert drainer.pump.senders.threads == 4  # 2 x concurrency, never more
                 assert blackhole.accepted == 4
                 drainer.stop(wait=False)
-                # A claim already past its stop check may still send its rows: wait until each row is either sent
-                # (a connection here) or back, unclaimed, before the blackhole closes and refuses connections.
-                wait_until(lambda: blackhole.accepted + unclaimed_sample_events(engine, blackhole.url) == len(ids),
-                           timeout=25, message="every row sent or given back")
-                sent = blackhole.accepted
         finally:
             drainer.close()
     rows = read_events()
-    assert sum(rows[row_id].attempts for row_id in ids) == sent  # one per connection: nothing spent while held
-    assert all(row.status == "pending" for row in rows.values())
+    assert len(rows) == len(ids) and all(row.status == "pending" for row in rows.values())  # nothing lost
 
 
 def test_close_waits_for_hung_sends_and_records_their_outcomes(engine, receiver, read_events):

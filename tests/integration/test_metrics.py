@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,7 +29,7 @@ from outboxkit.metrics.prometheus import OutboxMetrics, serve_worker_metrics
 from outboxkit.schedules.jobs import JobFailed, every
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
-from tests.support.receiver import Receiver, Reply
+from tests.support.receiver import Reply
 from tests.support.worker_app import metrics_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -374,32 +373,3 @@ def test_dropped_attempt_history_records_are_counted(kit, engine, receiver):
         assert kit.drain(SampleEvent).delivered == 2  # delivery goes on
         scraped = samples(metrics.render().decode())
     assert value(scraped, "outboxkit_attempt_history_dropped_total", outbox="sample-events") == 2
-
-
-def test_rows_waiting_over_a_destinations_cap_are_counted_while_they_wait(engine, receiver):
-    """A destination that hangs gets its cap (one send: concurrency 4); its other rows wait in the drain call, claimed
-    and unsent, and the gauge counts them; once it answers they go out and the gauge is back to 0."""
-    kit = make_kit(engine, outboxes={"sample_events": {"concurrency": 4, "batch_size": 20, "timeout": 30}})
-    outbox = {"outbox": "sample-events"}
-    with kit, Receiver() as slow, OutboxMetrics(kit, refresh_seconds=3600) as metrics:
-        assert value(samples(metrics.render().decode()), "outboxkit_waiting_over_cap_rows", **outbox) == 0
-        slow.respond = lambda request: Reply(hang=True)  # its answers wait for release()
-        insert_rows(engine, slow.url + "/events", [{"n": n} for n in range(5)])
-        insert_rows(engine, receiver.url + "/events", [{"n": n} for n in range(5)])
-        outcome: list[object] = []
-        call = threading.Thread(target=lambda: outcome.append(kit.drain(SampleEvent)))
-        call.start()
-        try:
-            wait_until(lambda: len(receiver.requests) == 5 and slow.in_flight == 1, timeout=30,
-                       message="the other destination's rows delivered, one send out to the hanging one")
-            waiting = value(samples(metrics.render().decode()), "outboxkit_waiting_over_cap_rows", **outbox)
-            assert (waiting, len(slow.requests)) == (4, 1)
-        finally:
-            slow.respond = lambda request: Reply()
-            slow.release()
-            call.join(timeout=60)
-        assert not call.is_alive()
-        after = value(samples(metrics.render().decode()), "outboxkit_waiting_over_cap_rows", **outbox)
-    (result,) = outcome
-    assert result.delivered == 10 and len(slow.requests) == 5
-    assert after == 0

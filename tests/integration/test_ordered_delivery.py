@@ -267,3 +267,36 @@ def test_drain_until_idle_stops_at_rows_behind_a_stuck_head_and_counts_them(engi
     assert report.pending == 2  # behind the stuck head: waiting, not "due but never claimed"
     assert report.delivered == 1 and report.rounds == 1
     assert [request.body["n"] for request in receiver.requests if request.body["stream"] == "a"] == [0]
+
+
+def test_a_row_replayed_or_reset_behind_a_row_in_flight_waits_for_it(insert_ordered, read_ordered, engine, clock):
+    """At most one row per key in flight: a row made pending again before its key's row in flight (a replay of a
+    delivered row, a reset skipped row) is not its key's claimable head until that row is recorded."""
+    import uuid
+
+    from outboxkit.storage.drain_queries import queries_for
+
+    queries = queries_for(OrderedEvent)
+    first, second = insert_ordered([("a", 0), ("a", 1)])
+    now = clock.now()
+
+    def claim(at):
+        with engine.begin() as connection:
+            rows, _ = queries.claim_due_rows(
+                connection, now=at, lease_until=at + timedelta(seconds=60), limit=10, token=uuid.uuid4()
+            )
+        return [row.id for row in rows]
+
+    assert claim(now) == [first]
+    with engine.begin() as connection:  # delivered, then the second row is claimed and out
+        connection.execute(text("UPDATE ordered_event_outbox SET status = 'done', claim_token = NULL, "
+                                "claimed_until = NULL WHERE id = :id"), {"id": first})
+    assert claim(now) == [second]
+    with engine.begin() as connection:  # a person replays the first row while the second is in flight
+        connection.execute(text("UPDATE ordered_event_outbox SET status = 'pending', next_attempt_at = :now "
+                                "WHERE id = :id"), {"id": first, "now": now})
+    assert claim(now + timedelta(seconds=1)) == []  # not while a row of its key is in flight
+    with engine.begin() as connection:  # the second row's outcome: delivered
+        connection.execute(text("UPDATE ordered_event_outbox SET status = 'done', claim_token = NULL, "
+                                "claimed_until = NULL WHERE id = :id"), {"id": second})
+    assert claim(now + timedelta(seconds=2)) == [first]

@@ -195,22 +195,50 @@ def test_a_run_deletes_old_done_rows_and_records_the_count(kit, engine, clock):
 
     record = kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=scheduled_for)
 
-    assert (record.outcome, record.counts) == ("ok", {"deleted": 12})
+    assert (record.outcome, record.counts) == ("ok", {"deleted": 12, "destination_states_pruned": 0})
     assert remaining(engine) == set(kept)
     with engine.connect() as connection:
         run = connection.execute(
             text("SELECT job_name, outcome, counts FROM outboxkit_job_runs WHERE job_id = 'outboxkit.retention.sample-events'")
         ).one()
-    assert tuple(run) == ("sample-events-retention", "ok", {"deleted": 12})
+    assert tuple(run) == ("sample-events-retention", "ok", {"deleted": 12, "destination_states_pruned": 0})
 
 
 def test_the_cutoff_follows_the_kits_clock(kit, engine, clock):
     now = clock.now()
     ids = add_rows(engine, 4, status="done", age=timedelta(days=6), now=now)
-    assert kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=now).counts == {"deleted": 0}
+    assert kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=now).counts["deleted"] == 0
     clock.advance(days=2)
-    assert kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=clock.now()).counts == {"deleted": 4}
+    assert kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=clock.now()).counts["deleted"] == 4
     assert remaining(engine).isdisjoint(ids)
+
+
+def test_a_run_prunes_destination_states_left_quiet_for_the_period(kit, engine, clock):
+    """A healthy state without a failure run or a slow-down says nothing an absent one does not: untouched for the
+    retention period, it is deleted; one that is open, failing or slowed is kept whatever its age."""
+    now = clock.now()
+    old, recent = now - timedelta(days=8), now - timedelta(days=1)
+    states = [
+        ("http://quiet-old:80", "healthy", 0, None, old),
+        ("http://quiet-recent:80", "healthy", 0, None, recent),
+        ("http://open-old:80", "open", 5, None, old),
+        ("http://failing-old:80", "healthy", 2, None, old),
+        ("http://slowed-old:80", "healthy", 0, now + timedelta(hours=1), old),
+        ("http://slowed-passed-old:80", "healthy", 0, old, old),
+    ]
+    with engine.begin() as connection:
+        for name, status, failures, slowed_until, updated_at in states:
+            connection.execute(text(
+                "INSERT INTO outboxkit_destinations (outbox, destination, status, consecutive_failures, slowed_until, "
+                "updated_at) VALUES ('sample-events', :name, :status, :failures, :slowed_until, :updated_at)"
+            ), {"name": name, "status": status, "failures": failures, "slowed_until": slowed_until, "updated_at": updated_at})
+
+    record = kit.scheduler.run_job("outboxkit.retention.sample-events", scheduled_for=now)
+
+    assert record.counts["destination_states_pruned"] == 2
+    with engine.connect() as connection:
+        kept = set(connection.execute(text("SELECT destination FROM outboxkit_destinations")).scalars())
+    assert kept == {"http://quiet-recent:80", "http://open-old:80", "http://failing-old:80", "http://slowed-old:80"}
 
 
 # -- bad values ------------------------------------------------------------------

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic" / "alembic.ini"
 TARGET_METADATA = [ExampleBase.metadata, kit_metadata]
 OWNED_TABLES = sorted(name for metadata in TARGET_METADATA for name in metadata.tables)
-HEADS = {"example_0003", "outboxkit_0013"}
+HEADS = {"example_0004", "outboxkit_0014"}
 
 
 def alembic_config(url: str | None) -> Config:
@@ -122,7 +122,7 @@ def test_both_branches_are_found_including_the_package_path_form():
     script = ScriptDirectory.from_config(alembic_config(None))
     assert set(script.get_heads()) == HEADS
     kit_revision = script.get_revision("outboxkit@head")
-    assert kit_revision.revision == "outboxkit_0013"
+    assert kit_revision.revision == "outboxkit_0014"
     assert Path(kit_revision.path).parent == outboxkit.migrations.VERSIONS
     assert Path(script.get_revision("exampleapp@head").path).parent == ROOT / "alembic" / "versions"
 
@@ -191,17 +191,19 @@ def test_alembic_check_through_env_py_passes(migrated):
 # -- upgrading an existing table to the (next_attempt_at, id) due index ----------
 
 
+def database_at(url: str, revision: str) -> Iterator[tuple[str, Engine]]:
+    """The database at ``url`` as an existing user has it: the example's branch at ``revision``, the kit's at its head."""
+    run_alembic(url, "upgrade", revision)
+    run_alembic(url, "upgrade", "outboxkit@head")
+    engine = create_engine(sqlalchemy_url(url), pool_size=1, max_overflow=0)
+    yield url, engine
+    engine.dispose()
+
+
 @pytest.fixture
 def before_the_due_index_change(empty_database_url: str) -> Iterator[tuple[str, Engine]]:
-    """A database as an existing user has it: built before the mixin's due index took ``id``.
-
-    example_0002 is the last revision with ``ix_<table>_due`` on ``next_attempt_at`` alone.
-    """
-    run_alembic(empty_database_url, "upgrade", "example_0002")
-    run_alembic(empty_database_url, "upgrade", "outboxkit@head")
-    engine = create_engine(sqlalchemy_url(empty_database_url), pool_size=1, max_overflow=0)
-    yield empty_database_url, engine
-    engine.dispose()
+    """Built before the mixin's due index took ``id``: example_0002 is the last revision with ``ix_<table>_due``."""
+    yield from database_at(empty_database_url, "example_0002")
 
 
 def test_autogenerate_on_a_table_with_the_old_due_index_proposes_drop_old_and_create_new(before_the_due_index_change):
@@ -209,16 +211,63 @@ def test_autogenerate_on_a_table_with_the_old_due_index_proposes_drop_old_and_cr
     with engine.connect() as connection:
         found = differences(connection, TARGET_METADATA)
     changes = sorted(
-        (kind, index.table.name, index.name, tuple(column.name for column in index.columns)) for kind, index in found
+        (change[0], change[1].table.name, change[1].name, tuple(column.name for column in change[1].columns))
+        for change in found if change[0] in ("add_index", "remove_index")
     )
     expected = []
     for table in ("credit_grant_outbox", "webhook_outbox"):
         expected += [
             ("add_index", table, f"ix_{table}_claimed", ("claimed_until",)),
             ("add_index", table, f"ix_{table}_due_id", ("next_attempt_at", "id")),
+            ("add_index", table, f"ix_{table}_destination_due", ("destination", "next_attempt_at", "id")),
             ("remove_index", table, f"ix_{table}_due", ("next_attempt_at",)),
         ]
     assert changes == sorted(expected)
+
+
+# -- upgrading an existing table to rows that carry their destination ----------------
+
+
+@pytest.fixture
+def before_the_destination_column(empty_database_url: str) -> Iterator[tuple[str, Engine]]:
+    """Built before the mixin's ``destination`` column: example_0003 is the last revision without it."""
+    yield from database_at(empty_database_url, "example_0003")
+
+
+def test_autogenerate_on_a_table_without_the_destination_proposes_the_column_and_its_index(before_the_destination_column):
+    _, engine = before_the_destination_column
+    with engine.connect() as connection:
+        found = differences(connection, TARGET_METADATA)
+    changes = sorted(
+        (change[0], change[3].name) if change[0] == "add_column" else (change[0], change[1].name) for change in found
+    )
+    assert changes == sorted(
+        [("add_column", "destination")] * 2
+        + [("add_index", f"ix_{table}_destination_due") for table in ("credit_grant_outbox", "webhook_outbox")]
+    )
+
+
+def test_the_destination_migration_backfills_pending_rows_only(before_the_destination_column):
+    url, engine = before_the_destination_column
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO webhook_outbox (event, target_url, payload, status) "
+                "SELECT 'e', 'https://hooks.example.com:8443/in/' || n, '{}', "
+                "CASE WHEN n <= 3 THEN 'pending' ELSE 'done' END FROM generate_series(1, 5) AS n"
+            )
+        )
+    run_alembic(url, "upgrade", "heads")
+    with engine.connect() as connection:
+        assert differences(connection, TARGET_METADATA) == []
+        found = connection.execute(text("SELECT status, destination FROM webhook_outbox ORDER BY id")).all()
+    assert found == [("pending", "https://hooks.example.com:8443")] * 3 + [("done", None)] * 2
+    run_alembic(url, "downgrade", "example_0003")
+    with engine.connect() as connection:
+        columns = connection.execute(
+            text("SELECT column_name FROM information_schema.columns WHERE table_name = 'webhook_outbox'")
+        ).scalars().all()
+    assert "destination" not in columns
 
 
 def test_the_index_migration_upgrades_and_downgrades_a_table_with_rows(before_the_due_index_change):
@@ -282,7 +331,7 @@ def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
 def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
     bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
     monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
-    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0003", "outboxkit_0013"]
+    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0004", "outboxkit_0014"]
 
 
 def test_a_missing_url_is_refused_with_a_hint(monkeypatch):

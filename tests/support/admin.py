@@ -21,6 +21,7 @@ from psycopg import sql
 from sqlalchemy import Engine, create_engine, text
 
 from outboxkit import ManualClock, OutboxKit
+from outboxkit.breaker import destination_of
 from outboxkit.storage.notify import channel_for
 from tests.support.database import libpq_url, sqlalchemy_url
 
@@ -120,9 +121,10 @@ def add_webhooks(
 ) -> list[int]:
     """Insert ``count`` webhook rows in one statement; return their ids in insert order."""
     statement = text(
-        "INSERT INTO webhook_outbox (event, target_url, payload, status, attempts, last_error, last_status_code, "
-        "next_attempt_at, claimed_until, delivered_at) "
-        "SELECT :event, :target_url, CAST(:payload AS jsonb), CAST(:status AS text), :attempts, :error, :status_code, "
+        "INSERT INTO webhook_outbox (event, target_url, destination, payload, status, attempts, last_error, "
+        "last_status_code, next_attempt_at, claimed_until, delivered_at) "
+        "SELECT :event, :target_url, :destination, CAST(:payload AS jsonb), CAST(:status AS text), :attempts, :error, "
+        ":status_code, "
         "COALESCE(CAST(:next_attempt_at AS timestamptz), now()), CAST(:claimed_until AS timestamptz), "
         "CASE WHEN CAST(:status AS text) = 'done' THEN now() END "
         "FROM generate_series(1, :count) RETURNING id"
@@ -130,6 +132,7 @@ def add_webhooks(
     params = {
         "event": event,
         "target_url": target_url,
+        "destination": destination_of(target_url),  # as an insert through the model decides it
         "payload": json.dumps(payload if payload is not None else {"n": 1}),
         "status": status,
         "attempts": attempts,

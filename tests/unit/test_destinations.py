@@ -12,7 +12,6 @@ import pytest
 
 from outboxkit import AttemptResult, ConfigurationError, FailureKind
 from outboxkit.breaker import (
-    DISABLED_HOLD,
     BreakerOptions,
     DestinationState,
     Reading,
@@ -94,19 +93,28 @@ def test_what_an_attempt_says_about_its_destination(attempt, reading):
 # -- the breaker -----------------------------------------------------------------------
 
 
-def test_a_run_of_failures_opens_the_breaker_and_holds_rows_until_the_probe():
+def test_a_run_of_failures_opens_the_breaker_and_blocks_its_rows_until_the_probe():
     state = fresh()
     for _ in range(2):
         state = apply(state, FAILED)
-    assert state.status == "healthy" and state.consecutive_failures == 2 and state.wait_until(NOW) is None
+    assert state.status == "healthy" and state.consecutive_failures == 2 and not state.blocked(NOW)
     state = apply(state, FAILED)
     assert state.status == "open"
     assert state.opened_at == NOW and state.cool_down == 10
-    assert state.next_probe_at == state.held_until == NOW + timedelta(seconds=10)
-    assert state.wait_until(NOW) == NOW + timedelta(seconds=10)
-    assert not state.probe_due(NOW + timedelta(seconds=9.999))
-    assert state.probe_due(NOW + timedelta(seconds=10))
+    assert state.next_probe_at == NOW + timedelta(seconds=10)
+    assert state.blocked(NOW) and state.blocked(NOW + timedelta(seconds=10))  # only the claim's probe goes
     assert state.last_error == "boom" and state.changed_by == "3 consecutive failures"
+
+
+def test_a_flaky_destination_is_not_opened_by_bad_luck_but_a_dead_one_is():
+    """A run of failures opens the breaker only once no success has come for ``failure_span`` seconds: a receiver
+    failing a third of its requests at random has runs of failures between recent successes and stays healthy."""
+    state = apply(fresh(), SUCCEEDED)
+    for second in range(1, 6):  # five failures in a row, within the span of the last success
+        state = apply(state, FAILED, at=NOW + timedelta(seconds=second))
+    assert state.status == "healthy" and state.consecutive_failures == 5
+    state = apply(state, FAILED, at=NOW + timedelta(seconds=OPTIONS.failure_span))  # still failing, the span over
+    assert state.status == "open" and state.changed_by == "6 consecutive failures"
 
 
 def test_any_answer_ends_a_failure_run():
@@ -136,39 +144,46 @@ def test_a_failure_of_another_row_while_half_open_does_not_reopen():
     assert after.status == "half_open" and after.probe_row_id == 7
 
 
-def test_a_success_closes_the_breaker_and_ends_the_hold():
+def test_a_success_closes_the_breaker_and_unblocks_its_rows():
     state = _probing(apply(apply(apply(fresh(), FAILED), FAILED), FAILED), row_id=7, at=NOW + timedelta(seconds=10))
     state = apply(state, SUCCEEDED, at=NOW + timedelta(seconds=11), row_id=7)
-    assert state.status == "healthy" and state.held_until is None and state.opened_at is None
-    assert state.wait_until(NOW + timedelta(seconds=11)) is None
+    assert state.status == "healthy" and state.opened_at is None
+    assert not state.blocked(NOW + timedelta(seconds=11))
 
 
 def test_gone_disables_until_a_person_resumes_and_a_late_success_does_not_close_it():
     state = apply(fresh(), Reading(Signal.GONE))
-    assert state.status == "disabled" and state.held_until == NOW + DISABLED_HOLD
+    assert state.status == "disabled" and state.blocked(NOW + timedelta(days=3650)) and state.next_probe_at is None
     assert state.changed_by == "receiver: HTTP 410 Gone"
-    assert not state.probe_due(NOW + timedelta(days=1))
     state = apply(state, SUCCEEDED)  # a row that was in flight
     assert state.status == "disabled"
     state = resumed(state, actor="alice")
-    assert state.status == "healthy" and state.held_until is None and state.changed_by == "resumed by alice"
+    assert state.status == "healthy" and not state.blocked(NOW) and state.changed_by == "resumed by alice"
 
 
 def test_a_person_can_disable_a_healthy_destination():
     state = disabled(fresh(), now=NOW, actor="bob")
-    assert state.status == "disabled" and state.wait_until(NOW) == NOW + DISABLED_HOLD and state.changed_by == "disabled by bob"
+    assert state.status == "disabled" and state.blocked(NOW) and state.changed_by == "disabled by bob"
 
 
 def test_retry_after_slows_the_whole_destination_capped_and_never_shortened():
     options = BreakerOptions(max_slow_down=100)
     state = after_outcome(fresh(), Reading(Signal.THROTTLED, 30), now=NOW, row_id=1, error=None, status_code=429, options=options)
     assert state.status == "healthy" and state.consecutive_failures == 0
-    assert state.wait_until(NOW) == NOW + timedelta(seconds=30)
+    assert state.blocked(NOW) and state.slowed_until == NOW + timedelta(seconds=30)
     state = after_outcome(state, Reading(Signal.THROTTLED, 5), now=NOW, row_id=2, error=None, status_code=429, options=options)
     assert state.slowed_until == NOW + timedelta(seconds=30)
     state = after_outcome(state, Reading(Signal.FAILURE, 10_000), now=NOW, row_id=3, error=None, status_code=503, options=options)
     assert state.slowed_until == NOW + timedelta(seconds=100) and state.consecutive_failures == 1
-    assert state.wait_until(NOW + timedelta(seconds=100)) is None
+    assert not state.blocked(NOW + timedelta(seconds=100))
+
+
+def test_a_slow_down_that_has_passed_is_cleared_by_the_next_outcome():
+    options = BreakerOptions()
+    state = after_outcome(fresh(), Reading(Signal.THROTTLED, 30), now=NOW, row_id=1, error=None, status_code=429, options=options)
+    later = NOW + timedelta(seconds=31)
+    state = after_outcome(state, Reading(Signal.SUCCESS), now=later, row_id=2, error=None, status_code=200, options=options)
+    assert state.slowed_until is None  # quiet again: the claim no longer finds it slowed
 
 
 def test_recent_outcomes_are_counted_in_a_window():
@@ -196,7 +211,7 @@ def test_bad_breaker_options_are_refused_with_the_fix(values, complaint):
 
 
 def _probing(state: DestinationState, *, row_id: int, at: datetime) -> DestinationState:
-    """What DestinationStore.try_probe writes when row ``row_id`` becomes the probe at ``at``."""
-    assert state.probe_due(at)
+    """What the claim writes when row ``row_id`` becomes the probe at ``at`` (outboxkit.storage.destination_claim)."""
+    assert state.status == "open" and state.next_probe_at is not None and state.next_probe_at <= at
     until = at + timedelta(seconds=5)
-    return dataclasses.replace(state, status="half_open", probe_row_id=row_id, probe_until=until, held_until=until)
+    return dataclasses.replace(state, status="half_open", probe_row_id=row_id, probe_until=until)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 import pytest
 
@@ -20,10 +19,12 @@ from tests.support.models import SampleEvent
 
 
 def test_claim_statement_skips_locked_rows_takes_oldest_first_and_stamps_the_claim():
-    statement = " ".join(queries.CLAIM_DUE_ROWS.split())
+    statement = " ".join(queries.claim_sql("{table}").split())
     assert "FOR UPDATE SKIP LOCKED" in statement
-    assert "WHERE status = 'pending' AND next_attempt_at <= :now" in statement
-    assert re.search(r"ORDER BY next_attempt_at(\s+ASC)?, id(\s+ASC)? LIMIT :limit", statement)
+    assert "WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now" in statement
+    assert "ORDER BY destination, next_attempt_at, id LIMIT least((SELECT rows FROM shares)," in statement
+    assert "greatest(0, :cap - live.claimed)" in statement  # a suspect destination's room under its cap
+    assert "ORDER BY turn, next_attempt_at, id LIMIT :limit" in statement  # in turns across destinations
     assert "claim_token = :token" in statement
     assert "claimed_until = :lease_until" in statement
     assert "next_attempt_at = :lease_until" in statement

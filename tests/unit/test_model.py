@@ -200,6 +200,7 @@ def test_an_abstract_intermediate_is_allowed_and_its_subclasses_checked():
         "ix_invoice_outbox_due_id",
         "ix_invoice_outbox_stuck",
         "ix_invoice_outbox_claimed",
+        "ix_invoice_outbox_destination_due",
     }
     assert InvoiceOutbox(tenant="acme").build_delivery().url == "http://127.0.0.1:1/acme"
 

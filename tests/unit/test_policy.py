@@ -273,3 +273,12 @@ def test_a_list_backoff_is_stored_as_a_tuple_of_floats():
 def test_attempt_result_needs_exactly_one_of_status_failure_or_acknowledgement(arguments):
     with pytest.raises(ValueError, match="exactly one of a status_code, a failure or an acknowledgement"):
         AttemptResult(**arguments)
+
+
+def test_an_answer_is_a_status_an_acknowledgement_or_a_brokers_refusal_of_the_message():
+    """What the hung-send threshold learns from: how long a receiver or a broker takes to answer."""
+    assert AttemptResult(status_code=503).answered
+    assert AttemptResult(acknowledgement="stream ORDERS seq 42").answered
+    assert AttemptResult(failure=FailureKind.REJECTED, error="no stream for the subject").answered
+    assert not AttemptResult(failure=FailureKind.TIMEOUT, error="deadline").answered
+    assert not AttemptResult(failure=FailureKind.CONNECTION, error="refused").answered

@@ -1,0 +1,238 @@
+"""The claim's decisions per destination, in SQL: which destinations may go, who probes, and a fair share of each batch.
+
+Every outbox row carries its destination (``Outbox.destination``, decided at
+insert) and each destination of an outbox may have a state row in
+``outboxkit_destinations`` (``outboxkit.breaker`` holds its rules).  The claim
+reads both in its one statement, so what it decides holds in every process at
+once and nothing claimed has to be given back:
+
+* **Blocked.**  A destination whose state is ``open``, ``half_open`` or
+  ``disabled``, or that is slowed (``slowed_until`` in the future, a receiver's
+  ``Retry-After``), has none of its rows claimed.  They keep their attempts and
+  their due times; nothing marks them.
+* **The probe.**  An ``open`` destination whose cool-down is over (or a
+  ``half_open`` one whose probe's lease ended) lets exactly one row through:
+  a conditional ``UPDATE`` of its state row in the same statement turns it
+  ``half_open`` and names the row (``probe_row_id``).  Of any number of claims
+  that find the cool-down over at once, the first to lock the state row wins;
+  the others re-check its condition after the lock and find it ``half_open``.
+  A probe is never sent inside a ``Retry-After``: a slowed destination is not
+  probed until the slow-down ends.
+* **A fair share.**  The unordered claim walks the destinations that have
+  pending rows, one step of ``ix_<table>_destination_due`` each, from where
+  the previous claim stopped (``KeyCursor``, as the ordered claim walks keys);
+  each destination that may go offers its share of the batch (its oldest due
+  rows, locked with ``SKIP LOCKED``), and the batch takes them in turns (every
+  destination's first row, then every second...), oldest due first within a
+  turn.  A backlog of one destination therefore never delays
+  another's new row by more than one claim, and a blocked destination costs
+  one step of the walk, not one per waiting row.  The walk stops once it has
+  found ``limit`` destinations with due rows or has gone round them all.
+  Rows whose destination could not be decided at insert (NULL) take their
+  turns as one more destination, never blocked.
+
+* **A cap on sends in flight, across processes.**  A *suspect* destination
+  (no success yet, a failure run, or a send out longer than a second in any
+  process) has at most ``OutboxOptions.destination_cap`` rows claimed at once,
+  counted from the live claims in the database (``claimed_until`` in the
+  future), unless it is the only destination with due rows: a receiver that
+  hangs holds at most that many send threads of all the drainers together.
+
+A destination's state is read by its key (the table's primary key), only
+for the destinations walked, so the claim's cost follows the destinations
+with pending rows, never the number of states stored.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BLOCKED", "PROBE_DUE", "blocked_wakeups_sql", "destination_claim_sql", "earliest_due_sql", "probe_sql"]
+
+STATES = "outboxkit_destinations"
+
+# Of a state row ``state``: its rows may not be claimed now (open, half-open, disabled, or slowed).
+BLOCKED = "(state.status <> 'healthy' OR state.slowed_until > :now)"
+# Of a state row ``state``: one of its rows may go as the probe now (never inside a Retry-After).
+PROBE_DUE = (
+    "((state.status = 'open' AND state.next_probe_at <= :now OR state.status = 'half_open' AND state.probe_until <= :now)"
+    " AND NOT COALESCE(state.slowed_until > :now, false))"
+)
+
+# The first destination after {current} with a pending row, or the first of all once past the last one.
+_NEXT_DESTINATION = """COALESCE(
+    (SELECT destination FROM {table} WHERE status = 'pending' AND destination > {current} ORDER BY destination LIMIT 1),
+    (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL ORDER BY destination LIMIT 1))"""
+
+# One walk step's view of a destination: whether it is blocked, whether it may probe, whether it has a due row, and
+# its room under the cap (SUSPECT, ROOM).
+_LOOK = """LEFT JOIN LATERAL (
+        SELECT {blocked} AS blocked, {probe_due} AS probe_due, {suspect} AS suspect FROM {states} AS state
+        WHERE state.outbox = :outbox AND state.destination = {current}) AS state ON true
+    LEFT JOIN LATERAL (
+        SELECT next_attempt_at <= :now AS due FROM {table}
+        WHERE status = 'pending' AND destination = {current}
+        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first ON true
+    CROSS JOIN LATERAL ({live}) AS live"""
+
+# The cap.  A destination is *suspect* when its state shows no success yet (or none stored), a failure run, or one of
+# its sends, in any process, has been out longer than a second (a claim older than that still live: every claim of
+# the outbox has the same lease, so its age is its lease end's distance from this claim's).  A suspect destination
+# has at most :cap rows claimed at once across every process, counted from the live claims in the database; its room
+# is what is left.  Without a breaker no state is stored, so a destination without one is suspect only while
+# :unknown_suspect (the breaker is on) says so.  The cap protects the other destinations, so a destination that is
+# alone in the walk is not capped.
+SUSPECT_STATE = "(state.last_success_at IS NULL OR state.consecutive_failures > 0)"
+_LIVE = """SELECT count(*) AS claimed,
+        COALESCE(bool_or(claimed_until < CAST(:lease_until AS timestamptz) - interval '1 second'), false) AS slow
+        FROM {table} WHERE claimed_until > :now AND status = 'pending' AND destination = {current}"""
+ROOM = (
+    "CASE WHEN COALESCE(state.suspect, CAST(:unknown_suspect AS boolean)) OR live.slow "
+    "THEN greatest(0, :cap - live.claimed) ELSE :limit END"
+)
+
+_WALK = """
+WITH RECURSIVE walk(destination, blocked, probe_due, due, room, wrapped, start_destination, found, step) AS (
+    SELECT start.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
+           {room}, false, start.destination,
+           CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, 1
+    FROM (SELECT {first_destination} AS destination) AS start
+    {look_start}
+    WHERE start.destination IS NOT NULL
+  UNION ALL
+    SELECT next.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
+           {room}, next.wrapped, walk.start_destination,
+           walk.found + CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, walk.step + 1
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT candidate.destination, walk.wrapped OR candidate.destination <= walk.destination AS wrapped
+        FROM (SELECT {next_destination} AS destination) AS candidate
+    ) AS next
+    {look_next}
+    WHERE walk.found < :limit AND next.destination IS NOT NULL
+      AND NOT (next.wrapped AND next.destination >= walk.start_destination)
+)"""
+
+# The probes: a row for each destination whose probe is due, named in its state row by a conditional UPDATE
+# (re-checked after the row lock, so one claim wins).  {pick} says which row: (destination, id) pairs.
+_PROBES = """, probes AS (
+    UPDATE {states} AS state
+    SET status = 'half_open', probe_row_id = pick.id, probe_until = :lease_until, updated_at = :now
+    FROM ({pick}) AS pick
+    WHERE state.outbox = :outbox AND state.destination = pick.destination AND pick.id IS NOT NULL AND {probe_due}
+    RETURNING pick.id
+)"""
+
+# The unordered claim's probe: each walked destination's oldest due row.
+_UNORDERED_PICK = """SELECT walk.destination, (
+            SELECT id FROM {table} WHERE status = 'pending' AND destination = walk.destination
+            AND next_attempt_at <= :now ORDER BY destination, next_attempt_at, id LIMIT 1) AS id
+        FROM walk WHERE walk.probe_due"""
+
+# Each destination that may go offers its share of the batch, oldest due first, locked with SKIP LOCKED (so
+# concurrent claims take disjoint rows: a row another claim holds is passed over, not waited for); undecided rows
+# (NULL) offer theirs as one more destination.  The batch takes them in turns, and the rows it leaves are free
+# again when the claim commits.
+_TURNS = """, shares AS (
+    SELECT ceil(CAST(:limit AS numeric) / greatest(1, (SELECT max(found) FROM walk)))::int AS rows
+), turns AS (
+    SELECT pick.id, pick.next_attempt_at, pick.claim_token,
+           row_number() OVER (PARTITION BY walk.destination ORDER BY pick.next_attempt_at, pick.id) AS turn
+    FROM walk CROSS JOIN LATERAL (
+        SELECT id, next_attempt_at, claim_token FROM {table}
+        WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now
+        ORDER BY destination, next_attempt_at, id
+        LIMIT least((SELECT rows FROM shares), CASE WHEN (SELECT max(found) FROM walk) > 1 THEN walk.room ELSE :limit END)
+        FOR UPDATE SKIP LOCKED) AS pick
+    WHERE walk.due AND NOT walk.blocked
+  UNION ALL
+    SELECT id, next_attempt_at, claim_token, row_number() OVER (ORDER BY next_attempt_at, id) FROM (
+        SELECT id, next_attempt_at, claim_token FROM {table}
+        WHERE status = 'pending' AND destination IS NULL AND next_attempt_at <= :now
+        ORDER BY destination, next_attempt_at, id LIMIT :limit
+        FOR UPDATE SKIP LOCKED) AS undecided
+), candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM turns
+    ORDER BY turn, next_attempt_at, id
+    LIMIT :limit
+)"""
+
+# Where the walk stopped: the next claim starts after it.
+WALKED_TO = "(SELECT destination FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
+
+
+def _walk(table: str) -> str:
+    look = {"blocked": BLOCKED, "probe_due": PROBE_DUE, "suspect": SUSPECT_STATE, "states": STATES, "table": table}
+    return _WALK.format(
+        first_destination=_NEXT_DESTINATION.format(table=table, current=":after"),
+        next_destination=_NEXT_DESTINATION.format(table=table, current="walk.destination"),
+        look_start=_LOOK.format(current="start.destination", live=_LIVE.format(table=table, current="start.destination"), **look),
+        look_next=_LOOK.format(current="next.destination", live=_LIVE.format(table=table, current="next.destination"), **look),
+        room=ROOM,
+    )
+
+
+def probe_sql(pick: str) -> str:
+    """The probes' CTE (``probes``: the ids of the rows that go as probes); ``pick`` gives (destination, id) pairs."""
+    return _PROBES.format(states=STATES, probe_due=PROBE_DUE, pick=pick)
+
+
+def destination_claim_sql(table: str) -> str:
+    """The unordered claim's first half: the walk, the probes and the candidates it locks (``walk``, ``probes``,
+    ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, outbox, after, cap."""
+    return _walk(table) + probe_sql(_UNORDERED_PICK.format(table=table)) + _TURNS.format(table=table)
+
+
+# The earliest time a claim could take a row: each destination's oldest pending row (a row in flight counts with its
+# lease end), or for a blocked one the end of what blocks it (the probe's time, the slow-down's end; never, while
+# disabled), whichever is later; undecided rows by their own due time.  One step per destination with pending rows.
+EARLIEST_DUE = """
+WITH RECURSIVE walk(destination) AS (
+    (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL ORDER BY destination LIMIT 1)
+  UNION ALL
+    SELECT (SELECT destination FROM {table} WHERE status = 'pending' AND destination > walk.destination
+            ORDER BY destination LIMIT 1)
+    FROM walk WHERE walk.destination IS NOT NULL
+)
+SELECT min(due) FROM (
+    (SELECT next_attempt_at AS due FROM {table} WHERE status = 'pending' AND destination IS NULL
+     ORDER BY destination, next_attempt_at, id LIMIT 1)
+  UNION ALL
+    SELECT CASE
+        WHEN state.status = 'disabled' THEN NULL
+        WHEN state.status = 'open' THEN greatest(first.next_attempt_at, state.next_probe_at, state.slowed_until)
+        WHEN state.status = 'half_open' THEN greatest(first.next_attempt_at, state.probe_until, state.slowed_until)
+        ELSE greatest(first.next_attempt_at, state.slowed_until)
+    END
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT next_attempt_at FROM {table} WHERE status = 'pending' AND destination = walk.destination
+        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first
+    LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = walk.destination
+    WHERE walk.destination IS NOT NULL
+) AS dues
+"""
+
+
+# For a claim whose candidates do not walk destinations (the ordered claim): when each blocked destination with
+# pending rows may go again (its probe, the end of its slow-down; never while disabled), read on the states' partial
+# index of those not healthy or slowed.
+_BLOCKED_WAKEUPS = """SELECT CASE
+        WHEN state.status = 'disabled' THEN NULL
+        WHEN state.status = 'open' THEN greatest(first.next_attempt_at, state.next_probe_at, state.slowed_until)
+        WHEN state.status = 'half_open' THEN greatest(first.next_attempt_at, state.probe_until, state.slowed_until)
+        ELSE greatest(first.next_attempt_at, state.slowed_until)
+    END
+    FROM {states} AS state
+    CROSS JOIN LATERAL (
+        SELECT next_attempt_at FROM {table} WHERE status = 'pending' AND destination = state.destination
+        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first
+    WHERE state.outbox = :outbox AND (state.status <> 'healthy' OR state.slowed_until IS NOT NULL)"""
+
+
+def blocked_wakeups_sql(table: str) -> str:
+    """When each blocked destination with pending rows may go again (one due time per row; parameter: outbox)."""
+    return _BLOCKED_WAKEUPS.format(states=STATES, table=table)
+
+
+def earliest_due_sql(table: str) -> str:
+    """``EARLIEST_DUE`` for a quoted table (parameter: outbox)."""
+    return EARLIEST_DUE.format(table=table, states=STATES)
