@@ -330,7 +330,7 @@ ISOLATION_TARGET = 0.9
 
 
 def isolation_target(isolation: dict[str, object]) -> dict[str, object]:
-    """The figure issue 17's isolation target is about, from the drain loop's runs with the breaker on (the
+    """The figure the isolation target is about, from the drain loop's runs with the breaker on (the
     default options); empty if those runs were left out (``--breaker off``)."""
     if "healthy_ratio" not in isolation:
         return {}

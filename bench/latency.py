@@ -4,7 +4,7 @@
    the NOTIFY wake-up can deliver quickly).  200 single rows are enqueued,
    each in its own transaction, 50 ms apart.  For each row: the time from the
    application's commit returning to a local HTTP receiver seeing the
-   request.  Target (issue 20): p95 <= 3 ms on a quiet host.
+   request.  Target: p95 <= 3 ms on a quiet host.
 2. Failover: a leader and a standby (two kits, two elections).  The leader's
    lock connection is killed with pg_terminate_backend; measured are the time
    to the old leader's demotion (its scheduler stopped) and to the new
