@@ -80,6 +80,8 @@ OUTBOX_TABLES = ("credit_grant_outbox", "webhook_outbox")
 PASSWORD = "bench"
 # The drain's claim with psycopg's parameter style; RETURNING outbox.* kept, as the drain reads it.
 CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql(TABLE))
+# The claim walks destinations from a cursor and caps a suspect one: this table's rows share one destination.
+CLAIM_SCOPE = {"outbox": "webhooks", "after": None, "cap": 50, "unknown_suspect": True}
 RECORD = record_outcome_sql(TABLE)
 # The overview's counts before this change (outboxkit/storage/drain_queries.py at 0670ce2): exact counts.
 LEGACY_STATUS_COUNTS = f"""
@@ -174,7 +176,8 @@ def time_claims(scratch: Scratch, repeat: int) -> tuple[list[float], list[float]
     with psycopg.connect(scratch.url) as connection:
         for number in range(repeat + 5):  # the first five warm the caches
             now = datetime.now(timezone.utc)
-            parameters = {"now": now, "lease_until": now + timedelta(minutes=5), "limit": 50, "token": uuid.uuid4()}
+            parameters = {"now": now, "lease_until": now + timedelta(minutes=5), "limit": 50, "token": uuid.uuid4(),
+                          **CLAIM_SCOPE}
             started = time.perf_counter()
             rows = connection.execute(CLAIM, parameters).fetchall()
             elapsed = (time.perf_counter() - started) * 1000
@@ -389,7 +392,9 @@ def outcome_writes_per_second(scratch: Scratch, rows: int) -> float:
     with psycopg.connect(scratch.url) as connection:
         while True:
             now, token = datetime.now(timezone.utc), uuid.uuid4()
-            cursor = connection.execute(CLAIM, {"now": now, "lease_until": now + timedelta(hours=1), "limit": 50, "token": token})
+            cursor = connection.execute(
+                CLAIM, {"now": now, "lease_until": now + timedelta(hours=1), "limit": 50, "token": token, **CLAIM_SCOPE}
+            )
             assert cursor.description is not None  # a statement with RETURNING describes its columns
             id_column = [column.name for column in cursor.description].index("id")  # RETURNING outbox.*
             ids = [row[id_column] for row in cursor]
