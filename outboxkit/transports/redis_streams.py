@@ -86,6 +86,10 @@ class RedisStreamsTransport:
         }
         self._loop = EventLoopThread("outboxkit-redis")
         self._clients: dict[tuple[str, str, int], Any] = {}
+        # Each server's proto-max-bulk-len, read once (None where CONFIG is not allowed): an entry over it is
+        # refused here, because the server answers it by closing the connection, which a client still writing
+        # may see as a reset rather than as the answer.
+        self._bulk_limits: dict[tuple[str, str, int], int | None] = {}
 
     def send(self, delivery: Delivery, *, idempotency_key: str, timeout: float) -> AttemptResult:
         parts = urlsplit(delivery.url)
@@ -117,6 +121,14 @@ class RedisStreamsTransport:
     async def _append(self, server: tuple[str, str, int], stream: str, fields: dict[str, str | bytes]) -> AttemptResult:
         exceptions = self._redis.exceptions
         try:
+            limit = await self._bulk_limit(server)
+            over = [name for name, value in fields.items() if limit is not None and len(value) > limit]
+            if over:
+                return AttemptResult(
+                    failure=FailureKind.REJECTED,
+                    error=f"rejected: Redis answered Protocol error: invalid bulk length (the entry's {over[0]} is "
+                    f"{len(fields[over[0]]):,} bytes, over the server's proto-max-bulk-len of {limit:,})",
+                )
             entry = await self._client(server).xadd(stream, fields)
         except exceptions.ResponseError as exc:
             text = str(exc)
@@ -130,6 +142,16 @@ class RedisStreamsTransport:
         except exceptions.RedisError as exc:
             return AttemptResult(failure=FailureKind.TRANSPORT, error=_describe(exc))
         return AttemptResult(acknowledgement=f"stream {stream} entry {entry.decode() if isinstance(entry, bytes) else entry}")
+
+    async def _bulk_limit(self, server: tuple[str, str, int]) -> int | None:
+        if server not in self._bulk_limits:
+            try:
+                answer = await self._client(server).config_get("proto-max-bulk-len")
+                value = answer.get("proto-max-bulk-len") or answer.get(b"proto-max-bulk-len")
+                self._bulk_limits[server] = int(value) if value is not None else None
+            except self._redis.exceptions.ResponseError:  # CONFIG renamed or refused (managed Redis): not known
+                self._bulk_limits[server] = None
+        return self._bulk_limits[server]
 
     def _client(self, server: tuple[str, str, int]) -> Any:
         client = self._clients.get(server)
