@@ -23,12 +23,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text
 
 from outboxkit import Drainer, DrainResult, HttpTransport
-from outboxkit.drain.record import MAX_GROUP_DELAY_SECONDS, OutcomeGrouping
+from outboxkit.drain.record import MAX_GROUP_DELAY_SECONDS, FinishedSend, OutcomeGrouping
+from outboxkit.policy import AttemptResult
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
@@ -274,3 +276,44 @@ def test_error_texts_and_retry_times_are_written_exactly_in_the_rows_and_the_att
     with engine.connect() as connection:
         history = dict(connection.execute(text("SELECT row_id, error FROM outboxkit_attempts")).all())
     assert history == expected
+
+
+def test_a_group_whose_write_fails_is_written_again_row_by_row(
+    engine, insert_events, read_events, clock, transport, caplog
+):
+    """The grouped-failure path itself, with the group made by the test: no timing decides whether it is taken."""
+    ids = insert_events([{"n": n} for n in range(6)])
+    rejected_id = ids[3]
+    token = uuid.uuid4()
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE sample_event_outbox SET claim_token = :token, claimed_until = :until, attempts = 1"),
+            {"token": token, "until": clock.now() + timedelta(hours=1)},
+        )
+        connection.exec_driver_sql(f"""
+            CREATE FUNCTION reject_one_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.id = {rejected_id} AND NEW.status = 'done' THEN
+                    RAISE EXCEPTION 'row {rejected_id} may not be done';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER reject_one_outcome BEFORE UPDATE ON sample_event_outbox
+                FOR EACH ROW EXECUTE FUNCTION reject_one_outcome();
+        """)
+    claimed = read_events()
+    drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock)
+    finished = [FinishedSend(row=claimed[row_id], token=token, attempt=AttemptResult(status_code=200)) for row_id in ids]
+    result = DrainResult(job_name=drainer.job_name)
+
+    with caplog.at_level(logging.WARNING, logger="outboxkit.drain"), drainer.queries.outcome_connection(engine) as connection:
+        decisions = drainer.recorder.record_group(connection, finished, result)
+
+    assert any("could not record a group of 6 outcomes" in record.getMessage() for record in caplog.records)
+    assert len(decisions) == 5 and result.delivered == 5 and result.lost_claims == 0
+    assert len(result.errors) == 1 and f"row {rejected_id}:" in result.errors[0]
+    rows = read_events()
+    assert rows[rejected_id].status == "pending" and rows[rejected_id].claim_token == token  # keeps its lease
+    assert {row_id: rows[row_id].status for row_id in ids if row_id != rejected_id} == dict.fromkeys(
+        set(ids) - {rejected_id}, "done"
+    )
