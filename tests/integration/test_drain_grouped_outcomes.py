@@ -78,6 +78,22 @@ def drainer_for(engine, transport, clock, rows: int, grouping: OutcomeGrouping, 
     )
 
 
+def reject_done_outcome(engine: Engine, row_id: int) -> None:
+    """A trigger that makes every write of ``done`` to row ``row_id`` fail (a constraint that rejects one row)."""
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"""
+            CREATE FUNCTION reject_one_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.id = {row_id} AND NEW.status = 'done' THEN
+                    RAISE EXCEPTION 'row {row_id} may not be done';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER reject_one_outcome BEFORE UPDATE ON sample_event_outbox
+                FOR EACH ROW EXECUTE FUNCTION reject_one_outcome();
+        """)
+
+
 def drain_released_together(drainer: Drainer, receiver: Receiver, rows: int, *, before_release=None) -> DrainResult:
     """Drain while the receiver holds every request; once all ``rows`` arrived, release them at once."""
     receiver.respond = lambda request: Reply(hang=True)
@@ -164,18 +180,7 @@ def test_a_write_that_fails_for_one_row_keeps_its_neighbours_outcomes(
 ):
     ids = insert_events([{"n": n} for n in range(6)])
     rejected_id = ids[3]
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f"""
-            CREATE FUNCTION reject_one_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.id = {rejected_id} AND NEW.status = 'done' THEN
-                    RAISE EXCEPTION 'row {rejected_id} may not be done';
-                END IF;
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER reject_one_outcome BEFORE UPDATE ON sample_event_outbox
-                FOR EACH ROW EXECUTE FUNCTION reject_one_outcome();
-        """)
+    reject_done_outcome(engine, rejected_id)
     drainer = drainer_for(engine, transport, clock, 6, PATIENT)
 
     with caplog.at_level(logging.WARNING, logger="outboxkit.drain"):
@@ -290,17 +295,7 @@ def test_a_group_whose_write_fails_is_written_again_row_by_row(
             text("UPDATE sample_event_outbox SET claim_token = :token, claimed_until = :until, attempts = 1"),
             {"token": token, "until": clock.now() + timedelta(hours=1)},
         )
-        connection.exec_driver_sql(f"""
-            CREATE FUNCTION reject_one_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.id = {rejected_id} AND NEW.status = 'done' THEN
-                    RAISE EXCEPTION 'row {rejected_id} may not be done';
-                END IF;
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER reject_one_outcome BEFORE UPDATE ON sample_event_outbox
-                FOR EACH ROW EXECUTE FUNCTION reject_one_outcome();
-        """)
+    reject_done_outcome(engine, rejected_id)
     claimed = read_events()
     drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock)
     finished = [FinishedSend(row=claimed[row_id], token=token, attempt=AttemptResult(status_code=200)) for row_id in ids]
