@@ -14,11 +14,12 @@ from sqlalchemy import Engine, insert, text
 from outboxkit import Drainer, HttpTransport, ManualClock, OutboxKit
 from outboxkit.leader.partitions import drop_done_partitions, ensure_partitions, partitions_job_id
 from outboxkit.leader.retention import retention_job_id
-from outboxkit.migrations.helpers import convert_to_partitioned
+from outboxkit.migrations.helpers import convert_to_partitioned, set_outbox_storage
 from outboxkit.operations.service import OperationsService
 from outboxkit.storage.partitions import OUTBOX_STORAGE_PARAMETERS, PartitionTable, interval_start, partitions
 from outboxkit.storage.row_filter import RowFilter
 from tests.support.lock_waits import wait_for_a_lock_wait
+from tests.support.models import SampleEvent
 from tests.support.partitioned import (
     ConvertedTable,
     PartitionedBase,
@@ -232,6 +233,31 @@ def test_the_scheduler_keeps_partitions_with_one_job_and_deletes_no_rows_one_by_
 
     assert partitions_job_id(PartitionedEvent) in jobs
     assert retention_job_id(PartitionedEvent) not in jobs
+
+
+def test_one_run_of_the_job_makes_partitions_ahead_and_drops_old_done_ones_and_records_what_it_did(kit, engine, today):
+    """The kit's clock is 40 days on: the table's five partitions are past the one-day retention, and the days
+    around the clock need partitions."""
+    add_rows(engine, 4, created_at=today + timedelta(hours=1), status="done")
+    kept = add_rows(engine, 1, created_at=today + DAY + timedelta(hours=1), status="stuck")
+
+    record = kit.scheduler.run_job(partitions_job_id(PartitionedEvent), scheduled_for=today + DAY * 40)
+
+    assert (record.outcome, record.counts) == (
+        "ok", {"created": 5, "moved_from_default": 0, "skipped": 0, "dropped": 4, "kept_unfinished": 1},
+    )
+    assert rows_by_partition(engine) == {f"{TABLE}_p{today + DAY:%Y%m%d}": set(kept)}
+    assert f"{TABLE}_p{today + DAY * 44:%Y%m%d}" in partition_names(engine)
+
+
+def test_set_outbox_storage_gives_a_plain_outbox_the_autovacuum_settings(engine):
+    migrate(engine, lambda operations: set_outbox_storage(SampleEvent, operations=operations))
+
+    with engine.connect() as connection:
+        options = connection.execute(
+            text("SELECT reloptions FROM pg_class WHERE oid = 'sample_event_outbox'::regclass")
+        ).scalar_one()
+    assert set(options) == {f"{name}={value}" for name, value in OUTBOX_STORAGE_PARAMETERS.items()}
 
 
 def test_the_drain_delivers_rows_of_every_partition_and_of_the_default_one(engine, today, receiver):
