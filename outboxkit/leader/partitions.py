@@ -34,6 +34,7 @@ from outboxkit.storage.partitions import (
     PartitionTable,
     create_partition,
     drop_partition_if_done,
+    overlaps,
     partitions,
     wanted_ranges,
 )
@@ -62,8 +63,8 @@ def ensure_partitions(
     created = moved = skipped = 0
     for wanted in wanted_ranges(outbox, now):
         with engine.connect() as connection:
-            existing = {partition.name for partition in partitions(connection, table)}
-        if wanted.name in existing:
+            existing = partitions(connection, table)
+        if overlaps(wanted, existing):  # made already, or inside a converted table's first partition
             continue
         result = create_partition(engine, table, wanted, lock_timeout=lock_timeout)
         if result is None:

@@ -48,6 +48,7 @@ __all__ = [
     "create_partition",
     "drop_partition_if_done",
     "interval_start",
+    "overlaps",
     "partition_name",
     "partitions",
     "storage_parameters_sql",
@@ -184,7 +185,8 @@ def _log_lock_not_granted(table: PartitionTable, partition: Partition, action: s
     )
 
 
-def _overlaps(wanted: Partition, existing: Sequence[Partition]) -> bool:
+def overlaps(wanted: Partition, existing: Sequence[Partition]) -> bool:
+    """Whether a range partition among ``existing`` covers part of ``wanted``'s range."""
     for partition in existing:
         if partition.is_default:
             continue
@@ -213,7 +215,7 @@ def create_partition(
             with connection.begin():
                 _set_lock_timeout(connection, lock_timeout)
                 connection.execute(text(f"LOCK TABLE {table.parent} IN SHARE ROW EXCLUSIVE MODE"))
-                if _overlaps(wanted, partitions(connection, table)):
+                if overlaps(wanted, partitions(connection, table)):
                     return None
                 connection.execute(text(
                     f"CREATE TABLE {quoted} (LIKE {table.parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "

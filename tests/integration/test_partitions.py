@@ -365,6 +365,10 @@ def test_an_existing_outbox_is_converted_online_keeping_every_row_while_writers_
     assert {places[row] for row in before} == {"converted_outbox_pbefore"}
     assert leftovers == 0
     assert names[:2] == ["converted_outbox_pbefore", "converted_outbox_pdefault"] and len(names) == 2 + 5
+    # The job finds nothing to do: the weeks before the cutover are the first partition's.
+    assert ensure_partitions(engine, ConvertedTable, now=database_now(engine)) == {
+        "created": 0, "moved_from_default": 0, "skipped": 0,
+    }
 
 
 def test_a_conversion_whose_swap_fails_leaves_the_table_as_it_was(engine):
