@@ -37,6 +37,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     CheckConstraint,
     Column,
@@ -53,6 +54,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import event as sqlalchemy_event
+from sqlalchemy.dialects.postgresql import dialect as postgresql_dialect
 from sqlalchemy.orm import Mapped, MappedColumn, configure_mappers, declared_attr, mapped_column
 
 from outboxkit.breaker import DESTINATION_NAME_LIMIT, BreakerOptions, check_destination_name, destination_of
@@ -65,7 +67,10 @@ from outboxkit.transports.signing import SigningTransport, WebhookSecrets
 if TYPE_CHECKING:
     from outboxkit.transports.base import Transport
 
-__all__ = ["STATUSES", "Outbox", "OutboxOptions", "destination_of_values", "outbox_table_args"]
+__all__ = [
+    "PARTITION_INTERVALS", "STATUSES", "Outbox", "OutboxOptions", "default_partition_name", "destination_of_values",
+    "outbox_table_args",
+]
 
 STATUSES = ("pending", "done", "stuck")
 LAST_ERROR_LIMIT = 2000
@@ -79,6 +84,10 @@ LEASE_MARGIN_SECONDS = 30.0
 # mistake (days or hours written as seconds).
 MINIMUM_RETENTION_SECONDS = 60.0
 _JOB_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+# The intervals a partitioned outbox may be cut into (OutboxOptions.partition_by), in days.
+PARTITION_INTERVALS = {"day": 1, "week": 7}
+# The longest table name a partitioned outbox may have: its partitions are named <table>_p<yyyymmdd>.
+PARTITIONED_TABLE_NAME_LIMIT = 63 - len("_p20260101")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +166,23 @@ class OutboxOptions:
     whose ``delivered_at`` is older than that, never a ``pending`` or
     ``stuck`` row (see ``outboxkit.leader.retention``).  It may be overridden per
     environment like ``backoff``.
+
+    ``partition_by`` (default None: one plain table) makes the outbox a
+    table partitioned by ``created_at`` with PostgreSQL's declarative range
+    partitioning, one partition per ``"day"`` or ``"week"`` (UTC, weeks from
+    Monday).  The table's primary key is then ``(id, created_at)``; ``id``
+    stays unique in practice (it comes from one identity sequence) but is
+    no longer enforced by a unique index, and neither is ``idempotency_key``
+    alone (``(idempotency_key, created_at)`` is).  A DEFAULT partition
+    (``<table>_pdefault``) takes any row whose partition does not exist yet,
+    so an insert never fails for want of one; the elected job
+    ``<job_name>-partitions`` keeps ``partitions_ahead`` intervals (default
+    4, at least 2) created ahead and moves rows out of the DEFAULT partition
+    into the partition it creates for them.  With ``retain_done_for``, that
+    job also drops a partition once its whole range is older than the
+    period and every row in it is ``done``; a partition holding a
+    ``pending`` or ``stuck`` row is never dropped and all its rows stay
+    (``outboxkit.leader.partitions``, docs/partitioning.md).
     """
 
     job_name: str
@@ -176,6 +202,8 @@ class OutboxOptions:
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
     ordering_key: str | None = None
+    partition_by: str | None = None
+    partitions_ahead: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
@@ -210,6 +238,7 @@ class OutboxOptions:
                 f"of seconds of at least {MINIMUM_RETENTION_SECONDS:g}, e.g. 7 * 86400 for a week; got {retain!r}"
             )
         self._check_signing_options()
+        self._check_partitioning()
         key = self.ordering_key
         if key is not None and (not isinstance(key, str) or not key.isidentifier()):
             raise ConfigurationError(
@@ -265,6 +294,19 @@ class OutboxOptions:
             raise ConfigurationError(
                 f"outbox {self.job_name!r} has webhook secrets but does not sign its requests; declare "
                 "OutboxOptions(sign_webhooks=True), or remove the secrets"
+            )
+
+    def _check_partitioning(self) -> None:
+        if self.partition_by is not None and self.partition_by not in PARTITION_INTERVALS:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: partition_by must be None (one plain table), 'day' or 'week', "
+                f"got {self.partition_by!r}"
+            )
+        ahead = self.partitions_ahead
+        if isinstance(ahead, bool) or not isinstance(ahead, int) or not 2 <= ahead <= 366:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: partitions_ahead must be an integer from 2 to 366 (intervals created "
+                f"ahead of now), got {ahead!r}"
             )
 
     def check_signing(self) -> None:
@@ -346,9 +388,11 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
     """
     table = cls.__tablename__  # type: ignore[attr-defined]
     statuses = ", ".join(f"'{status}'" for status in STATUSES)
+    # A unique constraint on a partitioned table must hold the partition key (docs/partitioning.md).
+    unique_key = ("idempotency_key", "created_at") if _partitioned(cls) else ("idempotency_key",)
     indexes = (
         CheckConstraint(f"status IN ({statuses})", name=f"ck_{table}_status"),
-        UniqueConstraint("idempotency_key", name=f"uq_{table}_idempotency_key"),
+        UniqueConstraint(*unique_key, name=f"uq_{table}_idempotency_key"),
         Index(f"ix_{table}_due_id", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")),
         Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
         Index(f"ix_{table}_claimed", "claimed_until", postgresql_where=text("claimed_until IS NOT NULL")),
@@ -372,13 +416,53 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
     )
 
 
+def _partitioned(cls: type) -> bool:
+    options = getattr(cls, "__outbox__", None)
+    return isinstance(options, OutboxOptions) and options.partition_by is not None
+
+
+def default_partition_name(table: str) -> str:
+    """The DEFAULT partition of a partitioned outbox table: ``<table>_pdefault``."""
+    return f"{table}_pdefault"
+
+
+def _check_partitioned_table(cls: type) -> None:
+    """Refuse, at class definition, a partitioned outbox whose partitions' names would not fit PostgreSQL's 63 bytes."""
+    table = getattr(cls, "__tablename__", None)
+    if _partitioned(cls) and isinstance(table, str) and len(table.encode()) > PARTITIONED_TABLE_NAME_LIMIT:
+        raise ConfigurationError(
+            f"{cls.__name__}: a partitioned outbox's table name must be at most {PARTITIONED_TABLE_NAME_LIMIT} bytes "
+            f"(its partitions are named <table>_p<yyyymmdd>), got {table!r}"
+        )
+
+
+def _partition_table(cls: type) -> None:
+    """Make a partitioned outbox's mapped table partitioned, and give it a DEFAULT partition when it is created.
+
+    Set on the table after mapping, so an application's own ``__table_args__``
+    (``outbox_table_args`` plus its indexes) needs nothing more.  The DEFAULT
+    partition comes with ``metadata.create_all`` (and the Alembic helper
+    ``create_partitioned_outbox``): with it, no insert fails for want of a
+    partition before the elected job has made them.
+    """
+    table = vars(cls).get("__table__")
+    if table is None or not _partitioned(cls):
+        return
+    table.dialect_kwargs["postgresql_partition_by"] = "RANGE (created_at)"
+    quote = postgresql_dialect().identifier_preparer.quote  # type: ignore[no-untyped-call]
+    schema = f"{quote(table.schema)}." if table.schema else ""
+    statement = (
+        f"CREATE TABLE IF NOT EXISTS {schema}{quote(default_partition_name(table.name))} "
+        f"PARTITION OF {schema}{quote(table.name)} DEFAULT"
+    )
+    sqlalchemy_event.listen(table, "after_create", DDL(statement))  # type: ignore[no-untyped-call]
+
+
 def _ordering_column_name(cls: type, key: str) -> str:
     """The quoted database name of the ordering key's column (its attribute may be named differently)."""
-    from sqlalchemy.dialects import postgresql
-
     attribute = next((vars(klass)[key] for klass in cls.__mro__ if key in vars(klass)), None)
     name = getattr(getattr(attribute, "column", None), "name", None) or key
-    return str(postgresql.dialect().identifier_preparer.quote(name))  # type: ignore[no-untyped-call]
+    return str(postgresql_dialect().identifier_preparer.quote(name))  # type: ignore[no-untyped-call]
 
 
 def _check_ordering_key(cls: type, options: OutboxOptions) -> None:
@@ -431,15 +515,22 @@ class Outbox:
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     last_error: Mapped[str | None] = mapped_column(Text)
     last_status_code: Mapped[int | None] = mapped_column(SmallInteger)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # sort_order=1 from here on keeps created_at (a declared_attr, which the ORM places after the plain
+    # columns) in its place in the table: after last_status_code, before updated_at.
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), sort_order=1)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), sort_order=1)
     # The claim lease: a drain stamps both when it takes the row.  While
     # claimed_until is in the future the row is in flight; once it passes, the
     # row is due again (next_attempt_at is set to the same instant), which is
     # how a crashed worker's rows come back without any sweeper.
-    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    claim_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), sort_order=1)
+    claim_token: Mapped[uuid.UUID | None] = mapped_column(Uuid, sort_order=1)
+
+    @declared_attr
+    @classmethod
+    def created_at(cls) -> Mapped[datetime]:
+        """When the row was inserted; the partition key of a partitioned outbox, then part of its primary key."""
+        return mapped_column(DateTime(timezone=True), server_default=func.now(), primary_key=_partitioned(cls))
 
     @declared_attr
     @classmethod
@@ -456,12 +547,19 @@ class Outbox:
         return mapped_column(
             String(DESTINATION_NAME_LIMIT),
             default=lambda context: destination_of_values(cls, context.get_current_parameters()),
+            sort_order=1,
         )
 
     @declared_attr.directive
     @classmethod
     def __table_args__(cls) -> tuple[Any, ...]:
         return outbox_table_args(cls)
+
+    @declared_attr.directive
+    @classmethod
+    def __mapper_args__(cls) -> dict[str, Any]:
+        # A partitioned outbox's table key is (id, created_at); its rows are still addressed by id alone.
+        return {"primary_key": [cls.__table__.c.id]} if _partitioned(cls) else {}  # type: ignore[attr-defined]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Check before the declarative base maps the class, so a refused
@@ -476,7 +574,9 @@ class Outbox:
             if cls.build_delivery is Outbox.build_delivery:
                 raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
             _check_ordering_key(cls, options)
+            _check_partitioned_table(cls)
         super().__init_subclass__(**kwargs)
+        _partition_table(cls)
 
     def build_delivery(self) -> Delivery:
         """Say what to send for this row.  Runs in the drain, after the claim commits.
@@ -528,7 +628,7 @@ def destination_of_values(outbox: type[Outbox], values: dict[str, Any]) -> str |
 
 KIT_COLUMNS: frozenset[str] = frozenset(
     name for name, hint in Outbox.__annotations__.items() if str(hint).startswith("Mapped[")
-) | {"destination"}
+) | {"created_at", "destination"}
 """The columns the mixin owns (the row's delivery state and its destination)."""
 
 

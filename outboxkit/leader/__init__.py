@@ -6,7 +6,8 @@
   database predicate);
 * ``scheduler``: the APScheduler the leader runs: one safety-net drain per outbox and the jobs of
   ``kit.scheduler.add_job``;
-* ``retention``: the opt-in job that deletes old ``done`` rows.
+* ``retention``: the opt-in job that deletes old ``done`` rows;
+* ``partitions``: a partitioned outbox's job: partitions created ahead, whole partitions of ``done`` rows dropped.
 
 Invariants: the holder count never exceeds one; a leader that loses its lock stops its scheduler at
 its next tick, and a new leader waits one tick before it starts, so no job fires twice within one

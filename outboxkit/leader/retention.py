@@ -4,7 +4,9 @@ Off by default: the kit keeps every row forever.  An outbox opts in with
 ``OutboxOptions(retain_done_for=seconds)`` (or the per-environment override
 ``OUTBOXKIT_OUTBOXES__<KEY>__RETAIN_DONE_FOR``); the scheduler then runs one
 job per such outbox, id ``outboxkit.retention.<job_name>``, name
-``<job_name>-retention``, every hour on the leader.
+``<job_name>-retention``, every hour on the leader.  A partitioned outbox
+(``partition_by``) has none: its partitions job drops whole partitions
+instead (``outboxkit.leader.partitions``).
 
 What one run does, and which rule each step keeps:
 

@@ -42,6 +42,7 @@ from outboxkit.drain.pooler_checks import check_engine, recheck_engine, session_
 from outboxkit.errors import ConfigurationError, UnknownJobError
 from outboxkit.inbox.retention import inbox_retention_job
 from outboxkit.leader.election import LeaderElection, leader_application_name
+from outboxkit.leader.partitions import partitions_job
 from outboxkit.leader.retention import retention_job
 from outboxkit.model import Outbox
 from outboxkit.results import RunRecord
@@ -164,7 +165,10 @@ class OutboxScheduler:
                 trigger=every(seconds=self.settings.drain_interval_seconds),
                 function=self._drain_function(outbox),
             )
-            if kit.options(outbox).retain_done_for is not None:  # opt-in retention of delivered rows
+            if kit.options(outbox).partition_by is not None:  # partitions ahead; retention drops whole partitions
+                keeper = partitions_job(kit, outbox)
+                self._jobs[keeper.id] = keeper
+            elif kit.options(outbox).retain_done_for is not None:  # opt-in retention of delivered rows
                 retention = retention_job(kit, outbox)
                 self._jobs[retention.id] = retention
         if self.settings.inbox_retention_days is not None:  # opt-in pruning of the inbox (outboxkit.inbox.retention)

@@ -7,6 +7,11 @@ Add ``outboxkit:migrations/versions`` to your ``version_locations``::
 
 then ``alembic upgrade heads``.  ``VERSIONS`` is the folder's path, for
 applications that configure Alembic from Python.
+
+Modules: ``helpers`` (for an application's ``env.py`` and revisions: the kit's
+tables left out of autogenerate, NOTIFY triggers, destinations backfilled),
+``partitioned_tables`` (a partitioned outbox created, a plain one converted
+online, storage settings) and ``revision_ops`` (what the helpers share).
 """
 
 from pathlib import Path

@@ -48,25 +48,45 @@ raises) is still delivered: the drain decides its destination after the
 claim, as it did before the column existed.
 docs/getting-started.md walks through the whole recipe, from
 ``alembic init`` to the first revision.
+
+A partitioned outbox (``OutboxOptions(partition_by="day")``) is created by
+``create_partitioned_outbox`` rather than autogenerate's ``create_table``:
+the table partitioned by ``created_at``, its indexes, its DEFAULT partition
+and the partitions of the next intervals, each with the kit's storage
+settings.  An existing plain outbox becomes partitioned with
+``convert_to_partitioned``, online: its rows stay where they are, as the
+first partition.  ``set_outbox_storage`` gives a plain outbox table the same
+autovacuum settings (``outboxkit.storage.partitions``)::
+
+    def upgrade() -> None:
+        create_partitioned_outbox(OrderOutbox)
+        install_notify_triggers(OrderOutbox)
+
+docs/partitioning.md has the whole story.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from alembic.operations import Operations
 from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.migrations.partitioned_tables import (
+    convert_to_partitioned,
+    create_partitioned_outbox,
+    set_outbox_storage,
+)
+from outboxkit.migrations.revision_ops import checked_outboxes, execute_all, migration_operations
 from outboxkit.model import Outbox
 from outboxkit.storage.notify import drop_trigger_sql, install_trigger_sql
 from outboxkit.storage.tables import kit_metadata
 
 __all__ = [
-    "KIT_TABLES", "backfill_destinations", "drop_notify_triggers", "include_name", "include_object",
-    "install_notify_triggers",
+    "KIT_TABLES", "backfill_destinations", "convert_to_partitioned", "create_partitioned_outbox", "drop_notify_triggers",
+    "include_name", "include_object", "install_notify_triggers", "set_outbox_storage",
 ]
 
 # Rows read and written per round of backfill_destinations.
@@ -105,12 +125,12 @@ def install_notify_triggers(*outboxes: type[Outbox], operations: Operations | No
     Re-running it is harmless (the function is replaced, the trigger dropped
     and created again).  ``operations`` defaults to Alembic's ``op``.
     """
-    _execute(operations, (statement for outbox in _checked(outboxes) for statement in install_trigger_sql(outbox)))
+    execute_all(operations, (statement for outbox in checked_outboxes(outboxes) for statement in install_trigger_sql(outbox)))
 
 
 def drop_notify_triggers(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
     """In a revision's ``downgrade()``: undo ``install_notify_triggers`` for the same outboxes."""
-    _execute(operations, (statement for outbox in _checked(outboxes) for statement in drop_trigger_sql(outbox)))
+    execute_all(operations, (statement for outbox in checked_outboxes(outboxes) for statement in drop_trigger_sql(outbox)))
 
 
 def backfill_destinations(
@@ -124,13 +144,13 @@ def backfill_destinations(
     nothing: the destination comes from the application's Python code, not
     SQL, and the drain decides it for rows left without one.
     """
-    operations = _operations(operations)
+    operations = migration_operations(operations)
     if operations.get_context().as_sql:
         operations.execute("-- outboxkit: backfill_destinations needs a live connection; rows without one are "
                            "decided by the drain")
         return 0
     connection = operations.get_bind()
-    return sum(_backfill(connection, outbox, batch_size) for outbox in _checked(outboxes))
+    return sum(_backfill(connection, outbox, batch_size) for outbox in checked_outboxes(outboxes))
 
 
 def _backfill(connection: Connection, outbox: type[Outbox], batch_size: int) -> int:
@@ -157,26 +177,3 @@ def _backfill(connection: Connection, outbox: type[Outbox], batch_size: int) -> 
                 connection.execute(write, decided)
                 written += len(decided)
             session.expunge_all()
-
-
-def _checked(outboxes: tuple[type[Outbox], ...]) -> tuple[type[Outbox], ...]:
-    if not outboxes:
-        raise ConfigurationError("name at least one outbox class, e.g. install_notify_triggers(OrderOutbox)")
-    for outbox in outboxes:
-        if not (isinstance(outbox, type) and issubclass(outbox, Outbox) and hasattr(outbox, "__table__")):
-            raise ConfigurationError(f"{outbox!r} is not a mapped Outbox subclass")
-    return outboxes
-
-
-def _operations(operations: Operations | None) -> Operations:
-    if operations is None:
-        from alembic import op
-
-        return op  # type: ignore[return-value]
-    return operations
-
-
-def _execute(operations: Operations | None, statements: Iterable[str]) -> None:
-    operations = _operations(operations)
-    for statement in statements:
-        operations.execute(statement)

@@ -19,6 +19,7 @@ Tables and statements:
   ``replay_queries`` and ``export_queries`` build on them;
 * ``attempts``: the attempt history, written in batches beside the outcomes;
 * ``pauses``: paused outboxes, shared by every process;
+* ``partitions``: the partitions of a partitioned outbox (create ahead, move out of DEFAULT, drop when all done);
 * ``array_literals``: PostgreSQL array literals for batched writes.
 
 Invariants: the claim takes due rows with ``FOR UPDATE SKIP LOCKED`` and counts the attempt before the

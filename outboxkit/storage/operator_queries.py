@@ -64,6 +64,12 @@ _ROW_SUMMARY_COLUMNS = (
     "id, status, attempts, next_attempt_at, last_status_code, left(last_error, :error_chars) AS last_error, "
     "length(last_error) AS last_error_length, created_at, updated_at, delivered_at, claimed_until"
 )
+# The relations that hold rows: a plain table (or index) itself, or each partition of a partitioned one
+# (whose own catalog row holds no statistics of its rows; pg_partition_tree lists nothing for a plain table).
+_LEAVES = (
+    "SELECT oid FROM pg_class WHERE oid = to_regclass(:{parameter}) AND relkind NOT IN ('p', 'I') "
+    "UNION ALL SELECT relid FROM pg_partition_tree(to_regclass(:{parameter})) WHERE isleaf AND level > 0"
+)
 # Every part reads an index whose size follows the work left, never the
 # table: pending and stuck are capped scans of their partial indexes (ordered
 # by the index's keys, so the planner cannot pick a table scan that stops
@@ -71,9 +77,10 @@ _ROW_SUMMARY_COLUMNS = (
 # ix_<table>_claimed (``claimed_until > :now`` implies its predicate), the
 # oldest due row is the due index's first entry, and the estimates are
 # catalog reads: the index's reltuples scaled by its current size, as the
-# planner does it.  They are as fresh as the last VACUUM or ANALYZE (growth
-# into new index pages shows; growth into pages a vacuum freed does not),
-# hence the flag, and a capped count never reports fewer rows than it saw.
+# planner does it (summed over the partitions of a partitioned outbox).
+# They are as fresh as the last VACUUM or ANALYZE (growth into new index
+# pages shows; growth into pages a vacuum freed does not), hence the flag,
+# and a capped count never reports fewer rows than it saw.
 STATUS_COUNTS = """
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'pending'
@@ -81,10 +88,13 @@ SELECT
     (SELECT count(*) FROM {table} WHERE status = 'pending' AND claimed_until > :now) AS in_flight,
     (SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'stuck' ORDER BY id LIMIT :cap) AS capped) AS stuck,
     (SELECT min(next_attempt_at) FROM {table} WHERE status = 'pending' AND next_attempt_at <= :now) AS oldest_due_at,
-    (SELECT reltuples FROM pg_class WHERE oid = to_regclass(:table_name)) AS total_estimate,
-    (SELECT {estimate} FROM pg_class WHERE oid = to_regclass(:due_index)) AS pending_estimate,
-    (SELECT {estimate} FROM pg_class WHERE oid = to_regclass(:stuck_index)) AS stuck_estimate
+    (SELECT CASE WHEN bool_or(reltuples >= 0) THEN sum(greatest(reltuples, 0)) ELSE -1 END
+     FROM pg_class WHERE oid IN (<leaves of table_name>)) AS total_estimate,
+    (SELECT sum({estimate}) FROM pg_class WHERE oid IN (<leaves of due_index>)) AS pending_estimate,
+    (SELECT sum({estimate}) FROM pg_class WHERE oid IN (<leaves of stuck_index>)) AS stuck_estimate
 """
+for _parameter in ("table_name", "due_index", "stuck_index"):
+    STATUS_COUNTS = STATUS_COUNTS.replace(f"<leaves of {_parameter}>", _LEAVES.format(parameter=_parameter))
 _SCALED_ESTIMATE = (
     "CASE WHEN relpages > 0 AND reltuples >= 0 "
     "THEN reltuples / relpages * (pg_relation_size(oid) / current_setting('block_size')::float8) END"

@@ -271,3 +271,54 @@ def test_the_circuit_breaker_is_on_by_default_and_breaker_none_turns_it_off():
 
     assert OutboxOptions(job_name="on").breaker == BreakerOptions()
     assert OutboxOptions(job_name="off", breaker=None).breaker is None
+
+
+# -- partitioned outboxes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"partition_by": "month"}, "partition_by must be None"),
+        ({"partition_by": "day", "partitions_ahead": 1}, "partitions_ahead must be an integer from 2 to 366"),
+        ({"partition_by": "week", "partitions_ahead": True}, "partitions_ahead must be an integer"),
+    ],
+)
+def test_bad_partitioning_options_are_refused(options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        OutboxOptions(job_name="partitioned", **options)
+
+
+def partitioned_class(table: str, **options: object) -> type[Outbox]:
+    class Partitioned(Outbox, fresh_base()):
+        __tablename__ = table
+        __outbox__ = OutboxOptions(job_name="partitioned", partition_by="day", **options)
+
+        def build_delivery(self) -> Delivery:
+            return Delivery(url="http://127.0.0.1:9/")
+
+    return Partitioned
+
+
+def test_a_partitioned_outbox_keys_its_table_on_id_and_created_at_and_its_rows_on_id():
+    table = partitioned_class("p_outbox").__table__  # type: ignore[attr-defined]
+    mapper = partitioned_class("p_outbox").__mapper__  # type: ignore[attr-defined]
+
+    assert [column.name for column in table.primary_key] == ["id", "created_at"]
+    assert [column.name for column in mapper.primary_key] == ["id"]
+    assert table.dialect_options["postgresql"]["partition_by"] == "RANGE (created_at)"
+    unique = next(constraint for constraint in table.constraints if constraint.name == "uq_p_outbox_idempotency_key")
+    assert [column.name for column in unique.columns] == ["idempotency_key", "created_at"]
+
+
+def test_a_plain_outbox_keeps_its_key_and_its_column_order():
+    assert [column.name for column in SampleEvent.__table__.primary_key] == ["id"]
+    assert list(SampleEvent.__table__.columns.keys())[3:] == [
+        "id", "idempotency_key", "status", "attempts", "next_attempt_at", "last_error", "last_status_code",
+        "created_at", "updated_at", "delivered_at", "claimed_until", "claim_token", "destination",
+    ]
+
+
+def test_a_partitioned_outbox_whose_partition_names_would_not_fit_is_refused():
+    with pytest.raises(ConfigurationError, match="at most 53 bytes"):
+        partitioned_class("x" * 54)
