@@ -43,14 +43,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from outboxkit.clock import Clock
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import RetryPolicy
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.drain_queries import OutboxQueries
 from outboxkit.storage.ordering import KeyCursor
 from outboxkit.storage.pauses import PauseCheck
@@ -90,7 +90,7 @@ class Claimer:
         *,
         options: OutboxOptions,
         policy: RetryPolicy,
-        clock: Clock,
+        clock: DatabaseTime,
         telemetry: Telemetry,
         pause_check: PauseCheck,
     ) -> None:
@@ -121,9 +121,10 @@ class Claimer:
         a wake-up claims without a pool checkout; without one the claim
         checks out its own.
 
-        ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
-        stop that was handled before that reading always prevents the claim: a claim's own time never
-        follows a stop it went ahead despite.
+        The claim decides by the database server's clock (``outboxkit.storage.database_time``): a row is
+        due, and its lease ends, by the server's time, whatever this host's clock says.  ``may_claim`` is
+        asked again just before the statement, so a stop that was handled before it always prevents the
+        claim.
 
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
@@ -135,22 +136,24 @@ class Claimer:
         with contextlib.ExitStack() as cleanup:
             if connection is None:
                 connection = cleanup.enter_context(self.queries.outcome_connection(self.engine))
-            now = self.clock.now()
+            self.clock.refresh(connection)  # the server's time for this process's own decisions, read now and then
             if may_claim is not None and not may_claim():
                 return [], token, 0, False
-            lease_until = now + timedelta(seconds=self.options.lease_seconds)
+            lease = timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
-                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
-                cap=self.options.destination_cap, breaker=self.options.breaker is not None,
+                connection, now=self.clock.parameter(), lease_seconds=lease.total_seconds(), limit=wanted, token=token,
+                cursor=self.walk_cursor, cap=self.options.destination_cap, breaker=self.options.breaker is not None,
             )
+            if rows and rows[0].claimed_until is not None:
+                self.clock.observe(rows[0].claimed_until - lease)  # the server's time of the claim, for free
             taken = len(rows)
-            rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
+            rows = self._park_exhausted(connection, rows, token=token, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
         return rows, token, taken, orphaned
 
     def _park_exhausted(
-        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts
+        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, result: DrainCounts
     ) -> list[Outbox]:
         exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
         if not exhausted:
@@ -159,7 +162,9 @@ class Claimer:
             f"max attempts ({self.policy.max_attempts}) reached; the last attempt recorded no outcome "
             "(the worker stopped or lost its lease during the delivery)"
         )
-        self.queries.park_exhausted(connection, ids=[row.id for row in exhausted], token=token, now=now, error=message)
+        self.queries.park_exhausted(
+            connection, ids=[row.id for row in exhausted], token=token, now=self.clock.parameter(), error=message
+        )
         result.stuck += len(exhausted)
         self.telemetry.parked(self.job_name, exhausted)
         logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message,

@@ -9,8 +9,8 @@
   declared in code); ``views``: what an operator reads about them;
 * ``runner``: the trigger loop every process runs; ``claims``: what one transaction does with a due
   row; ``leases`` and ``runs``: the runs of Python jobs in progress, counted across processes;
-  ``requests``: the outbox that carries HTTP targets; ``clock``: the runner's clock, checked
-  against the server's;
+  ``requests``: the outbox that carries HTTP targets (due and expired by the database server's clock,
+  ``outboxkit.storage.database_time``);
 * ``runtime``: ``KitSchedules`` (``kit.schedules``), which the lifespan and the worker start.
 
 Invariants: a due row is claimed with ``FOR UPDATE SKIP LOCKED`` and its ``next_run_at`` advanced

@@ -36,9 +36,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.claims import Firing
-from outboxkit.schedules.clock import CheckedClock
 from outboxkit.schedules.jobs import JobFunction, JobRunner
 from outboxkit.schedules.leases import LeaseGrant
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.telemetry.hooks import Telemetry
 from outboxkit.telemetry.log_events import log_fields
 
@@ -90,7 +90,7 @@ class HeldRuns:
         lease_seconds: float,
         max_workers: int,
         job_runner: JobRunner,
-        clock: CheckedClock,
+        clock: DatabaseTime,
         telemetry: Telemetry,
         on_run_end: Callable[[datetime | None], None],
     ) -> None:
@@ -186,7 +186,7 @@ class HeldRuns:
         if not tokens:
             return 0
         with self.engine.begin() as connection:
-            now = self.clock.check(connection)
+            now = self.clock.read(connection)
             kept = leases.renew(connection, tokens, expires_at=now + timedelta(seconds=self.lease_seconds))
         for token in tokens - kept:
             with self._lock:  # a run that ended meanwhile released its own lease
