@@ -5,6 +5,7 @@
   calendar intervals, DST); ``misfires``: which occurrences run late, which are missed;
 * ``jobs``: a job's definition and the discipline of every run (a fresh session, the
   ``(job, fire time)`` fence, a run record), shared with the elected schedule of ``outboxkit.leader``;
+  ``fences``: the fence, kept apart from the capped run history;
 * ``store``: the schedule rows (create, edit, enable, disable, run now, delete, the sync of schedules
   declared in code); ``views``: what an operator reads about them;
 * ``runner``: the trigger loop every process runs; ``claims``: what one transaction does with a due
