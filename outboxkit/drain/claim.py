@@ -43,7 +43,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
@@ -123,8 +123,9 @@ class Claimer:
 
         The claim decides by the database server's clock (``outboxkit.storage.database_time``): a row is
         due, and its lease ends, by the server's time, whatever this host's clock says.  ``may_claim`` is
-        asked again just before the statement, so a stop that was handled before it always prevents the
-        claim.
+        asked again after the claim's time is fixed (a test's ``ManualClock`` is read before it) and just
+        before the statement, so a stop that was handled before it always prevents the claim; in
+        production the claim's time is the server's at the statement, a round trip later.
 
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
@@ -137,23 +138,24 @@ class Claimer:
             if connection is None:
                 connection = cleanup.enter_context(self.queries.outcome_connection(self.engine))
             self.clock.refresh(connection)  # the server's time for this process's own decisions, read now and then
+            now = self.clock.parameter()  # None: the statement's own now() on the server (a test's ManualClock: read here)
             if may_claim is not None and not may_claim():
                 return [], token, 0, False
             lease = timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
-                connection, now=self.clock.parameter(), lease_seconds=lease.total_seconds(), limit=wanted, token=token,
+                connection, now=now, lease_seconds=lease.total_seconds(), limit=wanted, token=token,
                 cursor=self.walk_cursor, cap=self.options.destination_cap, breaker=self.options.breaker is not None,
             )
             if rows and rows[0].claimed_until is not None:
                 self.clock.observe(rows[0].claimed_until - lease)  # the server's time of the claim, for free
             taken = len(rows)
-            rows = self._park_exhausted(connection, rows, token=token, result=result)
+            rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
         result.batches += 1
         result.claimed += len(rows)  # parked rows are counted as stuck, not as claimed
         return rows, token, taken, orphaned
 
     def _park_exhausted(
-        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, result: DrainCounts
+        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime | None, result: DrainCounts
     ) -> list[Outbox]:
         exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
         if not exhausted:
@@ -163,7 +165,7 @@ class Claimer:
             "(the worker stopped or lost its lease during the delivery)"
         )
         self.queries.park_exhausted(
-            connection, ids=[row.id for row in exhausted], token=token, now=self.clock.parameter(), error=message
+            connection, ids=[row.id for row in exhausted], token=token, now=now, error=message
         )
         result.stuck += len(exhausted)
         self.telemetry.parked(self.job_name, exhausted)
