@@ -21,7 +21,9 @@ So the fence has two parts:
 A take and a trim of one job never interleave: each first locks the job's
 fence row (the take creates it), so a take waits for a trim that is
 deleting the very row it would conflict with, and then reads the mark that
-trim left.  Both pieces are CTEs joined into their callers' single
+trim left.  Every write of a job's run that may wait for a take takes that
+lock before it touches a run row, so the two never wait for each other
+(a deadlock).  Both pieces are CTEs joined into their callers' single
 statements: the take in ``outboxkit.schedules.claims`` and
 ``outboxkit.schedules.jobs``, the trim in ``outboxkit.schedules.runs`` and
 ``outboxkit.schedules.jobs``.
@@ -29,7 +31,7 @@ statements: the take in ``outboxkit.schedules.claims`` and
 
 from __future__ import annotations
 
-__all__ = ["TAKE_FENCE", "TRIM_HISTORY", "take_fence_sql", "trim_history_sql"]
+__all__ = ["LOCK_FENCE", "TAKE_FENCE", "TRIM_HISTORY", "lock_fence_sql", "take_fence_sql", "trim_history_sql"]
 
 # Lock (or create) the job's fence row and read its mark; the take's INSERT selects FROM fence WHERE it is before
 # the occurrence.  The no-op DO UPDATE takes the row lock and returns the mark as the lock holder committed it.
@@ -39,12 +41,17 @@ TAKE_FENCE = """fence AS (
     RETURNING fired_through
 )"""
 
-# Keep the newest :keep finished runs of the job (the cut-off is the :keep-th newest of {kept}) and every run in
-# progress, and move the job's mark past every run deleted.  The lock CTE is read by the DELETE before it deletes
-# anything (a one-time filter), so the mark's row is locked first, as by a take.  Served by (job_id, started_at).
-TRIM_HISTORY = """fence_lock AS (
+# Lock the job's fence row, first in any statement that writes the job's runs: every write of a run waits for
+# the lock before it touches a row, as a take does, so a take waiting on a run row never holds what the write needs.
+# A statement reads it as ``WHERE (SELECT count(*) FROM fence_lock) >= 0`` (a one-time filter, run before its scan).
+LOCK_FENCE = """fence_lock AS (
     SELECT fired_through FROM outboxkit_job_fences WHERE job_id = {job_id} FOR UPDATE
-), trimmed AS (
+)"""
+
+# Keep the newest :keep finished runs of the job (the cut-off is the :keep-th newest of {kept}) and every run in
+# progress, and move the job's mark past every run deleted; after LOCK_FENCE in the same WITH.  Served by
+# (job_id, started_at).
+TRIM_HISTORY = """trimmed AS (
     DELETE FROM outboxkit_job_runs
     WHERE (SELECT count(*) FROM fence_lock) >= 0
       AND job_id = {job_id} AND outcome <> 'running' AND started_at < (
@@ -63,7 +70,12 @@ def take_fence_sql(job_id: str) -> str:
     return TAKE_FENCE.format(job_id=job_id)
 
 
+def lock_fence_sql(job_id: str) -> str:
+    """The lock's CTE (without ``WITH``) for the job named by the SQL expression ``job_id``; it comes first."""
+    return LOCK_FENCE.format(job_id=job_id)
+
+
 def trim_history_sql(job_id: str, *, kept: str = "outcome <> 'running'", also: str = "") -> str:
-    """The trim's CTEs (without ``WITH``): ``kept`` says which runs count toward the :keep newest, ``also`` adds
-    to the DELETE's condition."""
+    """The trim's CTEs (without ``WITH``, after ``lock_fence_sql``): ``kept`` says which runs count toward the :keep
+    newest, ``also`` adds to the DELETE's condition."""
     return TRIM_HISTORY.format(job_id=job_id, kept=kept, also=also)

@@ -55,7 +55,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
 from outboxkit.results import RunRecord
-from outboxkit.schedules.fences import take_fence_sql, trim_history_sql
+from outboxkit.schedules.fences import lock_fence_sql, take_fence_sql, trim_history_sql
 from outboxkit.schedules.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 
@@ -198,7 +198,9 @@ _RECORD_UNFENCED = text(
 )
 # Keeps the newest :keep finished runs of one job and every run still in progress (its outcome is written into
 # it when it ends), and moves the job's fence past the runs deleted (outboxkit.schedules.fences).
-_TRIM = text(f"WITH {trim_history_sql(':job_id')} SELECT (SELECT count(*) FROM trimmed)")
+_TRIM = text(f"WITH {lock_fence_sql(':job_id')}, {trim_history_sql(':job_id')} SELECT (SELECT count(*) FROM trimmed)")
+# The record's first statement: the fence's lock, before the run's row is written (outboxkit.schedules.fences).
+_LOCK_FENCE = text(f"WITH {lock_fence_sql(':job_id')} SELECT count(*) FROM fence_lock")
 
 
 # Runs of the listed jobs that are still 'running' when a scheduler starts.
@@ -263,6 +265,7 @@ class JobRunner:
                 "error": record.error,
             }
             with self.engine.begin() as connection:
+                connection.execute(_LOCK_FENCE, {"job_id": job.id})
                 if run_id is not None:
                     connection.execute(_FINISH, {**values, "run_id": run_id})
                 else:

@@ -36,7 +36,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.claims import Firing
-from outboxkit.schedules.fences import trim_history_sql
+from outboxkit.schedules.fences import lock_fence_sql, trim_history_sql
 from outboxkit.schedules.jobs import JobFunction, JobRunner
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.storage.database_time import DatabaseTime
@@ -59,11 +59,11 @@ _RECORD_OUTCOME = text(
     f"""
     WITH released AS (
         DELETE FROM outboxkit_schedule_leases WHERE token = :token RETURNING token
-    ), finished AS (
+    ), {lock_fence_sql(":name")}, finished AS (
         UPDATE outboxkit_job_runs
         SET finished_at = clock_timestamp(), outcome = :outcome, error = :error,
             counts = CAST(:counts AS jsonb) || jsonb_strip_nulls(jsonb_build_object('coalesced', counts -> 'coalesced'))
-        WHERE id = :run_id AND leader = :holder AND NOT EXISTS (
+        WHERE (SELECT count(*) FROM fence_lock) >= 0 AND id = :run_id AND leader = :holder AND NOT EXISTS (
             SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
         RETURNING id
     ), {trim_history_sql(":name", kept="outcome <> 'running' OR id = :run_id", also=" AND id <> :run_id")}
