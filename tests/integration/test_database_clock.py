@@ -11,7 +11,8 @@ from datetime import timedelta
 
 from sqlalchemy import Engine, insert, text
 
-from outboxkit import Drainer
+from outboxkit import Drainer, OutboxKit
+from outboxkit.operations.service import OperationsService
 from outboxkit.policy import AttemptResult
 from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.transports.base import CallableTransport, Delivery
@@ -104,3 +105,19 @@ def test_a_drainer_whose_clock_runs_ahead_sends_within_its_lease(engine):
         time = DatabaseTime(OffsetClock(TEN_MINUTES))
         server_now = time.read(connection)
     assert abs(time.now() - server_now) < timedelta(seconds=30)
+
+
+def test_a_reset_from_a_host_whose_clock_runs_ahead_makes_the_row_due_now_by_the_servers_clock(engine):
+    stuck = insert_row(engine, due_in="-1 minute")
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE sample_event_outbox SET status = 'stuck', attempts = 5 WHERE id = :id"), {"id": stuck})
+    kit = OutboxKit(engine, [SampleEvent], clock=OffsetClock(TEN_MINUTES))
+    try:
+        assert OperationsService(kit).reset("sample-events", [stuck], actor="test").changed == 1
+    finally:
+        kit.close()
+    with engine.connect() as connection:
+        due_in = connection.execute(
+            text("SELECT next_attempt_at - clock_timestamp() FROM sample_event_outbox WHERE id = :id"), {"id": stuck}
+        ).scalar_one()
+    assert due_in <= timedelta(0)  # due now, not in the ten minutes the host's clock is ahead
