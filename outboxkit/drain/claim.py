@@ -164,9 +164,7 @@ class Claimer:
             f"max attempts ({self.policy.max_attempts}) reached; the last attempt recorded no outcome "
             "(the worker stopped or lost its lease during the delivery)"
         )
-        self.queries.park_exhausted(
-            connection, ids=[row.id for row in exhausted], token=token, now=now, error=message
-        )
+        self.queries.park_exhausted(connection, ids=[row.id for row in exhausted], token=token, now=now, error=message)
         result.stuck += len(exhausted)
         self.telemetry.parked(self.job_name, exhausted)
         logger.warning("%s: parked %d row(s) as stuck: %s", self.job_name, len(exhausted), message,
