@@ -19,11 +19,14 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import httpx
 import psycopg
+from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.engine import make_url
 
 from outboxkit.storage.drain_queries import claim_sql
@@ -140,3 +143,20 @@ def scratch_database(default_server: str = "postgresql://root@127.0.0.1:5432/tes
         database_url=server.set(database=name).render_as_string(hide_password=False),
         sqlalchemy_url=server.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False),
     )
+
+
+@contextmanager
+def scratch_engine(*metadata: MetaData, pool_size: int = 2) -> Iterator[Engine]:
+    """An engine on a fresh scratch database holding ``metadata``'s tables; the database is dropped on exit."""
+    scratch = scratch_database()
+    with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{scratch.name}"')
+    engine = create_engine(scratch.sqlalchemy_url, pool_size=pool_size)
+    try:
+        for each in metadata:
+            each.create_all(engine)
+        yield engine
+    finally:
+        engine.dispose()
+        with psycopg.connect(scratch.server_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')

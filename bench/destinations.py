@@ -372,7 +372,7 @@ def claim_cost(engine: Engine, *, rounds: int = 30) -> dict[str, float]:
             now = datetime.now(timezone.utc) + timedelta(seconds=1)
             with engine.connect() as connection:
                 started = time.perf_counter()
-                queries.claim_due_rows(connection, now=now, lease_until=now + timedelta(seconds=60), limit=50,
+                queries.claim_due_rows(connection, now=now, lease_seconds=60, limit=50,
                                        token=uuid.uuid4())
                 times.append((time.perf_counter() - started) * 1000)
                 connection.rollback()

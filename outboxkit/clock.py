@@ -1,7 +1,10 @@
 """Clocks.
 
-Every place that decides whether a row is due asks a clock, never
-``datetime.now()`` directly, so tests move time instead of sleeping.
+Due times, leases and cool-downs are decided by the database server's clock
+(``outboxkit.storage.database_time``), so hosts need no synchronised clocks.
+The clock a kit is given is what stands for the present elsewhere (what is
+shown and logged) and, when it is a ``ManualClock``, the test's time that
+replaces the server's, so tests move time instead of sleeping.
 All times are timezone-aware UTC.
 """
 
@@ -26,8 +29,8 @@ class Clock(Protocol):
 class SystemClock:
     """The wall clock of this host (UTC).
 
-    Hosts that drain the same outbox must keep their clocks in sync (NTP):
-    the due time written by one host is compared with another host's clock.
+    Nothing that is due, leased or cooling down is decided by it: those
+    follow the database server's clock, whatever this host's says.
     """
 
     def now(self) -> datetime:
@@ -38,7 +41,7 @@ class SystemClock:
 
 
 class ManualClock:
-    """A clock that only moves when told to; for tests.
+    """A clock that only moves when told to; for tests.  It stands in for the database server's clock.
 
     >>> clock = ManualClock(datetime(2030, 1, 1, tzinfo=timezone.utc))
     >>> clock.advance(seconds=5)

@@ -20,9 +20,10 @@ each comes back about when its turn comes instead of all at once.
 
 **Precision.**  Tokens are granted, across every process, at most ``burst +
 per_second * T`` in any window of ``T`` seconds (the bucket's refill time
-only moves forward, so a process whose clock is behind adds nothing; one
-whose clock is ``s`` seconds ahead lets at most ``per_second * s`` more
-through, once).  A send follows its grant within ``GRANT_SECONDS``: a row
+only moves forward; the drain counts it by the database server's clock, as
+each process reads it, so two processes' times differ by milliseconds and
+a process whose reading is ``s`` seconds ahead lets at most
+``per_second * s`` more through, once).  A send follows its grant within ``GRANT_SECONDS``: a row
 whose send thread starts later than that is given back unsent instead.  So
 the requests a destination receives in any window of ``T`` seconds are at
 most ``burst + per_second * (T + GRANT_SECONDS)``: with the default burst,

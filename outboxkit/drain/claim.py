@@ -48,9 +48,9 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from outboxkit.clock import Clock
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import RetryPolicy
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.drain_queries import OutboxQueries
 from outboxkit.storage.ordering import KeyCursor
 from outboxkit.storage.pauses import PauseCheck
@@ -90,7 +90,7 @@ class Claimer:
         *,
         options: OutboxOptions,
         policy: RetryPolicy,
-        clock: Clock,
+        clock: DatabaseTime,
         telemetry: Telemetry,
         pause_check: PauseCheck,
     ) -> None:
@@ -121,9 +121,11 @@ class Claimer:
         a wake-up claims without a pool checkout; without one the claim
         checks out its own.
 
-        ``may_claim`` is asked again after the claim's clock reading (the lease is computed from it), so a
-        stop that was handled before that reading always prevents the claim: a claim's own time never
-        follows a stop it went ahead despite.
+        The claim decides by the database server's clock (``outboxkit.storage.database_time``): a row is
+        due, and its lease ends, by the server's time, whatever this host's clock says.  ``may_claim`` is
+        asked again after the claim's time is fixed (a test's ``ManualClock`` is read before it) and just
+        before the statement, so a stop that was handled before it always prevents the claim; in
+        production the claim's time is the server's at the statement, a round trip later.
 
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
@@ -135,14 +137,17 @@ class Claimer:
         with contextlib.ExitStack() as cleanup:
             if connection is None:
                 connection = cleanup.enter_context(self.queries.outcome_connection(self.engine))
-            now = self.clock.now()
+            self.clock.refresh(connection)  # the server's time for this process's own decisions, read now and then
+            now = self.clock.parameter()  # None: the statement's own now() on the server (a test's ManualClock: read here)
             if may_claim is not None and not may_claim():
                 return [], token, 0, False
-            lease_until = now + timedelta(seconds=self.options.lease_seconds)
+            lease = timedelta(seconds=self.options.lease_seconds)
             rows, orphaned = self.queries.claim_due_rows(
-                connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
-                cap=self.options.destination_cap, breaker=self.options.breaker is not None,
+                connection, now=now, lease_seconds=lease.total_seconds(), limit=wanted, token=token,
+                cursor=self.walk_cursor, cap=self.options.destination_cap, breaker=self.options.breaker is not None,
             )
+            if rows and rows[0].claimed_until is not None:
+                self.clock.observe(rows[0].claimed_until - lease)  # the server's time of the claim, for free
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
         result.batches += 1
@@ -150,7 +155,7 @@ class Claimer:
         return rows, token, taken, orphaned
 
     def _park_exhausted(
-        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime, result: DrainCounts
+        self, connection: Connection, rows: list[Outbox], *, token: uuid.UUID, now: datetime | None, result: DrainCounts
     ) -> list[Outbox]:
         exhausted = [row for row in rows if row.attempts > self.policy.max_attempts]
         if not exhausted:

@@ -90,6 +90,7 @@ from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import RetryPolicy
 from outboxkit.results import DrainResult
 from outboxkit.storage.attempts import AttemptLog
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries, queries_for
 from outboxkit.storage.pauses import PauseCheck
@@ -152,6 +153,8 @@ class Drainer:
             )
         self.policy = policy or RetryPolicy(backoff=self.options.backoff, max_attempts=self.options.max_attempts)
         self.clock = clock or SystemClock()
+        # Due times, leases and cool-downs follow the database server's clock (outboxkit.storage.database_time).
+        self.database_time = DatabaseTime(self.clock)
         self.queries: OutboxQueries = queries_for(
             outbox, synchronous_commit=synchronous_commit, prepared_statements=prepared_statements
         )
@@ -172,17 +175,17 @@ class Drainer:
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.
         self.claimer = Claimer(
-            engine, self.queries, options=self.options, policy=self.policy, clock=self.clock,
+            engine, self.queries, options=self.options, policy=self.policy, clock=self.database_time,
             telemetry=self.telemetry, pause_check=self.pause_check,
         )
         self.gate = DestinationGate(engine, outbox, options=self.options)  # breakers and caps (outboxkit.destinations.gate)
         self.recorder = Recorder(
-            engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.clock,
+            engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.database_time,
             telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
         )
         self.pump: SendPump[DrainResult] = SendPump(
             engine, self.queries, options=self.options, transport=self._sending(transport),
-            clock=self.clock, telemetry=self.telemetry,
+            clock=self.database_time, telemetry=self.telemetry,
             claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
             end_spell=self._end_spell,
             grouping=outcome_grouping,

@@ -50,10 +50,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Generic
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from outboxkit.breaker import check_destination_name
-from outboxkit.clock import Clock
 from outboxkit.destinations.gate import DestinationGate, Send
 from outboxkit.drain.claim import Claimer
 from outboxkit.drain.hung_sends import HungSends
@@ -63,6 +62,7 @@ from outboxkit.drain.send_pool import InFlightLimit, SendPool
 from outboxkit.errors import DeliveryBuildError
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult, FailureKind
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries
 from outboxkit.telemetry.hooks import Telemetry, log_fields, outcome_name
@@ -97,7 +97,7 @@ class SendPump(Generic[ResultT]):
         *,
         options: OutboxOptions,
         transport: Transport,
-        clock: Clock,
+        clock: DatabaseTime,
         telemetry: Telemetry,
         claimer: Claimer,
         recorder: Recorder,
@@ -342,11 +342,14 @@ class SendPump(Generic[ResultT]):
 
         It follows a claim, so a held connection that died meanwhile (a server restart between the claim and this
         read) is replaced and the read made once more, as the claim does: a read is safe to repeat."""
-        now = self.clock.now()
         if outcomes.held is not None:
-            return outcomes.run_reconnecting(lambda connection: self.queries.earliest_due(connection, now=now))
+            return outcomes.run_reconnecting(self._earliest_due_on)
         with self.queries.outcome_connection(self.engine) as connection:
-            return self.queries.earliest_due(connection, now=now)
+            return self._earliest_due_on(connection)
+
+    def _earliest_due_on(self, connection: Connection) -> datetime | None:
+        self.clock.refresh(connection)  # the loop's sleep is counted by the server's time (storage.database_time)
+        return self.queries.earliest_due(connection, now=self.clock.parameter())
 
     def _send_one(
         self,

@@ -29,6 +29,7 @@ from outboxkit.errors import OperatorPoolBusy, OperatorQueryTimeout
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import MatchOutcome
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.operator_queries import admin_queries_for
 from outboxkit.storage.row_filter import RowFilter
@@ -76,7 +77,7 @@ class BulkReset:
                         row_filter,
                         after_id=changed[-1] if changed else 0,
                         limit=self.batch_size,
-                        now=self.kit.clock.now(),
+                        now=DatabaseTime(self.kit.clock).read(connection),  # due now by the server's clock
                     )
                     if batch:
                         audit_ids.append(

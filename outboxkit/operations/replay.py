@@ -56,6 +56,7 @@ from outboxkit.errors import InvalidValueError, MigrationRequired
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import FilterText, RowFilter
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.replay_queries import replay_queries_for
 from outboxkit.telemetry.hooks import log_fields
@@ -183,7 +184,8 @@ class Replayer:
         while True:
             with self.kit.operator_database.begin() as connection:
                 batch = queries.replay_batch(
-                    connection, row_filter, after_id=after_id, limit=batch_size, now=self.kit.clock.now()
+                    connection, row_filter, after_id=after_id, limit=batch_size,
+                    now=DatabaseTime(self.kit.clock).read(connection),  # due now by the server's clock
                 )
                 if batch.ids:
                     audit_filter = {**row_filter.as_dict(), "replay": replay_id, "batch": len(audit_ids) + 1}

@@ -75,6 +75,7 @@ from outboxkit.operations.schemas import (
     Status,
     StatusCount,
 )
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.operator_queries import AdminQueries, admin_queries_for
 from outboxkit.storage.operator_results import RowState, RowSummary
@@ -344,7 +345,7 @@ class OperationsService:
             missing = [row_id for row_id in wanted if row_id not in states]
             if missing:
                 raise RowsNotFound(outbox_name, missing)
-            now = self.kit.clock.now()
+            now = DatabaseTime(self.kit.clock).read(connection)  # held, and due now, by the server's clock
             held = [row_id for row_id, state in states.items() if state.held(now)]
             if held:
                 raise RowsHeld(outbox_name, held)

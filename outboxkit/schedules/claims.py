@@ -10,7 +10,8 @@ this module decides, inside them, under the schedule row's lock:
   select's snapshot may predate a re-run the sweep committed; a row with no
   free slot is left due); the occurrence to run and the missed ones
   (``outboxkit.schedules.misfires``),
-  each written to the run history under the fence ``(name, fire time)``;
+  each written to the run history under the fence ``(name, fire time)``
+  (``outboxkit.schedules.fences``: it outlives the history's trim);
   the HTTP request inserted into its outbox (``enqueued``) or the job's lease
   taken (``running``); and ``next_run_at`` advanced.  A job's row whose
   ``max_running`` leases are live is not claimed: it stays due until a slot
@@ -36,6 +37,7 @@ from outboxkit.errors import InvalidScheduleError
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.definitions import HttpTarget, ScheduleDefinition
+from outboxkit.schedules.fences import take_fence_sql
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.schedules.misfires import FiringPlan, plan_firing
 from outboxkit.schedules.requests import ScheduledRequestOutbox
@@ -77,12 +79,15 @@ _NEAREST = text(
     """
 ).bindparams(bindparam("jobs", expanding=True), bindparam("outboxes", expanding=True))
 _ADVANCE = text("UPDATE outboxkit_schedules SET next_run_at = :next_run_at, run_now_pending = false WHERE id = :id")
+# Under the fence (outboxkit.schedules.fences): the schedule's mark, then the occurrence's own history row.
 _RECORD = text(
-    """
+    f"""
+    WITH {take_fence_sql(":name")}
     INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, finished_at, outcome, counts, error, leader)
-    VALUES (:name, :name, :scheduled_for, clock_timestamp(),
-            CASE WHEN :outcome = 'running' THEN NULL ELSE clock_timestamp() END,
-            :outcome, CAST(:counts AS jsonb), :error, :holder)
+    SELECT :name, :name, :scheduled_for, clock_timestamp(),
+           CASE WHEN :outcome = 'running' THEN NULL ELSE clock_timestamp() END,
+           :outcome, CAST(:counts AS jsonb), :error, :holder
+    FROM fence WHERE fence.fired_through < :scheduled_for
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
     RETURNING id
     """

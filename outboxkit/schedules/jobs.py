@@ -24,8 +24,10 @@ Every run goes through ``JobRunner.run``, which
 * never lets an exception escape into APScheduler: it is logged with its
   traceback and recorded as the run's ``error``;
 * records the run's end, outcome and counts, then trims the job's history to
-  the newest ``history_limit`` finished runs (a run still in progress, and
-  so its fence, is never trimmed), so the admin can show a heartbeat;
+  the newest ``history_limit`` finished runs (a run still in progress is never
+  trimmed), so the admin can show a heartbeat.  The fence outlives the trim:
+  the trim moves the job's high-water mark past every run it deletes
+  (``outboxkit.schedules.fences``), so a trimmed occurrence never runs again;
 * logs only when something happened (a non-zero count, an error, a skip).
 
 A run whose scheduler died mid-run stays ``running``; the next scheduler to
@@ -53,6 +55,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
 from outboxkit.results import RunRecord
+from outboxkit.schedules.fences import lock_fence_sql, take_fence_sql, trim_history_sql
 from outboxkit.schedules.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 
@@ -166,10 +169,13 @@ def _describe(function: object) -> str:
 
 # -- running -----------------------------------------------------------------
 
+# The fence (outboxkit.schedules.fences): the job's mark, then the occurrence's own history row.
 _TAKE_FENCE = text(
-    """
+    f"""
+    WITH {take_fence_sql(":job_id")}
     INSERT INTO outboxkit_job_runs (job_id, job_name, scheduled_for, started_at, leader)
-    VALUES (:job_id, :job_name, :scheduled_for, clock_timestamp(), :leader)
+    SELECT :job_id, :job_name, :scheduled_for, clock_timestamp(), :leader FROM fence
+    WHERE fence.fired_through < :scheduled_for
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
     RETURNING id
     """
@@ -190,18 +196,11 @@ _RECORD_UNFENCED = text(
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
     """
 )
-# Keeps the newest :keep finished runs of one job (the cut-off is the :keep-th newest) and every run still in
-# progress: a running row is its occurrence's fence, and its outcome is written into it when it ends.
-# Served by (job_id, started_at).
-_TRIM = text(
-    """
-    DELETE FROM outboxkit_job_runs
-    WHERE job_id = :job_id AND outcome <> 'running' AND started_at < (
-        SELECT started_at FROM outboxkit_job_runs WHERE job_id = :job_id AND outcome <> 'running'
-        ORDER BY started_at DESC OFFSET :keep - 1 LIMIT 1
-    )
-    """
-)
+# Keeps the newest :keep finished runs of one job and every run still in progress (its outcome is written into
+# it when it ends), and moves the job's fence past the runs deleted (outboxkit.schedules.fences).
+_TRIM = text(f"WITH {lock_fence_sql(':job_id')}, {trim_history_sql(':job_id')} SELECT (SELECT count(*) FROM trimmed)")
+# The record's first statement: the fence's lock, before the run's row is written (outboxkit.schedules.fences).
+_LOCK_FENCE = text(f"WITH {lock_fence_sql(':job_id')} SELECT count(*) FROM fence_lock")
 
 
 # Runs of the listed jobs that are still 'running' when a scheduler starts.
@@ -266,6 +265,7 @@ class JobRunner:
                 "error": record.error,
             }
             with self.engine.begin() as connection:
+                connection.execute(_LOCK_FENCE, {"job_id": job.id})
                 if run_id is not None:
                     connection.execute(_FINISH, {**values, "run_id": run_id})
                 else:

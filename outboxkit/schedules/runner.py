@@ -39,11 +39,10 @@ No leader is needed.  Each step of the loop protects one invariant:
    re-arms it for its schedule's next fire time (``outboxkit.schedules.alarm``),
    so a job alone in its process keeps its cadence.
 
-Time comes from the injected clock wherever "due" or "expired" is decided,
-so tests drive every step with a ``ManualClock`` (``run_pending``,
-``run_job``); any other clock is checked against the database server's in
-each of those transactions and corrected when it is off
-(``outboxkit.schedules.clock``).  What the claim writes inside its transaction is in
+Time comes from the database server's clock wherever "due" or "expired" is
+decided, read in each deciding transaction (``outboxkit.storage.database_time``),
+so hosts need no synchronised clocks; tests drive every step with a
+``ManualClock`` (``run_pending``, ``run_job``), which stands in for it.  What the claim writes inside its transaction is in
 ``outboxkit.schedules.claims``; the lease rows in ``outboxkit.schedules.leases``.
 """
 
@@ -67,7 +66,6 @@ from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.alarm import LoopAlarm
 from outboxkit.schedules.claims import Firing, ScheduleClaims
-from outboxkit.schedules.clock import CLOCK_TOLERANCE_SECONDS, CheckedClock
 from outboxkit.schedules.definitions import HttpTarget
 from outboxkit.schedules.jobs import JobFunction, JobRunner, check_job_function
 from outboxkit.schedules.leases import LeaseGrant
@@ -76,6 +74,7 @@ from outboxkit.schedules.rows import definition_from_row
 from outboxkit.schedules.runs import HeldRuns
 from outboxkit.schedules.store import CHANNEL
 from outboxkit.storage.connections import SessionConnector, session_connector
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import NotifyListener
 from outboxkit.telemetry.hooks import Telemetry
 from outboxkit.telemetry.log_events import log_fields
@@ -104,10 +103,9 @@ class ScheduleRunner:
     workers (``max_workers``), so what it cannot start now stays due for
     another process instead of queueing here; an HTTP target takes no worker
     (it is an insert in the claim), so busy workers never hold one back.  ``lease_seconds`` (30) bounds how long
-    a dead holder keeps its schedule waiting; ``clock_tolerance_seconds`` (2) is how
-    far this process's clock may be off the database server's before the runner
-    decides by the server's (``outboxkit.schedules.clock``; None: never checked).
-    Drive it step by step (``fire_due``,
+    a dead holder keeps its schedule waiting.  Due and expired times are decided by the
+    database server's clock (``outboxkit.storage.database_time``); ``clock`` is used
+    only when it is a ``ManualClock`` (a test's time).  Drive it step by step (``fire_due``,
     ``sweep_expired_leases``, ``renew_leases``) or start its loop thread.
     """
 
@@ -127,7 +125,6 @@ class ScheduleRunner:
         retry_seconds: float = 5.0,
         listen_connect: SessionConnector | None = None,
         telemetry: Telemetry | None = None,
-        clock_tolerance_seconds: float | None = CLOCK_TOLERANCE_SECONDS,
     ) -> None:
         self.engine = engine
         self.jobs = dict(jobs or {})
@@ -139,7 +136,7 @@ class ScheduleRunner:
         if lease_seconds <= 0 or max_idle_seconds <= 0 or retry_seconds <= 0 or batch_size < 1:
             raise ConfigurationError("lease_seconds, max_idle_seconds and retry_seconds must be > 0, batch_size >= 1")
         self.clock = clock or SystemClock()
-        self.checked_clock = CheckedClock(self.clock, tolerance_seconds=clock_tolerance_seconds)
+        self.database_time = DatabaseTime(self.clock)  # due and expired by the server's clock (storage.database_time)
         self.holder = holder or default_holder()
         self.lease_seconds = lease_seconds
         self.batch_size = batch_size
@@ -156,7 +153,7 @@ class ScheduleRunner:
         self.max_workers = max_workers
         self.runs = HeldRuns(
             engine, jobs=self.jobs, holder=self.holder, lease_seconds=lease_seconds, max_workers=max_workers,
-            job_runner=self.job_runner, clock=self.checked_clock, telemetry=self.telemetry, on_run_end=self.rearm,
+            job_runner=self.job_runner, clock=self.database_time, telemetry=self.telemetry, on_run_end=self.rearm,
         )
         # Cadences, on the monotonic clock: a step of the wall clock must not stop the renewals.
         self._renewed_at: float | None = None
@@ -213,7 +210,7 @@ class ScheduleRunner:
         """Fire the due rows of each target kind, up to its limit; whether a kind filled a whole batch."""
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
-            now = self.checked_clock.check(connection)
+            now = self.database_time.read(connection)
             rows: list[RowMapping] = []
             full = False
             for kind, limit in limits.items():
@@ -249,7 +246,7 @@ class ScheduleRunner:
         firing = Firing()
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
-            now = self.checked_clock.check(connection)
+            now = self.database_time.read(connection)
             for lease in leases.take_expired(connection, now=now):
                 grant = self.claims.abandon(connection, lease, now=now, firing=firing)
                 if grant is not None:
@@ -269,12 +266,12 @@ class ScheduleRunner:
         jobs_free = held < self.max_workers  # else a run that ends wakes the loop; HTTP targets still fire
         if not jobs_free and not self.outboxes:
             return self.lease_seconds / 3
-        before = self.clock.now()
         with self.engine.connect() as connection:
             due, expiry, database_now = self.claims.nearest(
-                connection, now=before + self.checked_clock.correction, jobs_free=jobs_free
+                connection, now=self.database_time.now(), jobs_free=jobs_free
             )
-        now = self.checked_clock.observe(before, database_now, self.clock.now())
+        self.database_time.observe(database_now)
+        now = self.database_time.now()
         wait = self.max_idle_seconds
         if due is not None:
             wait = min(wait, (due - now).total_seconds())
@@ -315,7 +312,7 @@ class ScheduleRunner:
         """
         firing = Firing()
         with self.engine.begin() as connection:
-            now = self.checked_clock.check(connection)
+            now = self.database_time.read(connection)
             occurrence = scheduled_for or now
             row = self.claims.one(connection, name)
             if row is None:
@@ -375,7 +372,7 @@ class ScheduleRunner:
         if at is None:
             self._alarm.wake()
         else:
-            self._alarm.rearm((at - self.checked_clock.now()).total_seconds())
+            self._alarm.rearm((at - self.database_time.now()).total_seconds())
 
     @property
     def loop_alive(self) -> bool:

@@ -36,9 +36,10 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.claims import Firing
-from outboxkit.schedules.clock import CheckedClock
+from outboxkit.schedules.fences import lock_fence_sql, trim_history_sql
 from outboxkit.schedules.jobs import JobFunction, JobRunner
 from outboxkit.schedules.leases import LeaseGrant
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.telemetry.hooks import Telemetry
 from outboxkit.telemetry.log_events import log_fields
 
@@ -50,29 +51,22 @@ logger = logging.getLogger(__name__)
 # took over (the record names another holder, or another lease holds it) keeps the re-run's record; an
 # abandoned run that nobody re-ran records its real outcome when it returns.  ``released`` is 0 when the
 # lease was gone already (it expired and was swept).  The trim keeps the newest :keep finished runs and
-# every run in progress: a running row is the fence of an occurrence still going, which its outcome (or the
-# sweep's 'abandoned') updates later.  Every CTE sees the snapshot from before the statement, where the run
-# recorded here is still 'running': it is counted among the finished ones and never trimmed.  The job's counts
-# keep the claim's ``coalesced`` (the earlier fire times this run covers).
+# every run in progress (its outcome, or the sweep's 'abandoned', updates it later), and moves the schedule's
+# fence past the runs it deletes (outboxkit.schedules.fences).  Every CTE sees the snapshot from before the
+# statement, where the run recorded here is still 'running': it is counted among the finished ones and never
+# trimmed.  The job's counts keep the claim's ``coalesced`` (the earlier fire times this run covers).
 _RECORD_OUTCOME = text(
-    """
+    f"""
     WITH released AS (
         DELETE FROM outboxkit_schedule_leases WHERE token = :token RETURNING token
-    ), finished AS (
+    ), {lock_fence_sql(":name")}, finished AS (
         UPDATE outboxkit_job_runs
         SET finished_at = clock_timestamp(), outcome = :outcome, error = :error,
             counts = CAST(:counts AS jsonb) || jsonb_strip_nulls(jsonb_build_object('coalesced', counts -> 'coalesced'))
-        WHERE id = :run_id AND leader = :holder AND NOT EXISTS (
+        WHERE (SELECT count(*) FROM fence_lock) >= 0 AND id = :run_id AND leader = :holder AND NOT EXISTS (
             SELECT 1 FROM outboxkit_schedule_leases WHERE run_id = :run_id AND token <> :token)
         RETURNING id
-    ), trimmed AS (
-        DELETE FROM outboxkit_job_runs
-        WHERE job_id = :name AND outcome <> 'running' AND started_at < (
-            SELECT started_at FROM outboxkit_job_runs WHERE job_id = :name AND (outcome <> 'running' OR id = :run_id)
-            ORDER BY started_at DESC OFFSET :keep - 1 LIMIT 1)
-        AND id <> :run_id
-        RETURNING id
-    )
+    ), {trim_history_sql(":name", kept="outcome <> 'running' OR id = :run_id", also=" AND id <> :run_id")}
     SELECT (SELECT count(*) FROM released), (SELECT count(*) FROM trimmed)
     """
 )
@@ -90,7 +84,7 @@ class HeldRuns:
         lease_seconds: float,
         max_workers: int,
         job_runner: JobRunner,
-        clock: CheckedClock,
+        clock: DatabaseTime,
         telemetry: Telemetry,
         on_run_end: Callable[[datetime | None], None],
     ) -> None:
@@ -186,7 +180,7 @@ class HeldRuns:
         if not tokens:
             return 0
         with self.engine.begin() as connection:
-            now = self.clock.check(connection)
+            now = self.clock.read(connection)
             kept = leases.renew(connection, tokens, expires_at=now + timedelta(seconds=self.lease_seconds))
         for token in tokens - kept:
             with self._lock:  # a run that ended meanwhile released its own lease

@@ -47,12 +47,13 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine, RowMapping, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 
-from outboxkit.clock import Clock, SystemClock
+from outboxkit.clock import Clock
 from outboxkit.errors import InvalidScheduleError, RunNowLimited, ScheduleDeclaredInCode, UnknownScheduleError, UnsafeUrlError
 from outboxkit.model import Outbox
 from outboxkit.schedules.definitions import HttpTarget, JobTarget, ScheduleDefinition
 from outboxkit.schedules.requests import ScheduledRequestOutbox
 from outboxkit.schedules.rows import Schedule, definition_from_row, definition_values, schedule_of, snapshot_of
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.tables import schedule_audit, schedules
 from outboxkit.target_secrets import credential_problem
 from outboxkit.url_guard import UrlGuard
@@ -103,7 +104,9 @@ class ScheduleStore:
     on every save, the sync of schedules declared in code included.
     ``run_now_per_minute`` bounds how often one actor may ``run_now`` (any
     schedule) in a minute, counted from the audit (``RunNowLimited`` past
-    it); None: no bound.
+    it); None: no bound.  Fire times count from the database server's clock,
+    read in each change's transaction (``outboxkit.storage.database_time``);
+    a ``ManualClock`` as ``clock`` stands in for it in tests.
     """
 
     def __init__(
@@ -123,7 +126,7 @@ class ScheduleStore:
         self.run_now_per_minute = run_now_per_minute
         self.url_guard = url_guard if url_guard is not None else UrlGuard()
         self.reserved_names = reserved_names
-        self.clock = clock or SystemClock()
+        self.clock = DatabaseTime(clock)  # fire times count from the database server's clock (a ManualClock in tests)
         self.jobs = frozenset(jobs)
         self.request_outboxes = {
             outbox.__outbox__.job_name: outbox for outbox in outboxes if issubclass(outbox, ScheduledRequestOutbox)
@@ -165,13 +168,13 @@ class ScheduleStore:
         """Insert a new schedule; a name that exists is refused (``field == "name"``)."""
         self._check(definition)
         self._check_url(definition)
-        statement = (
-            insert(schedules)
-            .values(self._new_row(definition, defined_in="api", actor=actor))
-            .on_conflict_do_nothing(index_elements=["name"])
-            .returning(*schedules.c)
-        )
         with self.engine.begin() as connection:
+            statement = (
+                insert(schedules)
+                .values(self._new_row(connection, definition, defined_in="api", actor=actor))
+                .on_conflict_do_nothing(index_elements=["name"])
+                .returning(*schedules.c)
+            )
             row = connection.execute(statement).mappings().first()
             if row is None:
                 raise InvalidScheduleError("name", f"a schedule named {definition.name!r} exists; edit it instead")
@@ -206,7 +209,7 @@ class ScheduleStore:
         disabled.
         """
         with self.engine.begin() as connection:
-            now = self.clock.now()
+            now = self.clock.read(connection)
             self._check_run_now_limit(connection, actor, now)
             current = self._row(connection, name, lock=True)
             statement = (
@@ -257,7 +260,7 @@ class ScheduleStore:
                 current = connection.execute(locked).mappings().first()
                 if current is None:
                     definition.check_not_past(self.clock.now())
-                    values = self._new_row(definition, defined_in="code", actor=actor)
+                    values = self._new_row(connection, definition, defined_in="code", actor=actor)
                     values["declared_at"] = origins.get(definition.name)
                     # Processes that start together sync the same new schedule: one inserts, the
                     # others wait for its commit on the unique name and then compare with its row.
@@ -348,8 +351,10 @@ class ScheduleStore:
             except UnsafeUrlError as exc:
                 raise InvalidScheduleError("target.url", str(exc)) from None
 
-    def _new_row(self, definition: ScheduleDefinition, *, defined_in: str, actor: str) -> dict[str, Any]:
-        now = self.clock.now()
+    def _new_row(
+        self, connection: Connection, definition: ScheduleDefinition, *, defined_in: str, actor: str
+    ) -> dict[str, Any]:
+        now = self.clock.read(connection)
         return {
             **definition_values(definition),
             "next_run_at": definition.trigger.first_at_or_after(now),
@@ -380,7 +385,7 @@ class ScheduleStore:
     ) -> RowMapping:
         """Overwrite the locked row ``current`` with ``definition``; recompute next_run_at if the trigger changed
         or the schedule is enabled again.  ``defined_in`` (the sync) also sets where the code declares it."""
-        now = self.clock.now()
+        now = self.clock.read(connection)
         before = definition_from_row(current)
         next_run_at = current["next_run_at"]
         if before.trigger != definition.trigger or (definition.enabled and not before.enabled):

@@ -13,6 +13,7 @@ Tables and statements:
 * ``tables``: the kit's own tables (run history, reset audit, attempts, pauses, destination state,
   schedules, shared secrets), the metadata of its Alembic branch;
 * ``drain_queries``: the drain's SQL on one outbox (claim, outcome, park, earliest due), cached per outbox;
+* ``database_time``: the database server's clock, which every due time, lease and cool-down is decided by;
 * ``ordering``: the statements of an outbox with an ordering key (a key's head, the skip);
 * ``row_instances``: a claim's rows as detached model instances, without an ORM Session;
 * ``operator_queries`` with ``operator_results`` and ``row_filter``: what an operator reads and resets;

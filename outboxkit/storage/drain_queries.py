@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.storage.array_literals import integer_array, text_array
+from outboxkit.storage.database_time import database_time_sql
 from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
 from outboxkit.storage.destination_claim import destination_claim_sql, earliest_due_sql
 from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
@@ -190,7 +191,8 @@ class Outcome:
 
 def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
     """The claim for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters: now,
-    lease_until, limit, token, outbox, after).  ``columns`` is what it returns of each row."""
+    lease_until, limit, token, outbox, after; ``database_time_sql`` turns now and lease_until into the server's
+    time).  ``columns`` is what it returns of each row."""
     return destination_claim_sql(table) + _CLAIM_CANDIDATES.format(
         table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
         walked_to=DESTINATIONS_WALKED_TO,
@@ -240,11 +242,11 @@ class OutboxQueries:
         columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
         if self.ordered is None:
             sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns)
-            earliest_due = text(earliest_due_sql(quoted))
+            earliest_due = text(database_time_sql(earliest_due_sql(quoted)))
         else:  # an ordering key: the claim takes each key's head (outboxkit.storage.ordering)
             sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns)
-            earliest_due = text(self.ordered.earliest_due_sql())
-        self._claim: TextClause = text(sql)
+            earliest_due = text(database_time_sql(self.ordered.earliest_due_sql()))
+        self._claim: TextClause = text(database_time_sql(sql))
         # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
         # SQLAlchemy's statement layer, and how the claim's rows become instances.
         dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
@@ -256,7 +258,7 @@ class OutboxQueries:
         self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
             self._claim.columns(*returned)
         )
-        self._park: TextClause = text(PARK_EXHAUSTED.format(table=quoted))
+        self._park: TextClause = text(database_time_sql(PARK_EXHAUSTED.format(table=quoted)))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
         self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
 
@@ -264,8 +266,8 @@ class OutboxQueries:
         self,
         connection: Connection,
         *,
-        now: datetime,
-        lease_until: datetime,
+        now: datetime | None,
+        lease_seconds: float,
         limit: int,
         token: uuid.UUID,
         cursor: KeyCursor | None = None,
@@ -294,7 +296,7 @@ class OutboxQueries:
         broke is invalidated before the error is raised.
         """
         params: dict[str, Any] = {
-            "now": now, "lease_until": lease_until, "limit": limit, "token": token, "outbox": self.job_name,
+            "now": now, "lease_seconds": lease_seconds, "limit": limit, "token": token, "outbox": self.job_name,
             "cap": cap if cap is not None else self.outbox.__outbox__.destination_cap,
             "unknown_suspect": breaker if breaker is not None else self.outbox.__outbox__.breaker is not None,
         }
@@ -318,14 +320,14 @@ class OutboxQueries:
         return [rows[index] for index in order], any(each[0] for each in extras)
 
     def park_exhausted(
-        self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime, error: str
+        self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime | None, error: str
     ) -> int:
         result = connection.execute(
             self._park, {"ids": ids, "token": token, "now": now, "error": error[:LAST_ERROR_LIMIT]}
         )
         return result.rowcount
 
-    def earliest_due(self, connection: Connection, *, now: datetime) -> datetime | None:
+    def earliest_due(self, connection: Connection, *, now: datetime | None) -> datetime | None:
         """The earliest time a claim could take a row, or None when there is none.
 
         A row of a blocked destination counts from when its destination may go again (its probe, the end of its

@@ -145,6 +145,16 @@ job_runs = Table(
     Index("ix_outboxkit_job_runs_job_started", "job_id", "started_at"),
 )
 
+# The fence kept apart from the capped history: per job (a schedule's name, or an elected job's id), every
+# occurrence at or before ``fired_through`` counts as fired, since the trim of the run history moves it past the
+# runs it deletes.  An occurrence after it is fenced by its own row in outboxkit_job_runs (uq_..._occurrence).
+job_fences = Table(
+    "outboxkit_job_fences",
+    kit_metadata,
+    Column("job_id", String(200), primary_key=True),
+    Column("fired_through", DateTime(timezone=True), nullable=False),
+)
+
 reset_audit = Table(
     "outboxkit_reset_audit",
     kit_metadata,

@@ -13,6 +13,7 @@ from outboxkit.errors import ConfigurationError, InvalidValueError, NotIdleError
 from outboxkit.kit import OutboxKit
 from outboxkit.model import Outbox
 from outboxkit.results import DrainResult
+from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.drain_queries import queries_for
 from outboxkit.testing.recording import attached_recorders
 
@@ -87,6 +88,7 @@ def drain_until_idle(
         if manual.now() < wall:
             manual.set(wall)
     started_at = kit.clock.now()
+    database_time = DatabaseTime(kit.clock)  # what is due is decided by the server's clock, or the ManualClock
     results = {each.__outbox__.job_name: DrainResult(job_name=each.__outbox__.job_name) for each in outboxes}
     for rounds in range(1, max_rounds + 1):
         for each in outboxes:
@@ -96,17 +98,17 @@ def drain_until_idle(
                 raise NotIdleError(f"the drain of {result.job_name!r} failed in round {rounds}: {result.error}")
         for recorder in recorders:
             recorder.check()
-        next_due = _next_due(kit.engine, outboxes, now=kit.clock.now())
+        next_due = _next_due(kit.engine, outboxes, database_time)
         if next_due is None:  # nothing left a drain could claim (rows behind a stuck head of their key wait)
             return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
-        if next_due > kit.clock.now():
+        if next_due > database_time.now():
             if manual is None:
                 return IdleReport(rounds, started_at, kit.clock.now(), results, pending=_pending(kit.engine, outboxes))
             manual.set(next_due)
     raise NotIdleError(
         f"still not idle after {max_rounds} rounds (clock at {kit.clock.now().isoformat()}): "
         f"{_pending(kit.engine, outboxes)} row(s) pending, the next due at "
-        f"{_next_due(kit.engine, outboxes, now=kit.clock.now())}; "
+        f"{_next_due(kit.engine, outboxes, database_time)}; "
         "a row that is due but never claimed is usually locked by a transaction the test left open"
     )
 
@@ -128,9 +130,11 @@ def _clock_to_move(kit: OutboxKit, clock: ManualClock | None, advance_clock: boo
     return kit.clock
 
 
-def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]], *, now: datetime) -> datetime | None:
+def _next_due(engine: Engine, outboxes: Iterable[type[Outbox]], database_time: DatabaseTime) -> datetime | None:
     """The earliest due time of a row a drain could claim (with an ordering key, rows behind their key's head wait)."""
     with engine.connect() as connection:
+        database_time.refresh(connection)
+        now = database_time.parameter()
         times = [queries_for(outbox).earliest_due(connection, now=now) for outbox in outboxes]
     due = [moment for moment in times if moment is not None]
     return min(due) if due else None

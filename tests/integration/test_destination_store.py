@@ -66,7 +66,7 @@ def claim(
     """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination); their ids."""
     with engine.begin() as connection:
         rows, _ = queries_for(SampleEvent).claim_due_rows(
-            connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor,
+            connection, now=at, lease_seconds=60, limit=limit, token=uuid.uuid4(), cursor=cursor,
             cap=cap,
         )
     return [row.id for row in rows]
@@ -211,7 +211,7 @@ def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_
         connection.execute(text("ANALYZE outboxkit_destinations"))
     insert_rows(engine, 5, at=LIVE)
     claim_sql = queries_for(SampleEvent)._claim_driver_sql
-    parameters = {"now": NOW, "lease_until": NOW + timedelta(seconds=60), "limit": 50, "token": uuid.uuid4(),
+    parameters = {"now": NOW, "lease_seconds": 60, "limit": 50, "token": uuid.uuid4(),
                   "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True}
     with engine.connect() as connection:
         driver = connection.connection.driver_connection

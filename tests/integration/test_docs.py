@@ -233,14 +233,14 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
         finally:
             engine.dispose()
         assert tables == {
-            "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_reset_audit",
+            "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_job_fences", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
             "outboxkit_event_deliveries",
         }
-        assert "outboxkit_0014" in heads and len(heads) == 2
+        assert "outboxkit_0015" in heads and len(heads) == 2
         assert sorted(triggers_installed) == [
             "outboxkit_notify_grant_outbox_insert", "outboxkit_notify_outboxkit_event_deliveries_insert",
         ]
@@ -255,7 +255,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
         finally:
             engine.dispose()
         assert tables == {
-            "alembic_version", "outboxkit_job_runs", "outboxkit_reset_audit",
+            "alembic_version", "outboxkit_job_runs", "outboxkit_job_fences", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",

@@ -283,7 +283,7 @@ def test_a_row_replayed_or_reset_behind_a_row_in_flight_waits_for_it(insert_orde
     def claim(at):
         with engine.begin() as connection:
             rows, _ = queries.claim_due_rows(
-                connection, now=at, lease_until=at + timedelta(seconds=60), limit=10, token=uuid.uuid4()
+                connection, now=at, lease_seconds=60, limit=10, token=uuid.uuid4()
             )
         return [row.id for row in rows]
 

@@ -78,7 +78,7 @@ def claim(engine: Engine, outbox: type[Outbox]) -> list[Any]:
     now = datetime.now(timezone.utc) + timedelta(seconds=1)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         rows, _ = queries_for(outbox).claim_due_rows(
-            connection, now=now, lease_until=now + timedelta(seconds=60), limit=10, token=uuid.uuid4()
+            connection, now=now, lease_seconds=60, limit=10, token=uuid.uuid4()
         )
     return rows
 

@@ -35,6 +35,7 @@ TABLES = (
     "grants",
     "sample_event_outbox",
     "outboxkit_job_runs",
+    "outboxkit_job_fences",
     "outboxkit_reset_audit",
     "outboxkit_attempts",
     "outboxkit_outbox_pauses",

@@ -162,6 +162,7 @@ def test_the_kit_fixture_without_a_server_names_the_variable(pytester, monkeypat
 def test_the_include_filters_leave_out_exactly_the_kits_tables():
     assert KIT_TABLES == {
         "outboxkit_job_runs",
+        "outboxkit_job_fences",
         "outboxkit_reset_audit",
         "outboxkit_attempts",
         "outboxkit_outbox_minutes",
