@@ -377,7 +377,8 @@ def test_settings_built_directly_refuse_unknown_names_too(monkeypatch):
 
 def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
     """The allow-list covers what the kit's CLI, tests, benchmarks and docs read."""
-    from outboxkit.settings import _unknown_variable
+    from outboxkit.settings import OutboxKitSettings
+    from outboxkit.settings.variables import unknown_variable
 
     root = Path(__file__).resolve().parents[2]
     typo_examples = {"OUTBOXKIT_LEADER_TICK", "OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS"}  # in the docs, on purpose
@@ -389,7 +390,7 @@ def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
             # A whole name only: typer's completion variable _OUTBOXKIT_COMPLETE is not an OUTBOXKIT_ one.
             names = re.findall(r"(?<![A-Za-z0-9_])OUTBOXKIT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace"))
             for name in names:
-                if name not in typo_examples and _unknown_variable(name):
+                if name not in typo_examples and unknown_variable(name, OutboxKitSettings.model_fields):
                     unknown[name] = path.relative_to(root)
     assert unknown == {}
 
