@@ -9,10 +9,13 @@ Everything here has a default; an operator overrides it without a deploy::
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__WEBHOOK_SECRETS=whsec_new...,whsec_old...   # sign_webhooks outboxes
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__RATE_LIMIT=20       # requests/s per destination; JSON for more, or "off"
     OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__HUNG_SEND_SECONDS=2 # a send out longer is hung: no longer counted; or "off"
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__BREAKER='{"failures": 10}'  # BreakerOptions' fields to change, or "off"
+    OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__DESTINATION_CONCURRENCY=4   # or "auto"; LEASE and LEASE_MARGIN alike
     # or all at once, as JSON:
     OUTBOXKIT_OUTBOXES='{"credit_grants": {"backoff": [1, 5, 30], "max_attempts": 10}}'
 
-The forms merge (the JSON may set one setting of an outbox, a variable of its
+Every ``OutboxOptions`` field but ``job_name``, ``transport`` and ``ordering_key`` (code, not
+configuration) has its variable.  The forms merge (the JSON may set one setting of an outbox, a variable of its
 own another); one setting given in both is refused, naming both variables.
 
 Per-outbox keys are the outbox's ``job_name`` with ``-`` written as ``_``.
