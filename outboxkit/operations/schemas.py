@@ -56,8 +56,8 @@ MAX_ROW_ID = 2**63 - 1
 MAX_BULK_IDS = 500
 MAX_FILTER_LENGTH = 200
 
-Status = Literal["pending", "done", "stuck"]
-STATUS_VALUES = ("stuck", "pending", "done")  # the order of the tabs
+Status = Literal["pending", "done", "stuck", "discarded"]
+STATUS_VALUES = ("stuck", "pending", "done", "discarded")  # the order of the tabs
 # Request bodies are strict: only a JSON integer is an id (not "1", 1.0 or true)
 # and only JSON true/false is a boolean (not "no", "off", "0" or 0).
 RowId = Annotated[int, Field(strict=True, ge=1, le=MAX_ROW_ID, description="A row id (bigint, 1 to 2^63-1), a JSON integer.")]
@@ -146,6 +146,12 @@ class OutboxCounts(_Model):
     stuck_estimated: bool = Field(
         description="True past 100,000 stuck rows: stuck is then the stuck index's row estimate, not a count."
     )
+    discarded: int = Field(
+        default=0,
+        description="Rows a person discarded: kept, never sent, not stuck; at most 100,000 counted (then "
+        "discarded_estimated is true and this is a lower bound).",
+    )
+    discarded_estimated: bool = Field(default=False, description="True past 100,000 discarded rows (a lower bound).")
     done: int = Field(description="Delivered rows; an estimate when done_estimated is true.")
     done_estimated: bool = Field(
         description="True when done comes from the planner's row estimate (pg_class.reltuples) instead of a count."
@@ -329,7 +335,7 @@ class SkippedRow(_Model):
 
 
 class ActionResult(_Model):
-    action: Literal["reset", "retry_now", "skip"]
+    action: Literal["reset", "retry_now", "skip", "discard"]
     outbox: str
     changed: int
     changed_ids: list[int]

@@ -39,7 +39,7 @@ from sqlalchemy import Connection, select
 
 from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
-from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
+from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset, discard_migrations_checked
 from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
@@ -88,7 +88,7 @@ __all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 FILTERED_COUNT_CAP = 10_000
 
 
-ActionName = Literal["reset", "retry_now"]
+ActionName = Literal["reset", "retry_now", "discard"]
 
 
 class OperationsService:
@@ -331,6 +331,11 @@ class OperationsService:
         """Make the listed pending rows in backoff due now (see the module's rules)."""
         return self._act(outbox_name, ids, action="retry_now", actor=actor)
 
+    def discard(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
+        """Discard the listed stuck rows: kept with the terminal status ``discarded``, never sent, out of the stuck
+        count and its alert, until a person resets (or replays) them."""
+        return self._act(outbox_name, ids, action="discard", actor=actor)
+
     def skip(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
         """Skip the listed stuck rows in their keys' order: they stay stuck, the rows behind them flow
         (``outboxkit.operations.ordered_keys``)."""
@@ -339,7 +344,7 @@ class OperationsService:
     def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
         queries = self._queries(outbox_name)
         wanted = sorted(set(ids))
-        with self.kit.operator_database.begin() as connection:
+        with discard_migrations_checked(outbox_name), self.kit.operator_database.begin() as connection:
             states = queries.lock_row_states(connection, wanted)
             missing = [row_id for row_id in wanted if row_id not in states]
             if missing:
@@ -350,10 +355,12 @@ class OperationsService:
                 raise RowsHeld(outbox_name, held)
             if action == "reset":
                 changed = queries.reset_rows(connection, wanted, now=now)
+            elif action == "discard":
+                changed = queries.discard_rows(connection, wanted, now=now)
             else:
                 changed = queries.retry_rows_now(connection, wanted, now=now)
             audit_id = self._record(connection, actor=actor, outbox_name=outbox_name, action=action, ids=changed, row_filter={})
-            self._wake_drain(connection, outbox_name, changed)
+            self._wake_drain(connection, outbox_name, changed)  # a discarded head of an ordered key frees the rows behind
         done = set(changed)
         skipped = [
             SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done
@@ -375,13 +382,17 @@ class OperationsService:
         dry_run: bool,
         actor: str,
         max_seconds: float | None = REQUEST_SECONDS,
+        discard: bool = False,
     ) -> MatchOutcome:
-        """Count (dry run, capped) or reset every stuck row that matches ``row_filter``, in bounded batches.
+        """Count (dry run, capped) or reset (``discard``: discard) every stuck row that matches ``row_filter``, in
+        bounded batches.
 
         See ``outboxkit.operations.bulk_reset``: a run stops after ``max_seconds``
         (``None``: at the end) and says so with ``complete: false``; run it again for the rest.
         """
-        return self.bulk_reset.run(outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds)
+        return self.bulk_reset.run(
+            outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds, discard=discard
+        )
 
     def _wake_drain(self, connection: Connection, outbox_name: str, changed: list[int]) -> None:
         if changed:
@@ -420,6 +431,8 @@ def _skip_reason(action: str, state: RowState, now: datetime) -> str:
         return "delivered; a reset does not send it again (a replay does)"
     if action == "reset":
         return "already pending" if state.status == "pending" else f"status is {state.status}"
+    if action == "discard":
+        return "already discarded" if state.status == "discarded" else f"status is {state.status}; only stuck rows are discarded"
     if state.status == "stuck":
         return "stuck; reset it instead"
     return "already due"

@@ -164,7 +164,7 @@ class OutboxOverride(BaseModel):
     # (the range is checked by OutboxOptions, which names the variable).
     retain_done_for: Annotated[float, Field(allow_inf_nan=False)] | Literal["off"] | None = Field(
         default=None,
-        description="seconds a delivered row is kept before the retention job deletes it (at least an hour), or "
+        description="seconds a delivered row is kept before the retention job deletes it (at least 60), or "
         "`off` to keep them (see [retention](#retention-of-delivered-rows))",
     )
     breaker: BreakerOverride | Literal["off"] | None = Field(
