@@ -146,6 +146,8 @@ def status(context: typer.Context, json_output: JsonFlag = False) -> None:
                 "outbox": outbox.name,
                 "pending": f"~{counts.pending}" if counts.pending_estimated else counts.pending,
                 "in_flight": counts.in_flight,
+                "held_by_dest": f"{outbox.held_by_destination}{'+' if outbox.held_by_destination_at_least else ''}",
+                "held_by_order": "-" if counts.held_by_order is None else counts.held_by_order,
                 "stuck": f"~{counts.stuck}" if counts.stuck_estimated else counts.stuck,
                 "done": f"~{counts.done}" if counts.done_estimated else counts.done,
                 "discarded": f"{counts.discarded}+" if counts.discarded_estimated else counts.discarded,
@@ -153,7 +155,13 @@ def status(context: typer.Context, json_output: JsonFlag = False) -> None:
                 "last_drain": f"{age(last.started_at)} {last.outcome}" if last else "never",
             })
         output.emit(overview.model_dump(mode="json"), rows,
-                    ["outbox", "pending", "in_flight", "stuck", "done", "discarded", "oldest_due", "last_drain"])
+                    ["outbox", "pending", "in_flight", "stuck", "held_by_dest", "held_by_order", "done", "discarded",
+                     "oldest_due", "last_drain"])
+        for held in overview.held_back:  # unhealthy destinations, what they hold: disabled first, the most rows first
+            rows_held = f"{held.waiting_rows}{'+' if held.waiting_rows_at_least else ''}"
+            until = "until resumed" if held.state == "disabled" else f"until {age(held.until)}"
+            output.say(f"{held.outbox} {held.destination}: {held.state.replace('_', '-')}, holds {rows_held} row(s), {until}",
+                       style="bold yellow")
         leader = overview.leader
         output.say(f"leader: {leader.host} pid {leader.pid} (since {age(leader.since)})" if leader else "leader: none",
                    style="" if leader else "yellow")

@@ -166,6 +166,10 @@ class DestinationOperations:
         view = DestinationView(state=state, waiting_rows=min(count, DUE_COUNT_CAP), waiting_rows_at_least=count > DUE_COUNT_CAP)
         return _model(view, now)
 
+    def listed(self, connection: Connection, outbox: type[Outbox]) -> list[DestinationModel]:
+        """The outbox's destinations as the list shows them (the first ``MAX_LISTED``), on the caller's connection."""
+        return self._outbox_destinations(connection, outbox, self.kit.clock.now()).destinations
+
     def _outbox_destinations(self, connection: Connection, outbox: type[Outbox], now: datetime) -> OutboxDestinations:
         views = destination_views(connection, outbox, now=now, cap=DUE_COUNT_CAP, limit=MAX_LISTED + 1)
         return OutboxDestinations(

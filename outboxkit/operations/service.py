@@ -49,6 +49,7 @@ from outboxkit.operations.history import row_attempts
 from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.jobs_table import JobsTable, run_model
 from outboxkit.operations.ordered_keys import OrderedKeys
+from outboxkit.operations.outage import held_back, ordered
 from outboxkit.operations.replay import Replayer
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -60,6 +61,7 @@ from outboxkit.operations.schemas import (
     ChartModel,
     ChartWindow,
     FoundRow,
+    HeldByDestination,
     JobRunsView,
     JobsView,
     LeaderModel,
@@ -126,7 +128,8 @@ class OperationsService:
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
             pauses = paused_outboxes(connection)
-            entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
+            held = {name: held_back(self.destinations, connection, self.kit.outbox(name)) for name in names}
+            entries = [self._outbox_overview(connection, name, runs, pauses, now, held[name]) for name in names]
             if charts:
                 figures = recent(connection, names, now=now, window=window)
                 seconds = WINDOWS[window].bucket_seconds
@@ -141,7 +144,13 @@ class OperationsService:
                 ]
             key = self.kit.settings.advisory_lock_key
             holders = [LeaderModel.model_validate(holder) for holder in leaders(connection, key=key)]
-        return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
+        return Overview(
+            generated_at=now,
+            leader=holders[0] if holders else None,
+            leaders=holders,
+            outboxes=entries,
+            held_back=ordered([entry for entries_of_one in held.values() for entry in entries_of_one]),
+        )
 
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:
         """One outbox's counts and heartbeat."""
@@ -149,10 +158,17 @@ class OperationsService:
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
             pauses = paused_outboxes(connection)
-            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
+            held = held_back(self.destinations, connection, self.kit.outbox(outbox_name))
+            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now(), held)
 
     def _outbox_overview(
-        self, connection: Connection, name: str, runs: dict[str, Any], pauses: dict[str, Pause], now: datetime
+        self,
+        connection: Connection,
+        name: str,
+        runs: dict[str, Any],
+        pauses: dict[str, Pause],
+        now: datetime,
+        held: list[HeldByDestination],
     ) -> OutboxOverview:
         queries = self._queries(name)
         counts = queries.status_counts(connection, now=now)
@@ -165,6 +181,8 @@ class OperationsService:
             oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
             drain_job_id=drain_job_id(name),
             last_drain=run_model(runs.get(drain_job_id(name))),
+            held_by_destination=sum(entry.waiting_rows for entry in held),
+            held_by_destination_at_least=any(entry.waiting_rows_at_least for entry in held),
             paused=name in pauses,
             paused_by=pauses[name].paused_by if name in pauses else None,
             paused_at=pauses[name].paused_at if name in pauses else None,
