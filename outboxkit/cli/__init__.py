@@ -342,12 +342,12 @@ def worker(
     import logging
 
     from outboxkit.drain.worker import DrainWorker
-    from outboxkit.integration import readiness, start_schedules, stop_schedules
+    from outboxkit.integration import LOG_FORMAT, readiness, start_schedules, stop_schedules
     from outboxkit.metrics.prometheus import serve_worker_metrics
 
     with operating(context, False, outboxes or []) as (kit, _):
         if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         drain_worker = DrainWorker(kit, outboxes=outboxes or None)
         if scheduler:
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule

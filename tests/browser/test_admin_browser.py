@@ -209,3 +209,16 @@ def test_discard_all_matching_shows_the_dry_run_count_first(served, page_factory
     assert "Discarded 2 row(s)" in page.get_by_role("status").inner_text()
     assert {row_of(harness.engine, row_id)["status"] for row_id in matching} == {"discarded"}
     assert row_of(harness.engine, other)["status"] == "stuck"
+
+
+def test_a_relative_time_sits_on_the_line_of_the_time_it_describes(served, page_factory):
+    base_url, harness = served
+    (row_id,) = add_webhooks(harness.engine, 1, status="stuck")
+    page = page_factory()
+    page.goto(f"{base_url}/admin/outboxes/webhooks/rows/{row_id}")
+
+    created = page.locator("dt:text-is('Created') + dd .when")
+    relative, stamp = created.locator("time").bounding_box(), created.locator(".stamp").bounding_box()
+    assert relative is not None and stamp is not None
+    assert abs((relative["y"] + relative["height"]) - (stamp["y"] + stamp["height"])) < relative["height"]
+    assert stamp["x"] > relative["x"]

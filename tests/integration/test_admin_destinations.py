@@ -160,3 +160,15 @@ def test_the_overview_counts_rows_held_by_destinations_and_lists_the_unhealthy_f
             for entry in overview["held_back"]] == [(DEAD, "disabled", 2, True), (slowed, "slowed", 1, False)]
     assert page.index('id="held-back"') < page.index("<th>Outbox</th>")
     assert "https://fine.example:443" not in page
+
+
+def test_the_audit_counts_the_rows_a_resume_released(admin):
+    open_breaker(admin.engine, at=START)
+    add_webhooks(admin.engine, 8, status="pending", next_attempt_at=START)
+
+    resumed = admin.client.post("/admin/api/outboxes/webhooks/destinations/resume", json={"destination": DEAD}).json()
+
+    (entry,) = audit_entries(admin.engine)
+    assert resumed["released_rows"] == 8 and entry["row_count"] == 8
+    assert admin.client.get("/admin/api/audit").json()["entries"][0]["row_count"] == 8
+    assert re.search(r"destination_resume.*?\b8\b", admin.client.get("/admin/audit").text, re.S)
