@@ -58,9 +58,39 @@ if TYPE_CHECKING:
     from outboxkit.schedules.runtime import KitSchedules
     from outboxkit.settings import OutboxKitSettings
 
-__all__ = ["Runtime", "lifespan", "liveness_app", "readiness", "readiness_app", "start_schedules", "stop_schedules"]
+__all__ = [
+    "LOG_FORMAT",
+    "Runtime",
+    "kit_log_output",
+    "lifespan",
+    "liveness_app",
+    "readiness",
+    "readiness_app",
+    "start_schedules",
+    "stop_schedules",
+]
 
 logger = logging.getLogger(__name__)
+
+# What a kit log line looks like where the kit gives its loggers their output (the lifespan, outboxkit worker).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def kit_log_output() -> None:
+    """Give the kit's loggers an output with time, level and name when nothing configured logging.
+
+    Under uvicorn (which configures only its own loggers) the kit's lines otherwise reach Python's last-resort
+    handler: the message alone, and nothing below WARNING.  An application that configures logging (the root
+    logger has a handler, or ``outboxkit``'s has) before its app starts keeps its own format.
+    """
+    kit = logging.getLogger(__package__)  # "outboxkit": the parent of every kit logger
+    if logging.getLogger().handlers or kit.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    kit.addHandler(handler)
+    if kit.level == logging.NOTSET:
+        kit.setLevel(logging.INFO)
 
 
 class Runtime(Protocol):
@@ -93,6 +123,7 @@ def lifespan(kit: Runtime, *, close_kit: bool = True) -> Callable[[object], Abst
 
     @asynccontextmanager
     async def run(app: object) -> AsyncIterator[None]:
+        kit_log_output()
         await asyncio.to_thread(_start, kit)
         try:
             yield

@@ -72,7 +72,7 @@ __all__ = [
     "outbox_table_args",
 ]
 
-STATUSES = ("pending", "done", "stuck")
+STATUSES = ("pending", "done", "stuck", "discarded")  # discarded: kept, never sent, by a person's choice
 LAST_ERROR_LIMIT = 2000
 # The default of OutboxOptions.hung_send_seconds: a send out this long stops counting against concurrency
 # (outboxkit.drain.hung_sends holds the rule).
@@ -366,7 +366,7 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
       Alembic autogenerate on an existing table proposes dropping the old index
       and creating this one (docs/operations.md, "Upgrading the due index");
     * ``ix_<table>_stuck`` on ``id WHERE status = 'stuck'`` serves the admin's
-      stuck list and count;
+      stuck list and count, and ``ix_<table>_discarded`` the discarded ones;
     * ``ix_<table>_claimed`` on ``claimed_until WHERE claimed_until IS NOT NULL``
       serves the in-flight count (``claimed_until > now`` implies the
       predicate): a claim sets the lease and every outcome write, park or
@@ -395,6 +395,7 @@ def outbox_table_args(cls: type) -> tuple[Any, ...]:
         UniqueConstraint(*unique_key, name=f"uq_{table}_idempotency_key"),
         Index(f"ix_{table}_due_id", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")),
         Index(f"ix_{table}_stuck", "id", postgresql_where=text("status = 'stuck'")),
+        Index(f"ix_{table}_discarded", "id", postgresql_where=text("status = 'discarded'")),
         Index(f"ix_{table}_claimed", "claimed_until", postgresql_where=text("claimed_until IS NOT NULL")),
         Index(
             f"ix_{table}_destination_due", "destination", "next_attempt_at", "id",

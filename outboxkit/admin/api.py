@@ -11,6 +11,8 @@ Routes, relative to where the application mounts the router::
     GET  /api/outboxes/{outbox}/blocked-keys        an ordered outbox's stuck heads and the rows waiting behind each
     POST /api/outboxes/{outbox}/skip                {"ids": [...]}: stuck heads of ordered keys skipped (they stay stuck)
     POST /api/outboxes/{outbox}/reset-matching      {"error_contains", "status_code", "dry_run"}
+    POST /api/outboxes/{outbox}/discard             {"ids": [...]}: stuck -> discarded (kept, never sent; reset undoes it)
+    POST /api/outboxes/{outbox}/discard-matching    {"error_contains", "status_code", "dry_run"}
     POST /api/outboxes/{outbox}/pause               {}: no process claims its rows until resumed
     POST /api/outboxes/{outbox}/resume              {}: the drains claim again (woken at once)
     POST /api/outboxes/{outbox}/drain-now           {}: wake every drain of the outbox (409 while paused)
@@ -248,6 +250,24 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
 
     id_action("reset", "Reset stuck rows by id (one or many): pending, attempts 0, due now", service.reset)
     id_action("retry_now", "Make pending rows in backoff due now (attempts kept)", service.retry_now)
+    id_action(
+        "discard",
+        "Discard stuck rows by id: kept with the status discarded, never sent, out of the stuck count; a reset undoes it",
+        service.discard,
+    )
+    outbox_action(
+        "discard_matching",
+        "Discard every stuck row matching a filter (dry_run defaults to true)",
+        MatchRequest,
+        MatchOutcome,
+        lambda outbox, body, who: service.reset_matching(
+            outbox,
+            RowFilter(error_contains=body.error_contains, status_code=body.status_code),
+            dry_run=body.dry_run,
+            actor=who,
+            discard=True,
+        ),
+    )
     id_action(
         "skip",
         "Skip stuck rows in their ordering key's order: they stay stuck, never deleted; the rows behind them flow",

@@ -38,6 +38,7 @@ FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
     "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
     "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged", "skipped",
+    "discarded", "discard_many", "discard_partial",
     "schedule_created", "schedule_edited", "schedule_enabled", "schedule_disabled", "schedule_run_now", "schedule_deleted",
 ]
 _KINDS: tuple[str, ...] = (
@@ -58,6 +59,9 @@ _KINDS: tuple[str, ...] = (
     "destination_probed",
     "destination_unchanged",
     "skipped",
+    "discarded",
+    "discard_many",
+    "discard_partial",
     *SCHEDULE_NOTICES,
 )
 
@@ -79,6 +83,8 @@ class Flash:
             return "The row is due now; the next drain sends it."
         if self.kind == "skipped":
             return "Skipped: the row stays stuck (never deleted); the rows of its key behind it are sent now."
+        if self.kind.startswith("discard"):
+            return _discard_message(self.kind, self.count)
         if self.kind == "reset_many":
             return (
                 f"Reset {self.count:,} row(s); they are pending and due now."
@@ -117,6 +123,18 @@ class Flash:
         if self.kind.startswith("destination_"):
             return _destination_message(self.kind, self.count)
         return "Nothing to do: the row was not in a state this action applies to."
+
+
+def _discard_message(kind: str, count: int) -> str:
+    kept = "kept, never sent, out of the stuck count; a reset brings them back"
+    if kind == "discarded":
+        return f"Discarded: the row is {kept.replace('them', 'it')}."
+    if kind == "discard_partial":
+        return (
+            f"Discarded {count:,} row(s), in batches ({kept}); more rows may match: the request stopped at its time "
+            "share. Discard all matching again to go on."
+        )
+    return f"Discarded {count:,} row(s): {kept}." if count else "Discarded 0 rows: none matched any more."
 
 
 def _destination_message(kind: str, count: int) -> str:

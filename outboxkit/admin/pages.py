@@ -76,9 +76,13 @@ def pages_router(
     add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/reset", "reset_row", service.reset, done="reset")
     add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/retry-now", "retry_row", service.retry_now, done="retry_now")
     add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/skip", "skip_row", service.skip, done="skipped")
+    add_row_action(routes, "/outboxes/{outbox}/rows/{row_id}/discard", "discard_row", service.discard, done="discarded")
     add_blocked_keys(routes)
     add_selected_action(
         routes, "/outboxes/{outbox}/reset-selected", "reset_selected", service.reset, tab="stuck", done="reset_many"
+    )
+    add_selected_action(
+        routes, "/outboxes/{outbox}/discard-selected", "discard_selected", service.discard, tab="stuck", done="discard_many"
     )
     add_selected_action(
         routes, "/outboxes/{outbox}/retry-selected", "retry_selected", service.retry_now, tab="pending", done="retry_many"
@@ -97,6 +101,7 @@ def pages_router(
     add_drain_now_confirm(routes)
     add_reset_page_confirm(routes)
     add_bulk_reset(routes)
+    add_bulk_reset(routes, discard=True)
     add_replay(routes)
     add_audit(routes)
     add_jobs(routes)
@@ -260,30 +265,38 @@ def add_control_action(routes: PageRoutes, path: str, name: str, perform: Contro
     routes.router.add_api_route(path, act, methods=["POST"], name=f"outboxkit_admin_{name}")
 
 
-def add_bulk_reset(routes: PageRoutes) -> None:
-    """Reset every stuck row matching a filter: a confirmation page with a preview, then the action."""
+def add_bulk_reset(routes: PageRoutes, *, discard: bool = False) -> None:
+    """Reset (``discard``: discard) every stuck row matching a filter: a confirmation page with a preview, then the
+    action."""
     frame, service = routes.frame, routes.service
     Actor = Annotated[str, Depends(routes.actor)]
+    name = "bulk_discard" if discard else "bulk_reset"
+    path = f"/outboxes/{{outbox}}/{name.replace('_', '-')}"
 
-    @routes.router.get("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset")
-    def bulk_reset_confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:
+    def bulk_confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build() -> Response:
             row_filter = row_filter_from(request.query_params.get)
-            preview = service.reset_matching(outbox, row_filter, dry_run=True, actor=who)
-            return frame.render(request, who, "bulk_reset.html", preview=preview, filter_query=row_filter.as_dict())
+            preview = service.reset_matching(outbox, row_filter, dry_run=True, actor=who, discard=discard)
+            return frame.render(
+                request, who, "bulk_reset.html", preview=preview, filter_query=row_filter.as_dict(), discard=discard
+            )
 
         return frame.guarded(request, who, build)
 
-    @routes.router.post("/outboxes/{outbox}/bulk-reset", name="outboxkit_admin_bulk_reset_apply")
-    async def bulk_reset_apply(request: Request, outbox: OutboxName, who: Actor) -> Response:
+    async def bulk_apply(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
             row_filter = row_filter_from(lambda name: form_text(form, name))
-            result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who)
+            result = service.reset_matching(outbox, row_filter, dry_run=False, actor=who, discard=discard)
             target = frame.url(request, "rows", {"status": "stuck", **row_filter.as_dict()}, outbox=outbox)
             kind: FlashKind = "reset_many" if result.complete else "reset_partial"
+            if discard:
+                kind = "discard_many" if result.complete else "discard_partial"
             return frame.redirect(request, who, target, Flash(kind=kind, count=result.changed))
 
         return await frame.post_action(request, who, build)
+
+    routes.router.add_api_route(path, bulk_confirm, methods=["GET"], name=f"outboxkit_admin_{name}")
+    routes.router.add_api_route(path, bulk_apply, methods=["POST"], name=f"outboxkit_admin_{name}_apply")
 
 
 def add_replay(routes: PageRoutes) -> None:

@@ -159,6 +159,22 @@ def validation_message(errors: Sequence[Any]) -> str:
     return "; ".join(problems) or "bad input"
 
 
+def sign_in_message(errors: Sequence[Any]) -> str:
+    """A validation error of the application's auth dependency, said as such (the admin reads no header or cookie)."""
+    problems = [
+        f"{' '.join(str(part) for part in error.get('loc', ()))}: {error.get('msg', 'invalid value')}" for error in errors[:3]
+    ]
+    return (
+        f"the application's sign-in could not read this request: {'; '.join(problems)}. "
+        "Sign in as your application expects (the admin itself reads no header or cookie)."
+    )
+
+
+def _from_sign_in(errors: Sequence[Any]) -> bool:
+    """The admin's routes declare no header or cookie: such a validation error comes from the auth dependency."""
+    return bool(errors) and all(tuple(error.get("loc", ()))[:1] in (("header",), ("cookie",)) for error in errors)
+
+
 class AdminRoute(APIRoute):
     """Adds the admin's headers, body cap and error answers to a FastAPI route (see the module)."""
 
@@ -187,6 +203,7 @@ class AdminRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         answer = self.error_answer
+        pages = type(self).error_page is not None  # a page says who refused; the API keeps FastAPI's shape
 
         async def handle(request: Request) -> Response:
             try:
@@ -194,6 +211,8 @@ class AdminRoute(APIRoute):
             except StarletteHTTPException:  # the application's 401/403 and the API's refusals: answered by FastAPI
                 raise
             except RequestValidationError as exc:
+                if pages and _from_sign_in(exc.errors()):  # the application's auth dependency, not the admin's input
+                    return answer(request, 422, sign_in_message(exc.errors()), "Not signed in")
                 return answer(request, 422, exc.errors())
             except BodyTooLarge as exc:
                 return answer(request, 413, str(exc))

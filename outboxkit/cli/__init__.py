@@ -9,6 +9,7 @@
     outboxkit --app myapp.outbox:kit reset credit-grants --all --status-code 422 --dry-run
     outboxkit --app myapp.outbox:kit blocked orders           # an ordered outbox's stuck heads, rows behind each
     outboxkit --app myapp.outbox:kit skip orders 41           # row 41 stays stuck; its key's next rows go
+    outboxkit --app myapp.outbox:kit discard credit-grants --all --status-code 410 --dry-run   # kept, never sent
     outboxkit --app myapp.outbox:kit drain --once             # one batch of every outbox
     outboxkit --app myapp.outbox:kit jobs --json              # scheduled jobs, last runs, leader
     outboxkit --app myapp.outbox:kit destinations             # each destination's state, failures, rows waiting
@@ -47,7 +48,7 @@ import functools
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -95,6 +96,22 @@ def row_id(value: str) -> int:
     return int(value)
 
 
+RowIds = Annotated[list[int] | None, typer.Argument(parser=row_id, show_default=False, help="Row ids (or --all).")]
+AllMatching = Annotated[bool, typer.Option("--all", help="Every stuck row matching the filters.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="With --all: count and sample, change nothing.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="With --all: do not ask for confirmation.")]
+
+
+def ids_or_all(verb: str, ids: list[int] | None, all_matching: bool, *, filtered: bool) -> None:
+    """Refuse a command given both row ids and ``--all``, or neither, or ``--all``'s options with ids."""
+    if all_matching == bool(ids):
+        raise typer.BadParameter(f"name row ids, or pass --all (with optional filters) to {verb} every matching "
+                                 "stuck row", param_hint="'IDS' / '--all'")
+    if ids and filtered:
+        raise typer.BadParameter("--dry-run, --yes and the filters go with --all, not with row ids",
+                                 param_hint="'IDS'")
+
+
 @app.callback()
 def global_options(
     context: typer.Context,
@@ -129,13 +146,22 @@ def status(context: typer.Context, json_output: JsonFlag = False) -> None:
                 "outbox": outbox.name,
                 "pending": f"~{counts.pending}" if counts.pending_estimated else counts.pending,
                 "in_flight": counts.in_flight,
+                "held_by_dest": f"{outbox.held_by_destination}{'+' if outbox.held_by_destination_at_least else ''}",
+                "held_by_order": "-" if counts.held_by_order is None else counts.held_by_order,
                 "stuck": f"~{counts.stuck}" if counts.stuck_estimated else counts.stuck,
                 "done": f"~{counts.done}" if counts.done_estimated else counts.done,
+                "discarded": f"{counts.discarded}+" if counts.discarded_estimated else counts.discarded,
                 "oldest_due": age(outbox.oldest_due_at),
                 "last_drain": f"{age(last.started_at)} {last.outcome}" if last else "never",
             })
         output.emit(overview.model_dump(mode="json"), rows,
-                    ["outbox", "pending", "in_flight", "stuck", "done", "oldest_due", "last_drain"])
+                    ["outbox", "pending", "in_flight", "stuck", "held_by_dest", "held_by_order", "done", "discarded",
+                     "oldest_due", "last_drain"])
+        for held in overview.held_back:  # unhealthy destinations, what they hold: disabled first, the most rows first
+            rows_held = f"{held.waiting_rows}{'+' if held.waiting_rows_at_least else ''}"
+            until = "until resumed" if held.state == "disabled" else f"until {age(held.until)}"
+            output.say(f"{held.outbox} {held.destination}: {held.state.replace('_', '-')}, holds {rows_held} row(s), {until}",
+                       style="bold yellow")
         leader = overview.leader
         output.say(f"leader: {leader.host} pid {leader.pid} (since {age(leader.since)})" if leader else "leader: none",
                    style="" if leader else "yellow")
@@ -171,39 +197,64 @@ def stuck(
 def reset(
     context: typer.Context,
     outbox: OutboxName,
-    ids: Annotated[list[int] | None, typer.Argument(
-        parser=row_id, show_default=False, help="Row ids (or --all).")] = None,
-    all_matching: Annotated[bool, typer.Option("--all", help="Every stuck row matching the filters.")] = False,
+    ids: RowIds = None,
+    all_matching: AllMatching = False,
     error_contains: ErrorContains = None,
     status_code: StatusCode = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --all: count and sample, change nothing.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="With --all: do not ask for confirmation.")] = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
     retry_now: Annotated[bool, typer.Option("--retry-now", help="With ids: make pending rows in backoff due now.")] = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Reset stuck rows to pending (audited; wakes the drain), or retry pending rows in backoff now."""
+    """Reset stuck or discarded rows to pending (audited; wakes the drain), or retry pending rows in backoff now."""
 
-    if all_matching == bool(ids):
-        raise typer.BadParameter("name row ids, or pass --all (with optional filters) to reset every matching "
-                                 "stuck row", param_hint="'IDS' / '--all'")
-    if ids and (dry_run or yes or error_contains is not None or status_code is not None):
-        raise typer.BadParameter("--dry-run, --yes and the filters go with --all, not with row ids",
-                                 param_hint="'IDS'")
+    ids_or_all("reset", ids, all_matching, filtered=dry_run or yes or error_contains is not None or status_code is not None)
     if all_matching and retry_now:
         raise typer.BadParameter("--retry-now takes row ids, not --all", param_hint="'--retry-now'")
+    act_on_stuck_rows(context, outbox, ids, row_filter(error_contains, status_code), dry_run=dry_run, yes=yes,
+                      json_output=json_output, action="retry_now" if retry_now else "reset")
+
+
+@app.command()
+def discard(
+    context: typer.Context,
+    outbox: OutboxName,
+    ids: RowIds = None,
+    all_matching: AllMatching = False,
+    error_contains: ErrorContains = None,
+    status_code: StatusCode = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Discard stuck rows that can never be delivered: kept as discarded, never sent, out of the stuck count
+    (audited; `outboxkit reset` brings them back)."""
+
+    ids_or_all("discard", ids, all_matching, filtered=dry_run or yes or error_contains is not None or status_code is not None)
+    act_on_stuck_rows(context, outbox, ids, row_filter(error_contains, status_code), dry_run=dry_run, yes=yes,
+                      json_output=json_output, action="discard")
+
+
+def act_on_stuck_rows(
+    context: typer.Context, outbox: str, ids: list[int] | None, filters: RowFilter, *, dry_run: bool, yes: bool,
+    json_output: bool, action: Literal["reset", "retry_now", "discard"],
+) -> None:
+    """``reset`` and ``discard``: the rows named, or every stuck row matching ``filters`` (a dry run, a prompt)."""
+    verb = "discard" if action == "discard" else "reset"
     with operating(context, json_output, [outbox]) as (kit, output):
         service = admin_service(kit)
         if ids:
+            perform = {"reset": service.reset, "retry_now": service.retry_now, "discard": service.discard}[action]
             try:
-                result = (service.retry_now if retry_now else service.reset)(outbox, ids, actor=actor())
+                result = perform(outbox, ids, actor=actor())
             except (RowsHeld, RowsNotFound) as exc:
                 raise CommandError(str(exc)) from None
             rows = [{"id": changed, "result": "changed"} for changed in result.changed_ids]
             rows += [{"id": skipped.id, "result": f"skipped: {skipped.reason}"} for skipped in result.skipped]
             output.emit(result.model_dump(mode="json"), rows, ["id", "result"])
             return
-        filters = row_filter(error_contains, status_code)
-        preview = service.reset_matching(outbox, filters, dry_run=True, actor=actor())
+        discarding = action == "discard"
+        preview = service.reset_matching(outbox, filters, dry_run=True, actor=actor(), discard=discarding)
         matched = f"{preview.matched}{'+' if preview.matched_at_least else ''}"  # counted up to 10,000
         if dry_run:
             output.emit(preview.model_dump(mode="json"), [{"matched": matched,
@@ -211,14 +262,16 @@ def reset(
             return
         if not yes:
             if not sys.stdin.isatty():
-                raise CommandError(f"{matched} stuck row(s) match; pass --yes to reset them without a prompt")
-            if not typer.confirm(f"reset {matched} stuck row(s) of {outbox}?", default=False):
+                raise CommandError(f"{matched} stuck row(s) match; pass --yes to {verb} them without a prompt")
+            if not typer.confirm(f"{verb} {matched} stuck row(s) of {outbox}?", default=False):
                 output.say("nothing changed")
                 raise typer.Exit(1)
         # In batches of 1,000, each its own transaction; a shell has no request to keep short, so it runs to the end.
-        outcome = service.reset_matching(outbox, filters, dry_run=False, actor=actor(), max_seconds=None)
-        output.emit(outcome.model_dump(mode="json"), [{"matched": matched, "reset": outcome.changed,
-                    "batches": outcome.batches, "audit_id": outcome.audit_id}], ["matched", "reset", "batches", "audit_id"])
+        outcome = service.reset_matching(outbox, filters, dry_run=False, actor=actor(), max_seconds=None,
+                                         discard=discarding)
+        done = "discarded" if discarding else "reset"
+        output.emit(outcome.model_dump(mode="json"), [{"matched": matched, done: outcome.changed,
+                    "batches": outcome.batches, "audit_id": outcome.audit_id}], ["matched", done, "batches", "audit_id"])
 
 
 app.command("replay")(bulk_commands.replay)
@@ -289,12 +342,12 @@ def worker(
     import logging
 
     from outboxkit.drain.worker import DrainWorker
-    from outboxkit.integration import readiness, start_schedules, stop_schedules
+    from outboxkit.integration import LOG_FORMAT, readiness, start_schedules, stop_schedules
     from outboxkit.metrics.prometheus import serve_worker_metrics
 
     with operating(context, False, outboxes or []) as (kit, _):
         if not logging.getLogger().handlers:  # the application did not configure logging: say what happens
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         drain_worker = DrainWorker(kit, outboxes=outboxes or None)
         if scheduler:
             kit.scheduler.elect()  # campaign too: this process may lead and run the schedule

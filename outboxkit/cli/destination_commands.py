@@ -16,12 +16,15 @@ healthy destination...) says why and exits 0.
 """
 
 # No ``from __future__ import annotations``: typer reads the commands' annotations at runtime.
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from outboxkit.cli.application import actor, admin_service, operating
 from outboxkit.cli.output import age
+
+if TYPE_CHECKING:
+    from outboxkit.operations.destinations import DestinationModel
 
 __all__ = ["destinations"]
 
@@ -35,7 +38,10 @@ destinations = typer.Typer(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output (also accepted before the command).")]
 DestinationName = Annotated[str, typer.Argument(help="The destination's name, as listed.", show_default=False)]
 OutboxOption = Annotated[str, typer.Option("--outbox", metavar="NAME", help="The outbox's job name.", show_default=False)]
-COLUMNS = ["outbox", "destination", "state", "failure_rate", "failures", "last_error", "waiting", "open_since", "next_probe"]
+COLUMNS = [
+    "outbox", "destination", "state", "failure_rate", "failures", "last_error", "waiting", "open_since", "next_probe",
+    "slowed_until",
+]
 
 
 @destinations.callback()
@@ -61,15 +67,27 @@ def list_destinations(
                     "state": destination.status,
                     "failure_rate": f"{rate:.0%}" if rate is not None else "-",
                     "failures": destination.consecutive_failures,
-                    "last_error": " ".join(str(part) for part in (destination.last_status_code, destination.last_error)
-                                           if part is not None).replace("\n", " ")[:100] or "-",
+                    "last_error": _last_error(destination),
                     "waiting": f"{destination.waiting_rows}{'+' if destination.waiting_rows_at_least else ''}",
                     "open_since": age(destination.open_since),
-                    "next_probe": destination.next_probe_at.isoformat(timespec="seconds") if destination.next_probe_at else "-",
+                    "next_probe": age(destination.next_probe_at),
+                    "slowed_until": age(destination.slowed_until),
                 })
         output.emit([entry.model_dump(mode="json") for entry in outboxes], rows, COLUMNS)
         if not rows:
             output.say("no destination has failed")
+
+
+def _last_error(destination: "DestinationModel") -> str:
+    """The last error, marked stale when the destination has answered well since it."""
+    text = " ".join(str(part) for part in (destination.last_status_code, destination.last_error) if part is not None)
+    text = text.replace("\n", " ")[:100]
+    if not text:
+        return "-"
+    failed, succeeded = destination.last_failure_at, destination.last_success_at
+    if failed is not None and succeeded is not None and succeeded > failed:
+        return f"(stale: succeeded {age(succeeded)}) {text}"
+    return text
 
 
 def _act(context: typer.Context, action: str, name: str, outbox: str, json_output: bool) -> None:

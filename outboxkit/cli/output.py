@@ -41,13 +41,16 @@ def fail(message: str) -> NoReturn:
 
 
 def age(moment: datetime | None) -> str:
+    """A moment as people read it in a table, past or future alike: ``5m ago``, ``in 30s``, or ``-``."""
     if moment is None:
         return "-"
-    seconds = max(0, int((datetime.now(timezone.utc) - moment).total_seconds()))
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
+    delta = int((datetime.now(timezone.utc) - moment).total_seconds())
+    seconds = abs(delta)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        if seconds >= size or unit == "s":
+            amount = f"{seconds // size}{unit}"
+            return f"in {amount}" if delta < 0 else f"{amount} ago"
+    raise AssertionError("unreachable")
 
 
 def cell_style(column: str, value: Any) -> str:

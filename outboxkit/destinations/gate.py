@@ -178,7 +178,9 @@ class DestinationGate:
             self._known[destination] = after
             self._unblocked = self._unblocked or (before.blocked(now) and not after.blocked(now))
         if after.status != before.status:
-            logger.warning(
+            # Trouble is a warning; a destination healthy again is news, not something to act on.
+            logger.log(
+                logging.INFO if after.status == "healthy" else logging.WARNING,
                 "%s: destination %s is %s (was %s): %s",
                 self.options.job_name,
                 destination,

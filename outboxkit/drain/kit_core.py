@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from outboxkit.breaker import BreakerOptions
 from outboxkit.clock import Clock, SystemClock
 from outboxkit.drain.drainer import Drainer
 from outboxkit.errors import ConfigurationError, UnknownOutboxError
@@ -113,6 +114,10 @@ class KitCore:
                 rate_limit = values.get("rate_limit")
                 if isinstance(rate_limit, dict):  # RATE_LIMIT, checked by the settings
                     values["rate_limit"] = RateLimit(**rate_limit)
+                breaker = values.get("breaker")
+                if isinstance(breaker, dict):  # BREAKER: the fields given replace the class's
+                    changes = {name: value for name, value in breaker.items() if value is not None}
+                    values["breaker"] = dataclasses.replace(options.breaker or BreakerOptions(), **changes)
                 options = dataclasses.replace(options, **values)  # type: ignore[arg-type]
             except (ConfigurationError, ValueError) as exc:
                 raise ConfigurationError(f"OUTBOXKIT_OUTBOXES__{options.settings_key.upper()}: {exc}") from None

@@ -151,6 +151,10 @@ class OutboxMetrics(Observer):
             registry=registry,
         )
         self.stuck_rows = gauge("outboxkit_stuck_rows", "Stuck rows waiting for a person (table-wide)", outbox, registry=registry)
+        self.discarded_rows = gauge(
+            "outboxkit_discarded_rows", "Rows a person discarded: kept, never sent, not stuck (table-wide)", outbox,
+            registry=registry,
+        )
         self.oldest_due_age = gauge(
             "outboxkit_oldest_due_age_seconds", "How long the oldest due row has been due (0 when none is due)", outbox,
             registry=registry,
@@ -240,7 +244,10 @@ class OutboxMetrics(Observer):
         if children is None:
             children = (self.delivery_latency.labels(outbox=job_name), self.send_duration.labels(outbox=job_name))
             self._per_outbox[job_name] = children
-            row_gauges = (self.pending_rows, self.in_flight_rows, self.stuck_rows, self.oldest_due_age, self.held_by_order_rows)
+            row_gauges = (
+                self.pending_rows, self.in_flight_rows, self.stuck_rows, self.discarded_rows, self.oldest_due_age,
+                self.held_by_order_rows,
+            )
             for gauge in (*row_gauges, self.outbox_paused):
                 # NaN until the first successful read: a 0 would say "healthy" about a table nobody has read
                 # (the database down at start), and comparisons with NaN never fire an alert either way.
@@ -317,6 +324,7 @@ class OutboxMetrics(Observer):
                 self.pending_rows.labels(outbox=job_name).set(counts.pending)
                 self.in_flight_rows.labels(outbox=job_name).set(counts.in_flight)
                 self.stuck_rows.labels(outbox=job_name).set(counts.stuck)
+                self.discarded_rows.labels(outbox=job_name).set(counts.discarded)
                 age = (now - counts.oldest_due_at).total_seconds() if counts.oldest_due_at is not None else 0.0
                 self.oldest_due_age.labels(outbox=job_name).set(max(0.0, age))
                 self.held_by_order_rows.labels(outbox=job_name).set(counts.held_by_order or 0)

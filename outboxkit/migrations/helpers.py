@@ -80,13 +80,14 @@ from outboxkit.migrations.partitioned_tables import (
     set_outbox_storage,
 )
 from outboxkit.migrations.revision_ops import checked_outboxes, execute_all, migration_operations
-from outboxkit.model import Outbox
+from outboxkit.model import STATUSES, Outbox
 from outboxkit.storage.notify import drop_trigger_sql, install_trigger_sql
 from outboxkit.storage.tables import kit_metadata
 
 __all__ = [
-    "KIT_TABLES", "backfill_destinations", "convert_to_partitioned", "create_partitioned_outbox", "drop_notify_triggers",
-    "include_name", "include_object", "install_notify_triggers", "set_outbox_storage",
+    "KIT_TABLES", "allow_discarded", "backfill_destinations", "convert_to_partitioned", "create_partitioned_outbox",
+    "drop_notify_triggers", "forbid_discarded", "include_name", "include_object", "install_notify_triggers",
+    "set_outbox_storage",
 ]
 
 # Rows read and written per round of backfill_destinations.
@@ -131,6 +132,54 @@ def install_notify_triggers(*outboxes: type[Outbox], operations: Operations | No
 def drop_notify_triggers(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
     """In a revision's ``downgrade()``: undo ``install_notify_triggers`` for the same outboxes."""
     execute_all(operations, (statement for outbox in checked_outboxes(outboxes) for statement in drop_trigger_sql(outbox)))
+
+
+def allow_discarded(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
+    """In a revision's ``upgrade()``: let each outbox table's ``status`` CHECK take ``discarded``, and build the
+    index ``ix_<table>_discarded`` that counts and lists those rows.
+
+    Tables created before the status existed refuse a discard with a CHECK violation until this runs
+    (autogenerate does not compare CHECK constraints).  The CHECK is dropped and created again with
+    every status of ``outboxkit.model.STATUSES``, under the mixin's name ``ck_<table>_status``; the
+    index is built ``CONCURRENTLY`` in an autocommit block, so a big outbox keeps taking inserts.
+    """
+    outboxes = checked_outboxes(outboxes)
+    execute_all(operations, (statement for outbox in outboxes for statement in _status_check(outbox, STATUSES)))
+    with migration_operations(operations).get_context().autocommit_block():
+        execute_all(operations, (_discarded_index(outbox, "CREATE INDEX CONCURRENTLY IF NOT EXISTS") for outbox in outboxes))
+
+
+def forbid_discarded(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
+    """In a revision's ``downgrade()``: undo ``allow_discarded``; refused by PostgreSQL while a row is discarded."""
+    before = tuple(status for status in STATUSES if status != "discarded")
+    outboxes = checked_outboxes(outboxes)
+    execute_all(operations, (statement for outbox in outboxes for statement in _status_check(outbox, before)))
+    execute_all(
+        operations, (f"DROP INDEX IF EXISTS {_qualified(outbox, f'ix_{_table(outbox)}_discarded')}" for outbox in outboxes)
+    )
+
+
+def _table(outbox: type[Outbox]) -> str:
+    return str(outbox.__table__.name)  # type: ignore[attr-defined]
+
+
+def _qualified(outbox: type[Outbox], name: str) -> str:
+    schema = outbox.__table__.schema  # type: ignore[attr-defined]
+    return f"{schema}.{name}" if schema else name
+
+
+def _discarded_index(outbox: type[Outbox], create: str) -> str:
+    table = _table(outbox)
+    return f"{create} ix_{table}_discarded ON {_qualified(outbox, table)} (id) WHERE status = 'discarded'"
+
+
+def _status_check(outbox: type[Outbox], statuses: tuple[str, ...]) -> list[str]:
+    table, name = _table(outbox), _qualified(outbox, _table(outbox))
+    allowed = ", ".join(f"'{status}'" for status in statuses)
+    return [
+        f"ALTER TABLE {name} DROP CONSTRAINT IF EXISTS ck_{table}_status",
+        f"ALTER TABLE {name} ADD CONSTRAINT ck_{table}_status CHECK (status IN ({allowed}))",
+    ]
 
 
 def backfill_destinations(

@@ -18,14 +18,21 @@ all held their locks for seconds and ran past any sensible time limit.  So:
   rows it reset stay reset.  Running it again continues: only rows still
   stuck and matching are touched, so a repeat, or a run after an
   interruption, never resets a row twice nor skips one.
+
+A discard by filter takes the same path (``discard=True``): the matching stuck rows
+become ``discarded``, each batch audited as ``discard`` (and the drain woken: a discarded
+head of an ordered key frees the rows behind it).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from outboxkit.errors import OperatorPoolBusy, OperatorQueryTimeout
+from sqlalchemy.exc import IntegrityError
+
+from outboxkit.errors import MigrationRequired, OperatorPoolBusy, OperatorQueryTimeout
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import MatchOutcome
@@ -34,7 +41,7 @@ from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.operator_queries import admin_queries_for
 from outboxkit.storage.row_filter import RowFilter
 
-__all__ = ["BATCH_SIZE", "MATCH_COUNT_CAP", "REQUEST_SECONDS", "BulkReset"]
+__all__ = ["BATCH_SIZE", "MATCH_COUNT_CAP", "REQUEST_SECONDS", "BulkReset", "discard_migrations_checked"]
 
 BATCH_SIZE = 1_000
 # The dry-run count stops here ("10,000+"), as the tabs' counts under a filter do.
@@ -42,6 +49,26 @@ MATCH_COUNT_CAP = 10_000
 # How long one admin request keeps starting batches before it reports and stops.
 REQUEST_SECONDS = 20.0
 SAMPLE_SIZE = 20
+
+
+@contextmanager
+def discard_migrations_checked(outbox_name: str) -> Iterator[None]:
+    """Around a discard's transaction: a table or an audit that cannot take it yet says which migration to run."""
+    try:
+        yield
+    except IntegrityError as exc:
+        refused = str(exc.orig)
+        if "ck_outboxkit_reset_audit_action" in refused:
+            raise MigrationRequired(
+                "the reset audit cannot record discards yet: run the kit's migration outboxkit_0016 (`alembic upgrade heads`)"
+            ) from None
+        if "_status" in refused and "check constraint" in refused:
+            raise MigrationRequired(
+                f"the table of outbox {outbox_name!r} does not take the status 'discarded' yet: add "
+                "outboxkit.migrations.helpers.allow_discarded(<your outbox classes>) to a migration and run it "
+                "(docs/operations.md, \"Upgrading to discarded rows\"); nothing was changed"
+            ) from None
+        raise
 
 
 class BulkReset:
@@ -53,9 +80,16 @@ class BulkReset:
         self.timer = timer  # seconds, for the run's time share (injectable, so tests need not wait)
 
     def run(
-        self, outbox_name: str, row_filter: RowFilter, *, dry_run: bool, actor: str, max_seconds: float | None
+        self,
+        outbox_name: str,
+        row_filter: RowFilter,
+        *,
+        dry_run: bool,
+        actor: str,
+        max_seconds: float | None,
+        discard: bool = False,
     ) -> MatchOutcome:
-        """Count (dry run) or reset the stuck rows of ``outbox_name`` that match ``row_filter``."""
+        """Count (dry run) or reset (``discard``: discard) the stuck rows of ``outbox_name`` that match ``row_filter``."""
         started = self.timer()
         queries = admin_queries_for(self.kit.outbox(outbox_name))  # UnknownOutboxError for a bad name
         database = self.kit.operator_database
@@ -71,13 +105,14 @@ class BulkReset:
                 complete = False
                 break
             try:
-                with database.begin() as connection:
+                with discard_migrations_checked(outbox_name), database.begin() as connection:
                     batch = queries.reset_stuck_batch(
                         connection,
                         row_filter,
                         after_id=changed[-1] if changed else 0,
                         limit=self.batch_size,
                         now=DatabaseTime(self.kit.clock).read(connection),  # due now by the server's clock
+                        discard=discard,
                     )
                     if batch:
                         audit_ids.append(
@@ -85,7 +120,7 @@ class BulkReset:
                                 connection,
                                 actor=actor,
                                 outbox_name=outbox_name,
-                                action="reset",
+                                action="discard" if discard else "reset",
                                 ids=batch,
                                 row_filter=row_filter.as_dict(),
                             )

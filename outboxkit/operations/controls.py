@@ -49,16 +49,27 @@ DUE_COUNT_CAP = 10_000
 
 
 def record_audit(
-    connection: Connection, *, actor: str, outbox_name: str, action: str, ids: list[int], row_filter: dict[str, Any]
+    connection: Connection,
+    *,
+    actor: str,
+    outbox_name: str,
+    action: str,
+    ids: list[int],
+    row_filter: dict[str, Any],
+    row_count: int | None = None,
 ) -> int:
-    """One audit entry, in the caller's transaction; returns its id."""
+    """One audit entry, in the caller's transaction; returns its id.
+
+    ``row_count`` is how many rows the action changed when it does not name them (a resume releases a
+    destination's rows without listing them); by default, the ids' count.
+    """
     statement = (
         insert(reset_audit)
         .values(
             actor=actor[:300],
             outbox=outbox_name,
             action=action,
-            row_count=len(ids),
+            row_count=len(ids) if row_count is None else row_count,
             row_ids=ids[:AUDIT_IDS_LIMIT],
             filter=row_filter,
         )

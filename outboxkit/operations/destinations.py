@@ -166,6 +166,10 @@ class DestinationOperations:
         view = DestinationView(state=state, waiting_rows=min(count, DUE_COUNT_CAP), waiting_rows_at_least=count > DUE_COUNT_CAP)
         return _model(view, now)
 
+    def listed(self, connection: Connection, outbox: type[Outbox]) -> list[DestinationModel]:
+        """The outbox's destinations as the list shows them (the first ``MAX_LISTED``), on the caller's connection."""
+        return self._outbox_destinations(connection, outbox, self.kit.clock.now()).destinations
+
     def _outbox_destinations(self, connection: Connection, outbox: type[Outbox], now: datetime) -> OutboxDestinations:
         views = destination_views(connection, outbox, now=now, cap=DUE_COUNT_CAP, limit=MAX_LISTED + 1)
         return OutboxDestinations(
@@ -189,7 +193,7 @@ class DestinationOperations:
             after = DestinationStore(outbox).resume(connection, destination, now=now, actor=actor)
             assert after is not None  # the row is locked: it cannot have gone
             connection.execute(notify_statement(outbox))  # on commit: every drain claims them at once
-            audit_id = self._audit(connection, outbox_name, "destination_resume", before, after, actor)
+            audit_id = self._audit(connection, outbox_name, "destination_resume", before, after, actor, rows=released)
         return _changed("resume", after, released, audit_id)
 
     def disable(self, outbox_name: str, destination: str, *, actor: str) -> DestinationActionResult:
@@ -216,7 +220,7 @@ class DestinationOperations:
             after = DestinationStore(outbox).probe_now(connection, destination, now=now)
             assert after is not None  # locked and open: probe_now applies
             connection.execute(notify_statement(outbox))  # the held rows are due now: the drains claim, one probes
-            audit_id = self._audit(connection, outbox_name, "destination_probe", before, after, actor)
+            audit_id = self._audit(connection, outbox_name, "destination_probe", before, after, actor, rows=held)
         return _changed("probe", after, held, audit_id)
 
     # -- plumbing ------------------------------------------------------------
@@ -230,10 +234,21 @@ class DestinationOperations:
 
     @staticmethod
     def _audit(
-        connection: Connection, outbox_name: str, action: str, before: DestinationState, after: DestinationState, actor: str
+        connection: Connection,
+        outbox_name: str,
+        action: str,
+        before: DestinationState,
+        after: DestinationState,
+        actor: str,
+        *,
+        rows: int = 0,
     ) -> int:
+        """The action's entry: the destination and its status before and after; ``rows`` it released (the rows'
+        ids are not listed: a destination may hold thousands)."""
         details = {"destination": after.destination, "status_before": before.status, "status_after": after.status}
-        return record_audit(connection, actor=actor, outbox_name=outbox_name, action=action, ids=[], row_filter=details)
+        return record_audit(
+            connection, actor=actor, outbox_name=outbox_name, action=action, ids=[], row_filter=details, row_count=rows
+        )
 
 
 def _slowed(state: DestinationState, now: datetime) -> bool:

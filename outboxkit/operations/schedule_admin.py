@@ -260,7 +260,7 @@ class ScheduleAdmin:
             name=schedule.name,
             definition=ScheduleFields.of(definition),
             description=definition.trigger.describe(),
-            next_run_at=schedule.next_run_at,
+            next_run_at=schedule.next_run_at if definition.enabled else None,  # a disabled schedule never runs next
             next_fire_times=[FireTimeModel(at=time.at, local=time.local, viewer=time.viewer) for time in times],
             viewer_timezone=viewer_timezone,
             last_run=_run_model(run),

@@ -190,7 +190,9 @@ class ScheduleModel(_Model):
     name: str
     definition: ScheduleFields
     description: str = Field(description="The trigger in one line, e.g. cron(hour=3, minute=30) in Europe/Berlin.")
-    next_run_at: datetime | None = Field(description="When it next fires (in the past when overdue); null once ended.")
+    next_run_at: datetime | None = Field(
+        description="When it next fires (in the past when overdue); null once ended or while disabled."
+    )
     next_fire_times: list[FireTimeModel] = Field(description="The next five fire times; none while disabled.")
     viewer_timezone: str
     last_run: ScheduleRunModel | None

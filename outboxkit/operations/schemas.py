@@ -28,6 +28,7 @@ __all__ = [
     "ControlResult",
     "EmptyRequest",
     "FilterMoment",
+    "HeldByDestination",
     "FilterText",
     "FoundRow",
     "IdsRequest",
@@ -56,8 +57,8 @@ MAX_ROW_ID = 2**63 - 1
 MAX_BULK_IDS = 500
 MAX_FILTER_LENGTH = 200
 
-Status = Literal["pending", "done", "stuck"]
-STATUS_VALUES = ("stuck", "pending", "done")  # the order of the tabs
+Status = Literal["pending", "done", "stuck", "discarded"]
+STATUS_VALUES = ("stuck", "pending", "done", "discarded")  # the order of the tabs
 # Request bodies are strict: only a JSON integer is an id (not "1", 1.0 or true)
 # and only JSON true/false is a boolean (not "no", "off", "0" or 0).
 RowId = Annotated[int, Field(strict=True, ge=1, le=MAX_ROW_ID, description="A row id (bigint, 1 to 2^63-1), a JSON integer.")]
@@ -146,6 +147,12 @@ class OutboxCounts(_Model):
     stuck_estimated: bool = Field(
         description="True past 100,000 stuck rows: stuck is then the stuck index's row estimate, not a count."
     )
+    discarded: int = Field(
+        default=0,
+        description="Rows a person discarded: kept, never sent, not stuck; at most 100,000 counted (then "
+        "discarded_estimated is true and this is a lower bound).",
+    )
+    discarded_estimated: bool = Field(default=False, description="True past 100,000 discarded rows (a lower bound).")
     done: int = Field(description="Delivered rows; an estimate when done_estimated is true.")
     done_estimated: bool = Field(
         description="True when done comes from the planner's row estimate (pg_class.reltuples) instead of a count."
@@ -190,6 +197,22 @@ class ChartModel(_Model):
     )
 
 
+class HeldByDestination(_Model):
+    """A destination that keeps rows from the claim now (open, half-open, disabled, or slowed by a Retry-After)."""
+
+    outbox: str
+    destination: str
+    state: Literal["disabled", "open", "half_open", "slowed"]
+    waiting_rows: int = Field(description="Pending rows it holds back, counted up to 10,000 (see waiting_rows_at_least).")
+    waiting_rows_at_least: bool
+    since: datetime | None = Field(description="When it opened or was disabled; null for a destination only slowed.")
+    until: datetime | None = Field(
+        description="When its rows may be claimed again (its probe, the end of a slow-down); null while disabled."
+    )
+    last_error: str | None
+    last_status_code: int | None
+
+
 class OutboxOverview(_Model):
     name: str = Field(description="The outbox's job_name.")
     table: str
@@ -201,6 +224,12 @@ class OutboxOverview(_Model):
     oldest_due_age_seconds: float | None
     drain_job_id: str
     last_drain: RunModel | None = Field(description="The last recorded run of this outbox's drain job (the heartbeat).")
+    held_by_destination: int = Field(
+        default=0,
+        description="Pending rows its destinations hold back now (open, half-open, disabled, slowed); counted in "
+        "pending, never due while held. Each destination counts up to 10,000 (see held_by_destination_at_least).",
+    )
+    held_by_destination_at_least: bool = False
     paused: bool = Field(default=False, description="An operator paused this outbox's drains (every process).")
     paused_by: str | None = None
     paused_at: datetime | None = None
@@ -217,6 +246,11 @@ class Overview(_Model):
     leader: LeaderModel | None
     leaders: list[LeaderModel] = Field(description="Every session holding the lock; more than one would be a bug.")
     outboxes: list[OutboxOverview]
+    held_back: list[HeldByDestination] = Field(
+        default_factory=list,
+        description="Every destination holding rows back now, of every outbox: disabled first, then open, half-open "
+        "and slowed, the most rows first within each.",
+    )
 
 
 class StatusCount(_Model):
@@ -329,7 +363,7 @@ class SkippedRow(_Model):
 
 
 class ActionResult(_Model):
-    action: Literal["reset", "retry_now", "skip"]
+    action: Literal["reset", "retry_now", "skip", "discard"]
     outbox: str
     changed: int
     changed_ids: list[int]

@@ -39,7 +39,7 @@ from sqlalchemy import Connection, select
 
 from outboxkit.errors import InvalidSearch, RowsHeld, RowsNotFound
 from outboxkit.kit import OutboxKit
-from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset
+from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset, discard_migrations_checked
 from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
@@ -49,6 +49,7 @@ from outboxkit.operations.history import row_attempts
 from outboxkit.operations.job_status import JobSource, drain_job_id, last_runs, leaders
 from outboxkit.operations.jobs_table import JobsTable, run_model
 from outboxkit.operations.ordered_keys import OrderedKeys
+from outboxkit.operations.outage import held_back, ordered
 from outboxkit.operations.replay import Replayer
 from outboxkit.operations.schemas import (
     MAX_ROW_ID,
@@ -60,6 +61,7 @@ from outboxkit.operations.schemas import (
     ChartModel,
     ChartWindow,
     FoundRow,
+    HeldByDestination,
     JobRunsView,
     JobsView,
     LeaderModel,
@@ -89,7 +91,7 @@ __all__ = ["OperationsService", "InvalidSearch", "RowsHeld", "RowsNotFound"]
 FILTERED_COUNT_CAP = 10_000
 
 
-ActionName = Literal["reset", "retry_now"]
+ActionName = Literal["reset", "retry_now", "discard"]
 
 
 class OperationsService:
@@ -127,7 +129,8 @@ class OperationsService:
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(name) for name in names])
             pauses = paused_outboxes(connection)
-            entries = [self._outbox_overview(connection, name, runs, pauses, now) for name in names]
+            held = {name: held_back(self.destinations, connection, self.kit.outbox(name)) for name in names}
+            entries = [self._outbox_overview(connection, name, runs, pauses, now, held[name]) for name in names]
             if charts:
                 figures = recent(connection, names, now=now, window=window)
                 seconds = WINDOWS[window].bucket_seconds
@@ -142,7 +145,13 @@ class OperationsService:
                 ]
             key = self.kit.settings.advisory_lock_key
             holders = [LeaderModel.model_validate(holder) for holder in leaders(connection, key=key)]
-        return Overview(generated_at=now, leader=holders[0] if holders else None, leaders=holders, outboxes=entries)
+        return Overview(
+            generated_at=now,
+            leader=holders[0] if holders else None,
+            leaders=holders,
+            outboxes=entries,
+            held_back=ordered([entry for entries_of_one in held.values() for entry in entries_of_one]),
+        )
 
     def outbox_overview(self, outbox_name: str) -> OutboxOverview:
         """One outbox's counts and heartbeat."""
@@ -150,10 +159,17 @@ class OperationsService:
         with self.kit.operator_database.connect() as connection:
             runs = last_runs(connection, [drain_job_id(outbox_name)])
             pauses = paused_outboxes(connection)
-            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now())
+            held = held_back(self.destinations, connection, self.kit.outbox(outbox_name))
+            return self._outbox_overview(connection, outbox_name, runs, pauses, self.kit.clock.now(), held)
 
     def _outbox_overview(
-        self, connection: Connection, name: str, runs: dict[str, Any], pauses: dict[str, Pause], now: datetime
+        self,
+        connection: Connection,
+        name: str,
+        runs: dict[str, Any],
+        pauses: dict[str, Pause],
+        now: datetime,
+        held: list[HeldByDestination],
     ) -> OutboxOverview:
         queries = self._queries(name)
         counts = queries.status_counts(connection, now=now)
@@ -166,6 +182,8 @@ class OperationsService:
             oldest_due_age_seconds=(now - oldest).total_seconds() if oldest else None,
             drain_job_id=drain_job_id(name),
             last_drain=run_model(runs.get(drain_job_id(name))),
+            held_by_destination=sum(entry.waiting_rows for entry in held),
+            held_by_destination_at_least=any(entry.waiting_rows_at_least for entry in held),
             paused=name in pauses,
             paused_by=pauses[name].paused_by if name in pauses else None,
             paused_at=pauses[name].paused_at if name in pauses else None,
@@ -332,6 +350,11 @@ class OperationsService:
         """Make the listed pending rows in backoff due now (see the module's rules)."""
         return self._act(outbox_name, ids, action="retry_now", actor=actor)
 
+    def discard(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
+        """Discard the listed stuck rows: kept with the terminal status ``discarded``, never sent, out of the stuck
+        count and its alert, until a person resets (or replays) them."""
+        return self._act(outbox_name, ids, action="discard", actor=actor)
+
     def skip(self, outbox_name: str, ids: list[int], *, actor: str) -> ActionResult:
         """Skip the listed stuck rows in their keys' order: they stay stuck, the rows behind them flow
         (``outboxkit.operations.ordered_keys``)."""
@@ -340,7 +363,7 @@ class OperationsService:
     def _act(self, outbox_name: str, ids: list[int], *, action: str, actor: str) -> ActionResult:
         queries = self._queries(outbox_name)
         wanted = sorted(set(ids))
-        with self.kit.operator_database.begin() as connection:
+        with discard_migrations_checked(outbox_name), self.kit.operator_database.begin() as connection:
             states = queries.lock_row_states(connection, wanted)
             missing = [row_id for row_id in wanted if row_id not in states]
             if missing:
@@ -351,10 +374,12 @@ class OperationsService:
                 raise RowsHeld(outbox_name, held)
             if action == "reset":
                 changed = queries.reset_rows(connection, wanted, now=now)
+            elif action == "discard":
+                changed = queries.discard_rows(connection, wanted, now=now)
             else:
                 changed = queries.retry_rows_now(connection, wanted, now=now)
             audit_id = self._record(connection, actor=actor, outbox_name=outbox_name, action=action, ids=changed, row_filter={})
-            self._wake_drain(connection, outbox_name, changed)
+            self._wake_drain(connection, outbox_name, changed)  # a discarded head of an ordered key frees the rows behind
         done = set(changed)
         skipped = [
             SkippedRow(id=row_id, reason=_skip_reason(action, states[row_id], now)) for row_id in wanted if row_id not in done
@@ -376,13 +401,17 @@ class OperationsService:
         dry_run: bool,
         actor: str,
         max_seconds: float | None = REQUEST_SECONDS,
+        discard: bool = False,
     ) -> MatchOutcome:
-        """Count (dry run, capped) or reset every stuck row that matches ``row_filter``, in bounded batches.
+        """Count (dry run, capped) or reset (``discard``: discard) every stuck row that matches ``row_filter``, in
+        bounded batches.
 
         See ``outboxkit.operations.bulk_reset``: a run stops after ``max_seconds``
         (``None``: at the end) and says so with ``complete: false``; run it again for the rest.
         """
-        return self.bulk_reset.run(outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds)
+        return self.bulk_reset.run(
+            outbox_name, row_filter, dry_run=dry_run, actor=actor, max_seconds=max_seconds, discard=discard
+        )
 
     def _wake_drain(self, connection: Connection, outbox_name: str, changed: list[int]) -> None:
         if changed:
@@ -421,6 +450,8 @@ def _skip_reason(action: str, state: RowState, now: datetime) -> str:
         return "delivered; a reset does not send it again (a replay does)"
     if action == "reset":
         return "already pending" if state.status == "pending" else f"status is {state.status}"
+    if action == "discard":
+        return "already discarded" if state.status == "discarded" else f"status is {state.status}; only stuck rows are discarded"
     if state.status == "stuck":
         return "stuck; reset it instead"
     return "already due"

@@ -138,10 +138,10 @@ class ScheduleTrigger:
                 raise InvalidScheduleError(
                     f"trigger.fields.{name}", f"must be a whole number or a cron expression; got {value!r}"
                 )
-            try:  # one field at a time, so the error names the one at fault
-                triggers.cron(timezone=self.timezone, **{name: value})  # type: ignore[arg-type]  # checked above
-            except ConfigurationError as exc:
-                raise InvalidScheduleError(f"trigger.fields.{name}", f"bad cron field {value!r}: {exc}") from None
+            # One field at a time, so the error names the one at fault, in one sentence.
+            problem = triggers.cron_field_problem(name, value, timezone=self.timezone)  # type: ignore[arg-type]
+            if problem is not None:
+                raise InvalidScheduleError(f"trigger.fields.{name}", problem)
         if not self.fields:
             raise InvalidScheduleError("trigger.fields", "a cron schedule needs at least one field, e.g. {'minute': '*/5'}")
         return triggers.cron(timezone=self.timezone, **self.fields)  # type: ignore[arg-type]  # each field checked

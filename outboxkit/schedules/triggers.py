@@ -22,6 +22,7 @@ on the host (``iana_zone``) and a step longer than 100 years
 
 from __future__ import annotations
 
+import re
 import typing
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -42,6 +43,7 @@ __all__ = [
     "WallClockCronTrigger",
     "calendar_interval",
     "cron",
+    "cron_field_problem",
     "every",
     "iana_zone",
     "once",
@@ -157,6 +159,35 @@ def cron(*, timezone: str, **fields: int | str) -> CronTrigger:
         return WallClockCronTrigger(timezone=iana_zone(timezone), **fields)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"bad cron schedule {fields!r}: {exc}") from None
+
+
+def cron_field_problem(name: str, value: int | str, *, timezone: str = "UTC") -> str | None:
+    """What is wrong with one cron field, in one sentence (``'61' is not a valid minute: the highest value is 59``);
+    None when it is valid.  APScheduler's own words are kept only where no plainer ones are known."""
+    try:
+        WallClockCronTrigger(timezone=iana_zone(timezone), **{name: value})
+    except (TypeError, ValueError) as exc:
+        reason = _plain_cron_reason(str(exc))
+        return f"{value!r} is not a valid {name}" + (f": {reason}" if reason else "")
+    return None
+
+
+_CRON_REASONS = (
+    (re.compile(r"the last value \(\d+\) is higher than the maximum value \((\d+)\)"), "the highest value is {0}"),
+    (re.compile(r"the first value \(\d+\) is lower than the minimum value \((\d+)\)"), "the lowest value is {0}"),
+    (re.compile(r"Increment must be higher than 0"), "the step must be higher than 0"),
+    (re.compile(r'Invalid weekday name "([^"]*)"'), "no weekday is named {0}"),
+    (re.compile(r'Invalid month name "([^"]*)"'), "no month is named {0}"),
+    (re.compile(r"Unrecognized expression"), ""),
+)
+
+
+def _plain_cron_reason(message: str) -> str:
+    for pattern, words in _CRON_REASONS:
+        found = pattern.search(message)
+        if found:
+            return words.format(*found.groups())
+    return re.sub(r"^Error validating expression '[^']*': ", "", message)
 
 
 # Interval fire times are counted from this instant unless a job names its own

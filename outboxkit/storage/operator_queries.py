@@ -95,6 +95,10 @@ SELECT
 """
 for _parameter in ("table_name", "due_index", "stuck_index"):
     STATUS_COUNTS = STATUS_COUNTS.replace(f"<leaves of {_parameter}>", _LEAVES.format(parameter=_parameter))
+# Discarded rows, a capped scan of ix_<table>_discarded (apart from STATUS_COUNTS: few tables hold any).
+_DISCARDED_COUNT = (
+    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'discarded' ORDER BY id LIMIT :cap) AS capped"
+)
 _SCALED_ESTIMATE = (
     "CASE WHEN relpages > 0 AND reltuples >= 0 "
     "THEN reltuples / relpages * (pg_relation_size(oid) / current_setting('block_size')::float8) END"
@@ -129,6 +133,9 @@ _RESET = (
     "UPDATE {table} SET status = 'pending', attempts = 0, next_attempt_at = :now, "
     "claimed_until = NULL, claim_token = NULL, updated_at = :now"
 )
+
+# A discard keeps everything the row says about its attempts; only a reset (or a replay) sends it again.
+_DISCARD = "UPDATE {table} SET status = 'discarded', updated_at = :now"
 
 
 def redacted_columns(outbox: type[Outbox]) -> dict[str, Callable[[str], str]]:
@@ -255,9 +262,11 @@ class AdminQueries:
         ).one()
         pending, pending_estimated = _capped(row.pending, row.pending_estimate)
         stuck, stuck_estimated = _capped(row.stuck, row.stuck_estimate)
+        discarded = connection.execute(text(self._sql(_DISCARDED_COUNT)), {"cap": COUNT_EXACT_LIMIT + 1}).scalar_one()
+        discarded_estimated = discarded > COUNT_EXACT_LIMIT
         total_estimate = int(row.total_estimate) if row.total_estimate is not None else -1
         if total_estimate > DONE_EXACT_LIMIT:
-            done, estimated = max(0, total_estimate - pending - stuck), True
+            done, estimated = max(0, total_estimate - pending - stuck - discarded), True
         else:
             done = connection.execute(
                 text(self._sql("SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 'done' LIMIT :cap) AS capped")),
@@ -273,6 +282,8 @@ class AdminQueries:
             oldest_due_at=row.oldest_due_at,
             pending_estimated=pending_estimated,
             stuck_estimated=stuck_estimated,
+            discarded=min(discarded, COUNT_EXACT_LIMIT),
+            discarded_estimated=discarded_estimated,
         )
         backlog = self.ordered_backlog(connection, now=now, cap=COUNT_EXACT_LIMIT + 1, with_due=False)
         if backlog is None:
@@ -363,8 +374,13 @@ class AdminQueries:
         return {row.id: RowState(**row._mapping) for row in rows}
 
     def reset_rows(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
-        """Stuck -> pending, attempts 0, due now, claim cleared; only rows still stuck.  Returns the ids reset."""
-        statement = text(self._sql(_RESET + " WHERE id = ANY(:ids) AND status = 'stuck' RETURNING id"))
+        """Stuck or discarded -> pending, attempts 0, due now, claim cleared.  Returns the ids reset."""
+        statement = text(self._sql(_RESET + " WHERE id = ANY(:ids) AND status IN ('stuck', 'discarded') RETURNING id"))
+        return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
+
+    def discard_rows(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
+        """Stuck -> discarded (kept, never sent; attempts and last error kept).  Returns the ids discarded."""
+        statement = text(self._sql(_DISCARD + " WHERE id = ANY(:ids) AND status = 'stuck' RETURNING id"))
         return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
 
     def retry_rows_now(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
@@ -402,9 +418,9 @@ class AdminQueries:
         return DeletedBatch(deleted=row.deleted, last_id=row.last_id, created_before_cutoff=row.created_before_cutoff)
 
     def reset_stuck_batch(
-        self, connection: Connection, row_filter: RowFilter, *, after_id: int, limit: int, now: datetime
+        self, connection: Connection, row_filter: RowFilter, *, after_id: int, limit: int, now: datetime, discard: bool = False
     ) -> list[int]:
-        """Reset up to ``limit`` stuck rows matching the filter with ids above ``after_id``, in id order.
+        """Reset (or discard) up to ``limit`` stuck rows matching the filter with ids above ``after_id``, in id order.
 
         Returns the ids reset, ascending: fewer than ``limit`` means no matching row is left past ``after_id``.
         Stuck rows carry no lease, so none is held; a row another transaction has locked (another reset of
@@ -415,7 +431,7 @@ class AdminQueries:
             self._sql(
                 f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} AND id > :after_id "
                 "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
-                + _RESET
+                + (_DISCARD if discard else _RESET)
                 + " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
             )
         )

@@ -25,6 +25,9 @@ class StatusCounts:
     oldest_due_at: datetime | None
     pending_estimated: bool = False
     stuck_estimated: bool = False
+    # Rows a person discarded: kept, never sent, counted apart from stuck (exact up to the same limit).
+    discarded: int = 0
+    discarded_estimated: bool = False
     # An outbox with an ordering key: its pending rows waiting behind their key's head (None without a key).
     # Estimated when pending is, or when the walk stopped at its key limit (then an upper bound).
     held_by_order: int | None = None

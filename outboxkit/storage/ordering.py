@@ -50,10 +50,11 @@ __all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_state
 
 SKIPS = ordering_skips.name
 
-# A key's head: its first row that is not done, passing over rows a person skipped while they are stuck.
+# A key's head: its first row that is not done (nor discarded by a person), passing over rows a person skipped
+# while they are stuck.
 _HEAD = """
     SELECT head.id, head.status, head.next_attempt_at, head.destination FROM {table} AS head
-    WHERE head.{key} = {current} AND head.status <> 'done'
+    WHERE head.{key} = {current} AND head.status NOT IN ('done', 'discarded')
       AND NOT (head.status = 'stuck' AND EXISTS (
           SELECT FROM {skips} AS skip WHERE skip.outbox = :outbox AND skip.row_id = head.id))
     ORDER BY head.id LIMIT 1

@@ -168,7 +168,7 @@ reset_audit = Table(
     Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     CheckConstraint(
         "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay',"
-        " 'destination_resume', 'destination_disable', 'destination_probe', 'skip')",
+        " 'destination_resume', 'destination_disable', 'destination_probe', 'skip', 'discard')",
         name="ck_outboxkit_reset_audit_action",
     ),
     Index("ix_outboxkit_reset_audit_at", "at"),

@@ -172,3 +172,53 @@ def test_no_script_runs_from_stored_row_data(served, page_factory):
     )
     assert sorted(blocked) == ["script-src-attr", "script-src-elem"]
     assert page.evaluate("() => window.pwned") is None
+
+
+def test_discard_a_row_from_its_page_find_it_under_discarded_and_reset_it(served, page_factory):
+    base_url, harness = served
+    (row_id,) = add_webhooks(harness.engine, 1, status="stuck", error="HTTP 404: no such customer", status_code=404)
+    page = page_factory()
+
+    page.goto(f"{base_url}/admin/outboxes/webhooks/rows/{row_id}")
+    page.get_by_role("button", name="Discard this row").click()
+    assert "Discarded: the row is kept" in page.get_by_role("status").inner_text()
+    assert page.locator("#row-status").inner_text().startswith("discarded")
+
+    page.goto(f"{base_url}/admin/outboxes/webhooks?status=discarded")
+    assert re.search(r"discarded\s+1", page.get_by_role("navigation", name="status").inner_text())
+    page.get_by_role("link", name=str(row_id), exact=True).click()
+    page.get_by_role("button", name="Reset this row").click()
+    assert page.locator("#row-status").inner_text().startswith("pending")
+    assert row_of(harness.engine, row_id)["status"] == "pending"
+
+
+def test_discard_all_matching_shows_the_dry_run_count_first(served, page_factory):
+    base_url, harness = served
+    matching = add_webhooks(harness.engine, 2, status="stuck", error="HTTP 410: retired event type", status_code=410)
+    (other,) = add_webhooks(harness.engine, 1, status="stuck", error="HTTP 422: bad amount", status_code=422)
+    page = page_factory()
+
+    page.goto(f"{base_url}/admin/outboxes/webhooks?status=stuck")
+    page.get_by_label("Error contains").fill("retired event")
+    page.get_by_role("button", name="Filter").click()
+    page.get_by_role("link", name="Discard all matching…").click()
+    assert re.search(r"\b2 stuck row\(s\) match now", page.locator("#dry-run-count").inner_text())
+    assert {row_of(harness.engine, row_id)["status"] for row_id in matching} == {"stuck"}
+
+    page.get_by_role("button", name="Discard 2 row(s)").click()
+    assert "Discarded 2 row(s)" in page.get_by_role("status").inner_text()
+    assert {row_of(harness.engine, row_id)["status"] for row_id in matching} == {"discarded"}
+    assert row_of(harness.engine, other)["status"] == "stuck"
+
+
+def test_a_relative_time_sits_on_the_line_of_the_time_it_describes(served, page_factory):
+    base_url, harness = served
+    (row_id,) = add_webhooks(harness.engine, 1, status="stuck")
+    page = page_factory()
+    page.goto(f"{base_url}/admin/outboxes/webhooks/rows/{row_id}")
+
+    created = page.locator("dt:text-is('Created') + dd .when")
+    relative, stamp = created.locator("time").bounding_box(), created.locator(".stamp").bounding_box()
+    assert relative is not None and stamp is not None
+    assert abs((relative["y"] + relative["height"]) - (stamp["y"] + stamp["height"])) < relative["height"]
+    assert stamp["x"] > relative["x"]

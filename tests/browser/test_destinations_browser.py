@@ -83,3 +83,28 @@ def test_probe_now_ends_the_cool_down_and_a_forged_token_changes_nothing(served,
     assert (entry["action"], entry["actor"], entry["filter"]["destination"]) == ("destination_probe", "admin", name)
     page.goto(f"{base_url}/admin/audit")
     assert "destination_probe" in page.locator("table").first.inner_text()
+
+
+def test_the_overview_puts_destinations_holding_rows_first_and_counts_what_they_hold(served, page_factory):
+    base_url, harness = served
+    name, held, _ = a_dead_destination(harness, 3)
+    page = page_factory()
+
+    page.goto(f"{base_url}/admin/")
+
+    section = page.locator("#held-back")
+    row = section.locator("tr", has=page.get_by_role("link", name=name))
+    assert "open" in row.inner_text() and "webhooks" in row.inner_text()
+    assert row.locator("td.num").inner_text() == "3"
+    # The section comes before the outboxes' table, and the table counts the rows held in their own column.
+    assert page.evaluate(
+        "() => { const held = document.getElementById('held-back');"
+        " const outboxes = [...document.querySelectorAll('table.grid')].find(table => !held.contains(table));"
+        " return Boolean(held.compareDocumentPosition(outboxes) & Node.DOCUMENT_POSITION_FOLLOWING); }"
+    )
+    webhooks = page.locator("table.grid").nth(1).locator("tr", has=page.get_by_role("link", name="webhooks", exact=True))
+    assert int(webhooks.locator("td.held-by-destination").inner_text()) >= 3
+    assert "held by destinations" in page.locator("#charts-webhooks figcaption").first.inner_text()
+    row.get_by_role("link", name=name).click()
+    assert page.locator("#waiting-rows").inner_text().startswith("3")
+    assert len(held) == 3

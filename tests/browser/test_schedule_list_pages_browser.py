@@ -103,3 +103,14 @@ def test_a_bad_cursor_or_page_size_is_an_error_page_naming_it_and_changes_nothin
     assert answer is not None and answer.status == 422
     assert "the page size must be a whole number from 1 to 200" in page.content()
     assert schedule_state(harness) == before
+
+
+def test_each_rows_buttons_are_named_with_their_schedule(served, page_factory):
+    base_url, _ = served
+    page = page_factory()
+    page.goto(f"{base_url}/admin/schedules")
+
+    for label in ("Disable report-01", "Run now report-01", "Delete… report-01"):
+        assert page.get_by_role("button", name=label, exact=True).count() == 1, label
+    assert page.get_by_role("link", name="Edit report-02", exact=True).count() == 1
+    assert page.get_by_role("button", name="Disable", exact=True).count() == 0  # no bare, ambiguous names

@@ -54,6 +54,8 @@ def test_overview_counts_statuses_in_flight_oldest_due_and_last_drain(admin):
         "stuck_estimated": False,
         "done": 4,
         "done_estimated": False,
+        "discarded": 0,
+        "discarded_estimated": False,
         "held_by_order": None,  # no ordering key
         "held_by_order_estimated": False,
     }

@@ -140,3 +140,35 @@ def test_a_destination_name_postgresql_cannot_hold_is_a_clear_404_everywhere_and
         with pytest.raises(UnknownDestinationError):
             perform("webhooks", "http://a\ud800:1", actor="admin")
     assert (snapshot(admin.engine), destination_row(admin.engine)) == before
+
+
+def test_the_overview_counts_rows_held_by_destinations_and_lists_the_unhealthy_first(admin):
+    open_breaker(admin.engine, at=START)
+    add_webhooks(admin.engine, 2, status="pending", next_attempt_at=START)
+    slowed = "https://partner.example:443"
+    record(admin.engine, Signal.THROTTLED, at=START, destination=slowed, status_code=429, slow_down=600)
+    add_webhooks(admin.engine, 1, status="pending", next_attempt_at=START, target_url="https://partner.example/in")
+    record(admin.engine, Signal.SUCCESS, at=START, destination="https://fine.example:443")
+    admin.client.post("/admin/api/outboxes/webhooks/destinations/disable", json={"destination": DEAD})
+
+    overview = admin.client.get("/admin/api/outboxes").json()
+    page = admin.client.get("/admin/").text
+
+    webhooks = next(box for box in overview["outboxes"] if box["name"] == "webhooks")
+    assert (webhooks["counts"]["pending"], webhooks["held_by_destination"]) == (3, 3)
+    assert [(entry["destination"], entry["state"], entry["waiting_rows"], entry["until"] is None)
+            for entry in overview["held_back"]] == [(DEAD, "disabled", 2, True), (slowed, "slowed", 1, False)]
+    assert page.index('id="held-back"') < page.index("<th>Outbox</th>")
+    assert "https://fine.example:443" not in page
+
+
+def test_the_audit_counts_the_rows_a_resume_released(admin):
+    open_breaker(admin.engine, at=START)
+    add_webhooks(admin.engine, 8, status="pending", next_attempt_at=START)
+
+    resumed = admin.client.post("/admin/api/outboxes/webhooks/destinations/resume", json={"destination": DEAD}).json()
+
+    (entry,) = audit_entries(admin.engine)
+    assert resumed["released_rows"] == 8 and entry["row_count"] == 8
+    assert admin.client.get("/admin/api/audit").json()["entries"][0]["row_count"] == 8
+    assert re.search(r"destination_resume.*?\b8\b", admin.client.get("/admin/audit").text, re.S)

@@ -178,3 +178,15 @@ def test_a_schedule_declared_in_code_is_not_edited_or_deleted_here_and_says_wher
         assert "declared in code at shop.schedules:12" in answer.json()["detail"]
     assert state(api) == before
     assert api.client.post("/admin/api/schedules/billing.nightly/disable", json={}).status_code == 200
+
+
+def test_a_disabled_schedule_shows_no_next_run(api: ScheduleAdminApp):
+    api.client.post("/admin/api/schedules/new", json=NIGHTLY)
+    api.client.post("/admin/api/schedules/partner.nightly/disable", json={})
+
+    shown = api.client.get("/admin/api/schedules/partner.nightly").json()
+    page = api.client.get("/admin/schedules/partner.nightly").text
+
+    assert shown["next_run_at"] is None and shown["next_fire_times"] == []
+    next_run = page.split("<dt>Next run</dt>", 1)[1].split("</dd>", 1)[0]
+    assert "<time" not in next_run and "disabled" in next_run

@@ -227,3 +227,24 @@ def test_the_admin_included_without_a_prefix_leaves_the_hosts_other_paths_alone(
     with TestClient(app) as client:
         assert client.get("/orders").json() == ["kept"]  # included after the admin, still reached
         assert client.get("/api/outboxes").status_code == 200
+
+
+def test_an_auth_dependency_that_cannot_read_the_request_is_named_as_the_sign_in(admin):
+    from fastapi import Header
+
+    def sign_in(x_admin_token: str = Header()) -> None:
+        return None
+
+    app = FastAPI()
+    app.include_router(create_admin_router(admin.kit, dependencies=[Depends(sign_in)]), prefix="/admin")
+    with TestClient(app) as client:
+        page = client.get("/admin/")
+        api = client.get("/admin/api/outboxes")
+
+    assert page.status_code == 422 and api.status_code == 422
+    assert "Not signed in" in page.text and "bad header" not in page.text
+    import html
+
+    shown = html.unescape(page.text)
+    assert "the application's sign-in could not read this request: header x-admin-token: Field required" in shown
+    assert api.json()["detail"][0]["loc"] == ["header", "x-admin-token"]  # the API keeps FastAPI's shape

@@ -4,7 +4,8 @@ disable and probe, audited as the shell's user; an unknown outbox or destination
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import select
@@ -78,3 +79,45 @@ def test_an_unknown_destination_or_outbox_fails_with_one_line_and_changes_nothin
     code, _, err = cli("destinations", "probe", DEAD)
     assert code == 2  # --outbox is required: a usage error
     assert (snapshot(engine), destination_row(engine)) == before
+
+
+def test_status_shows_rows_held_by_destinations_and_lists_the_unhealthy_ones_first(cli, engine):
+    now = datetime.now(timezone.utc)  # the module's NOW is as old as the run: a slow-down from it may be over
+    open_breaker(engine, at=now)
+    add_webhooks(engine, 3, status="pending", next_attempt_at=now)
+    slowed = "https://partner.example:443"
+    record(engine, Signal.THROTTLED, at=now, destination=slowed, status_code=429, slow_down=600)
+    add_webhooks(engine, 1, status="pending", next_attempt_at=now, target_url="https://partner.example/in")
+    cli("destinations", "disable", DEAD, "--outbox", "webhooks")
+
+    code, out, _ = cli("status")
+
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("OUTBOX")).lower().split()
+    webhooks = dict(zip(header, next(line for line in out.splitlines() if line.startswith("webhooks")).split(), strict=False))
+    assert (webhooks["pending"], webhooks["held_by_dest"], webhooks["held_by_order"]) == ("4", "4", "-")
+    held = [line for line in out.splitlines() if "holds" in line]
+    assert held[0] == f"webhooks {DEAD}: disabled, holds 3 row(s), until resumed"  # disabled first
+    assert re.fullmatch(rf"webhooks {re.escape(slowed)}: slowed, holds 1 row\(s\), until in \d+m", held[1])
+    code, out, _ = cli("--json", "status")
+    overview = json.loads(out)
+    assert [(entry["destination"], entry["state"], entry["waiting_rows"]) for entry in overview["held_back"]] == [
+        (DEAD, "disabled", 3), (slowed, "slowed", 1)]
+
+
+def test_the_list_shows_slowed_until_relative_times_and_marks_a_stale_error(cli, engine):
+    now = datetime.now(timezone.utc)  # the module's NOW is as old as the run: a slow-down from it may be over
+    slowed = "https://partner.example:443"
+    record(engine, Signal.THROTTLED, at=now, destination=slowed, status_code=429, slow_down=600)
+    record(engine, Signal.FAILURE, at=now, status_code=503)
+    record(engine, Signal.SUCCESS, at=now + timedelta(seconds=1))  # answered well since its last error
+
+    code, out, _ = cli("destinations")
+
+    assert code == 0
+    header = out.splitlines()[0].lower().split()
+    assert header[-3:] == ["open_since", "next_probe", "slowed_until"]
+    partner = next(line for line in out.splitlines() if slowed in line)
+    assert re.search(r" in \d+m$", partner.rstrip())  # slowed until, relative like every other time
+    dead = next(line for line in out.splitlines() if DEAD in line)
+    assert "(stale: succeeded" in dead and "503" in dead

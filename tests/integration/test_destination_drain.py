@@ -296,3 +296,21 @@ def test_one_drain_call_delivers_every_healthy_row_while_another_destination_hol
     (result,) = outcome
     rows = read_events()
     assert [rows[row_id].status for row_id in healthy] == ["done"] * 20 and result.delivered == 20
+
+
+def test_a_destination_opening_is_a_warning_and_its_recovery_is_info(
+    engine, make_drainer, clock, failing_receiver, caplog
+):
+    import logging
+
+    failing_receiver.respond = lambda request: Reply(status=503)
+    insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3)])
+    drainer = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    with caplog.at_level(logging.INFO, logger="outboxkit.destinations.gate"):
+        drainer.drain()
+        failing_receiver.respond = lambda request: Reply(status=200)
+        clock.advance(seconds=61)  # the cool-down is over: the probe succeeds
+        drainer.drain()
+    changes = [(record.levelname, record.status) for record in caplog.records if hasattr(record, "previous")]
+    assert changes[0] == ("WARNING", "open")
+    assert changes[-1] == ("INFO", "healthy")

@@ -84,6 +84,7 @@ def test_the_exporter_scraped_after_a_real_drain_shows_the_attempts_the_gauges_a
     assert value(scraped, "outboxkit_attempts_total", **outbox, outcome="stuck", status_class="4xx") == 1
     assert value(scraped, "outboxkit_pending_rows", **outbox) == 1  # the 503, in backoff
     assert value(scraped, "outboxkit_stuck_rows", **outbox) == 1
+    assert value(scraped, "outboxkit_discarded_rows", **outbox) == 0
     assert value(scraped, "outboxkit_in_flight_rows", **outbox) == 0
     assert value(scraped, "outboxkit_oldest_due_age_seconds", **outbox) == 0  # nothing is due
     assert value(scraped, "outboxkit_send_duration_seconds_count", **outbox) == 5
@@ -277,7 +278,7 @@ def test_row_gauges_are_nan_until_their_first_read_and_the_refresh_error_counter
     finally:
         kit.close()
         unreachable.dispose()
-    for name in ("outboxkit_pending_rows", "outboxkit_in_flight_rows", "outboxkit_stuck_rows",
+    for name in ("outboxkit_pending_rows", "outboxkit_in_flight_rows", "outboxkit_stuck_rows", "outboxkit_discarded_rows",
                  "outboxkit_oldest_due_age_seconds", "outboxkit_outbox_paused"):
         assert math.isnan(value(scraped, name, outbox="sample-events")), name
     assert value(scraped, "outboxkit_row_refresh_errors_total") >= 1

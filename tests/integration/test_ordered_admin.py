@@ -144,3 +144,20 @@ def test_the_cli_lists_blocked_keys_and_skips(database_url, engine, monkeypatch,
     assert skipped == 0 and result["changed_ids"] == [head]
     assert skips(engine) == [head] and audit_entries(engine)[0]["actor"].startswith("cli:")
     assert refused == 1 and "has no ordering key" in refusal
+
+
+def test_a_discarded_head_frees_its_key_and_a_reset_puts_it_back_in_order(ordered_admin, receiver):
+    url = receiver.url + "/ordered"
+    (head,) = add_ordered(ordered_admin.engine, [("a", 0)], target_url=url, status="stuck")
+    behind = add_ordered(ordered_admin.engine, [("a", 1)], target_url=url)
+    assert ordered_admin.kit.drain_once("ordered-events").claimed == 0  # blocked by its stuck head
+
+    discarded = ordered_admin.client.post("/admin/api/outboxes/ordered-events/discard", json={"ids": [head]}).json()
+
+    assert discarded["changed_ids"] == [head]
+    assert ordered_admin.client.get("/admin/api/outboxes/ordered-events/blocked-keys").json()["keys"] == []
+    assert ordered_admin.kit.drain("ordered-events").delivered == 1
+    assert ordered_status(ordered_admin.engine) == {head: "discarded", behind[0]: "done"}
+    ordered_admin.client.post("/admin/api/outboxes/ordered-events/reset", json={"ids": [head]})
+    assert ordered_admin.kit.drain("ordered-events").delivered == 1
+    assert ordered_status(ordered_admin.engine)[head] == "done"

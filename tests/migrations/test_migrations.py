@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic" / "alembic.ini"
 TARGET_METADATA = [ExampleBase.metadata, kit_metadata]
 OWNED_TABLES = sorted(name for metadata in TARGET_METADATA for name in metadata.tables)
-HEADS = {"example_0004", "outboxkit_0015"}
+HEADS = {"example_0005", "outboxkit_0016"}
 
 
 def alembic_config(url: str | None) -> Config:
@@ -122,7 +122,7 @@ def test_both_branches_are_found_including_the_package_path_form():
     script = ScriptDirectory.from_config(alembic_config(None))
     assert set(script.get_heads()) == HEADS
     kit_revision = script.get_revision("outboxkit@head")
-    assert kit_revision.revision == "outboxkit_0015"
+    assert kit_revision.revision == "outboxkit_0016"
     assert Path(kit_revision.path).parent == outboxkit.migrations.VERSIONS
     assert Path(script.get_revision("exampleapp@head").path).parent == ROOT / "alembic" / "versions"
 
@@ -220,6 +220,7 @@ def test_autogenerate_on_a_table_with_the_old_due_index_proposes_drop_old_and_cr
             ("add_index", table, f"ix_{table}_claimed", ("claimed_until",)),
             ("add_index", table, f"ix_{table}_due_id", ("next_attempt_at", "id")),
             ("add_index", table, f"ix_{table}_destination_due", ("destination", "next_attempt_at", "id")),
+            ("add_index", table, f"ix_{table}_discarded", ("id",)),
             ("remove_index", table, f"ix_{table}_due", ("next_attempt_at",)),
         ]
     assert changes == sorted(expected)
@@ -244,7 +245,38 @@ def test_autogenerate_on_a_table_without_the_destination_proposes_the_column_and
     assert changes == sorted(
         [("add_column", "destination")] * 2
         + [("add_index", f"ix_{table}_destination_due") for table in ("credit_grant_outbox", "webhook_outbox")]
+        + [("add_index", f"ix_{table}_discarded") for table in ("credit_grant_outbox", "webhook_outbox")]
     )
+
+
+# -- upgrading an existing table to rows that may be discarded ---------------------
+
+
+@pytest.fixture
+def before_discarded_rows(empty_database_url: str) -> Iterator[tuple[str, Engine]]:
+    """Built before the ``discarded`` status: example_0004 is the last revision without it."""
+    yield from database_at(empty_database_url, "example_0004")
+
+
+def test_allow_discarded_lets_a_table_take_the_status_and_forbid_discarded_undoes_it(before_discarded_rows):
+    url, engine = before_discarded_rows
+    with engine.connect() as connection:  # autogenerate sees the index only: the CHECK needs allow_discarded
+        assert [(change[0], change[1].name) for change in differences(connection, TARGET_METADATA)] == [
+            ("add_index", f"ix_{table}_discarded") for table in ("credit_grant_outbox", "webhook_outbox")
+        ]
+    discard = text(
+        "INSERT INTO webhook_outbox (event, target_url, payload, status) VALUES ('e', 'https://h.example/', '{}', 'discarded')"
+    )
+    with pytest.raises(Exception, match="ck_webhook_outbox_status"), engine.begin() as connection:
+        connection.execute(discard)
+    run_alembic(url, "upgrade", "heads")
+    with engine.begin() as connection:
+        assert differences(connection, TARGET_METADATA) == []
+        connection.execute(discard)
+        connection.execute(text("DELETE FROM webhook_outbox"))
+    run_alembic(url, "downgrade", "example_0004")
+    with pytest.raises(Exception, match="ck_webhook_outbox_status"), engine.begin() as connection:
+        connection.execute(discard)
 
 
 def test_the_destination_migration_backfills_pending_rows_only(before_the_destination_column):
@@ -331,7 +363,7 @@ def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
 def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
     bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
     monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
-    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0004", "outboxkit_0015"]
+    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0005", "outboxkit_0016"]
 
 
 def test_a_missing_url_is_refused_with_a_hint(monkeypatch):

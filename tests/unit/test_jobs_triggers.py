@@ -252,3 +252,21 @@ def test_a_calendar_interval_ends_at_the_last_year_instead_of_looping():
     trigger = calendar_interval(timezone="UTC", days=1, start=date(9999, 12, 1))
     last = datetime(9999, 12, 30, tzinfo=timezone.utc)
     assert trigger.get_next_fire_time(last, last) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"minute": "61"}, "trigger.fields.minute: '61' is not a valid minute: the highest value is 59"),
+        ({"minute": "*/0"}, "trigger.fields.minute: '*/0' is not a valid minute: the step must be higher than 0"),
+        ({"hour": "a"}, "trigger.fields.hour: 'a' is not a valid hour"),
+        ({"day_of_week": "mun"}, "trigger.fields.day_of_week: 'mun' is not a valid day_of_week: no weekday is named mun"),
+    ],
+)
+def test_a_bad_cron_field_is_one_sentence_naming_the_field(fields, message):
+    from outboxkit.errors import InvalidScheduleError
+    from outboxkit.schedules.definitions import ScheduleTrigger
+
+    with pytest.raises(InvalidScheduleError) as raised:
+        ScheduleTrigger.cron(**fields)
+    assert str(raised.value) == message

@@ -199,6 +199,7 @@ def test_an_abstract_intermediate_is_allowed_and_its_subclasses_checked():
     assert {index.name for index in table.indexes} == {
         "ix_invoice_outbox_due_id",
         "ix_invoice_outbox_stuck",
+        "ix_invoice_outbox_discarded",
         "ix_invoice_outbox_claimed",
         "ix_invoice_outbox_destination_due",
     }

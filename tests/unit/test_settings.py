@@ -275,6 +275,11 @@ def test_an_unknown_outbox_name_in_the_json_form_is_refused(offline_engine, monk
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETAIN_DONE_FOR", "offf", "valid number"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__RETRIES", "3", "per-outbox settings are backoff, max_attempts"),
         ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS", "3", "valid dictionary"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BREAKER", '{"retries": 3}', "retries: Extra inputs are not permitted"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BREAKER", "sometimes", "a JSON object of BreakerOptions' arguments"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__DESTINATION_CONCURRENCY", "0", "greater than or equal to 1"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__LEASE_MARGIN", "-1", "greater than 0"),
+        ("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__LEASE", "soon", "valid number"),
         ("OUTBOXKIT_ENVIRONMENT", "prod", "'production'"),
     ],
 )
@@ -377,7 +382,8 @@ def test_settings_built_directly_refuse_unknown_names_too(monkeypatch):
 
 def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
     """The allow-list covers what the kit's CLI, tests, benchmarks and docs read."""
-    from outboxkit.settings import _unknown_variable
+    from outboxkit.settings import OutboxKitSettings
+    from outboxkit.settings.variables import unknown_variable
 
     root = Path(__file__).resolve().parents[2]
     typo_examples = {"OUTBOXKIT_LEADER_TICK", "OUTBOXKIT_OUTBOXES__CREDIT_GRANTS__MAX_ATEMPTS"}  # in the docs, on purpose
@@ -389,7 +395,7 @@ def test_every_outboxkit_variable_the_repository_uses_is_a_setting_or_allowed():
             # A whole name only: typer's completion variable _OUTBOXKIT_COMPLETE is not an OUTBOXKIT_ one.
             names = re.findall(r"(?<![A-Za-z0-9_])OUTBOXKIT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace"))
             for name in names:
-                if name not in typo_examples and _unknown_variable(name):
+                if name not in typo_examples and unknown_variable(name, OutboxKitSettings.model_fields):
                     unknown[name] = path.relative_to(root)
     assert unknown == {}
 
@@ -403,3 +409,45 @@ def test_claims_and_outcomes_wait_for_the_wal_flush_unless_turned_off(offline_en
     assert kit.settings.synchronous_commit is expected and queries.synchronous_commit is expected
     # Turned off, the claim carries the SET LOCAL that makes its own commit asynchronous.
     assert ("set_config('synchronous_commit', 'off', true)" in str(queries._claim)) is not expected
+
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "attribute", "expected"),
+    [
+        ("LEASE", "600", "lease", 600),
+        ("LEASE", "auto", "lease", None),
+        ("LEASE_MARGIN", "12.5", "lease_margin", 12.5),
+        ("DESTINATION_CONCURRENCY", "3", "destination_concurrency", 3),
+        ("DESTINATION_CONCURRENCY", "Auto", "destination_concurrency", None),
+        ("SIGN_WEBHOOKS", "false", "sign_webhooks", False),
+    ],
+)
+def test_lease_caps_and_signing_have_variables(offline_engine, monkeypatch, variable, value, attribute, expected):
+    monkeypatch.setenv(f"OUTBOXKIT_OUTBOXES__LEASED_EVENTS__{variable}", value)
+    with OutboxKit(offline_engine, [LeasedEvent]) as kit:
+        assert getattr(kit.options(LeasedEvent), attribute) == expected
+
+
+def test_the_breaker_variable_changes_the_fields_it_names_or_turns_it_off(offline_engine, monkeypatch):
+    from outboxkit.breaker import BreakerOptions
+
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BREAKER", '{"failures": 9, "cool_down": 45}')
+    assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).breaker == BreakerOptions(failures=9, cool_down=45)
+    monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__BREAKER", "OFF")
+    assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).breaker is None
+    assert SampleEvent.__outbox__.breaker == BreakerOptions()  # the class itself is untouched
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("BREAKER", '{"failures": 0}', "OUTBOXKIT_OUTBOXES__LEASED_EVENTS: BreakerOptions.failures"),
+        ("LEASE", "5", "OUTBOXKIT_OUTBOXES__LEASED_EVENTS: .*lease 5.0s is shorter than the slowest batch"),
+        ("DESTINATION_CONCURRENCY", "11", "OUTBOXKIT_OUTBOXES__LEASED_EVENTS: .*destination_concurrency must be"),
+    ],
+)
+def test_lease_cap_and_breaker_values_the_kit_refuses_name_their_outbox(offline_engine, monkeypatch, variable, value, message):
+    monkeypatch.setenv(f"OUTBOXKIT_OUTBOXES__LEASED_EVENTS__{variable}", value)
+    with pytest.raises(ConfigurationError, match=message):
+        OutboxKit(offline_engine, [LeasedEvent])
