@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.ceilings import insert_pending_rows, scratch_database, vacuum_analyze  # noqa: E402
 from bench.latency import percentile  # noqa: E402
-from outboxkit import EventDelivery, KitEvents, OutboxKit, OutboxKitSettings, publish  # noqa: E402
+from outboxkit import EventDelivery, OutboxKit, OutboxKitSettings, publish  # noqa: E402
 from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"fan-out-benchmark-secret").decode()
@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"publish to 1,000 subscriptions: p50 {percentile(inside, 0.5):.1f} ms, p95 {percentile(inside, 0.95):.1f} ms "
               f"inside the transaction; commit p95 {percentile(commits, 0.95):.1f} ms", flush=True)
         with OutboxKit(engine, [WebhookOutbox, EventDelivery], settings=SETTINGS) as kit:
-            KitEvents(kit)
             plain, fanout = fanout_rounds(
                 engine, kit, scratch.database_url, receiver_url,
                 events=arguments.events, subscribers=arguments.subscribers, rounds=arguments.rounds,
