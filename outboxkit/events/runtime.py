@@ -12,7 +12,8 @@ in every process that builds the kit, ``outboxkit worker`` included, and
 again after ``kit.close()``.  ``kit.events`` (built on first use) gives a
 ``SubscriptionStore`` that checks endpoints with the kit's guard (the
 settings' ``OUTBOXKIT_URL_ALLOW_LIST``) and headers against the settings'
-secrets, the event-type catalog and the secrets cache the signer reads.
+secrets, the event-type catalog, the replay of stored events to one
+subscription (``kit.events.replay``) and the secrets cache the signer reads.
 
 Building ``KitEvents(kit)`` by hand is deprecated: it warns and shares the
 kit's own (``kit.events``).
@@ -26,6 +27,7 @@ from outboxkit.drain.kit_core import KitCore
 from outboxkit.errors import ConfigurationError
 from outboxkit.events.catalog import EventTypeCatalog
 from outboxkit.events.deliveries import EventDelivery
+from outboxkit.events.replay import EventReplay
 from outboxkit.events.signing import SubscriptionSecrets, SubscriptionSigningTransport
 from outboxkit.events.store import SubscriptionStore
 from outboxkit.transports.base import Transport
@@ -53,6 +55,7 @@ class KitEvents:
     subscriptions: SubscriptionStore
     catalog: EventTypeCatalog
     secrets: SubscriptionSecrets
+    replay: EventReplay
 
     def __init__(self, kit: KitCore, *, refresh_seconds: float = 5.0, _built_by_kit: bool = False) -> None:
         require_deliveries_outbox(kit)
@@ -62,12 +65,14 @@ class KitEvents:
             shared = getattr(kit, "events", None)
             if isinstance(shared, KitEvents):  # the kit's own: one store, one catalog, one secrets cache
                 self.subscriptions, self.catalog, self.secrets = shared.subscriptions, shared.catalog, shared.secrets
+                self.replay = shared.replay
                 self.secrets.refresh_seconds = refresh_seconds
                 return
         self.subscriptions = SubscriptionStore(
             kit.engine, url_guard=kit.url_guard, secret_names=kit.settings.secrets, clock=kit.clock
         )
         self.catalog = EventTypeCatalog(kit.engine)
+        self.replay = EventReplay(kit.engine, clock=kit.clock)
         self.secrets = SubscriptionSecrets(kit.engine, refresh_seconds=refresh_seconds)
         if not _built_by_kit:  # a bare KitCore: sign through this object's secrets
             kit.drainer(EventDelivery).transport = self.signing(kit.transport)
