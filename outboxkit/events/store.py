@@ -54,7 +54,7 @@ from outboxkit.target_secrets import credential_problem, redact_headers, redact_
 from outboxkit.transports.signing import WebhookSecrets
 from outboxkit.url_guard import UrlGuard
 
-__all__ = ["DISABLED_MARK", "Subscription", "SubscriptionStore", "generated_secret"]
+__all__ = ["DISABLED_MARK", "Subscription", "SubscriptionStore", "generated_secret", "subscription_destination"]
 
 DISABLED_MARK = "held: subscription {id} disabled"
 DELETED_MARK = "subscription {id} was deleted"
@@ -95,6 +95,16 @@ def _subscription(row: RowMapping) -> Subscription:
         enabled=row["enabled"], disabled_reason=row["disabled_reason"], created_at=row["created_at"],
         created_by=row["created_by"], changed_at=row["changed_at"], changed_by=row["changed_by"],
     )
+
+
+def subscription_destination(subscription_id: int, url: str) -> str:
+    """The destination of a subscription's deliveries: its own (``subscription 12: https://host:443``).
+
+    Per subscription, not per host: the breaker, the cap on sends in flight and the claim's turns
+    (``outboxkit.storage.destination_claim``) then treat each customer's endpoint apart, so one customer's
+    failing, slow or backlogged endpoint does not hold back another's on the same platform.
+    """
+    return f"subscription {subscription_id}: {destination_of(url)}"[:300]
 
 
 def generated_secret() -> str:
@@ -159,7 +169,11 @@ class SubscriptionStore:
         now = self.clock.now()
         values = {**self._values(definition), "created_at": now, "created_by": actor, "changed_at": now, "changed_by": actor}
         with self.engine.begin() as connection:
-            row = connection.execute(insert(subscriptions).values(values).returning(*subscriptions.c)).mappings().one()
+            created = connection.execute(insert(subscriptions).values(values).returning(subscriptions.c.id)).scalar_one()
+            row = connection.execute(
+                update(subscriptions).where(subscriptions.c.id == created)
+                .values(destination=subscription_destination(created, definition.url)).returning(*subscriptions.c)
+            ).mappings().one()
             self._audit(connection, "create", actor=actor, before=None, after=row)
         return _subscription(row)
 
@@ -172,7 +186,7 @@ class SubscriptionStore:
         operator edits the rest without ever seeing them; ``rotate_secret`` changes them.
         """
         self._check(definition)
-        values = self._values(definition)
+        values = {**self._values(definition), "destination": subscription_destination(subscription_id, definition.url)}
         if keep_secrets:
             del values["secrets"]
         with self.engine.begin() as connection:
@@ -181,7 +195,7 @@ class SubscriptionStore:
             connection.execute(
                 update(_deliveries)
                 .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
-                .values(url=definition.url, destination=destination_of(definition.url), headers=dict(definition.headers))
+                .values(url=definition.url, destination=values["destination"], headers=dict(definition.headers))
             )
         return _subscription(row)
 
@@ -258,7 +272,6 @@ class SubscriptionStore:
     def _values(definition: SubscriptionDefinition) -> dict[str, Any]:
         return {
             "url": definition.url,
-            "destination": destination_of(definition.url),
             "event_types": list(definition.event_types),
             "tenant": definition.tenant,
             "secrets": list(definition.secrets),
