@@ -144,10 +144,7 @@ class EventReplay:
                 )
             if dry_run:
                 return ReplayResult(subscription_id=subscription_id, events=found, enqueued=0, dry_run=True)
-            if not current["enabled"]:
-                raise InvalidSubscriptionError(
-                    "subscription", f"subscription {subscription_id} is disabled ({current['disabled_reason']}); enable it first"
-                )
+            _refuse_disabled(current)
             enqueued = connection.execute(_ENQUEUE_MATCHING, parameters).scalar_one()
             details = {"since": since.isoformat(), "until": until.isoformat(), "event_types": narrow, "events": enqueued}
             self._audit(connection, subscription_id, "replay", actor=actor, details=details)
@@ -156,11 +153,7 @@ class EventReplay:
     def send_test(self, subscription_id: int, *, actor: str) -> int:
         """Record an ``outboxkit.test`` event and enqueue its one delivery to ``subscription_id``; its event id."""
         with self.engine.begin() as connection:
-            current = _locked(connection, subscription_id)
-            if not current["enabled"]:
-                raise InvalidSubscriptionError(
-                    "subscription", f"subscription {subscription_id} is disabled ({current['disabled_reason']}); enable it first"
-                )
+            _enabled(connection, subscription_id)
             event = connection.execute(
                 _TEST_EVENT,
                 {"event_type": TEST_EVENT_TYPE, "subscription": subscription_id, "message": f"a test event sent by {actor}"},
@@ -168,6 +161,24 @@ class EventReplay:
             connection.execute(_ENQUEUE_ONE, {"subscription": subscription_id, "event": event.id})
             self._audit(connection, subscription_id, "test", actor=actor, details={"event": event.id})
         return int(event.id)
+
+    def resend(self, subscription_id: int, event_id: int, *, actor: str) -> int:
+        """Enqueue one new delivery of event ``event_id`` to ``subscription_id``, which must have received it.
+
+        The event must be one the subscription was sent (a delivery of it to this subscription exists), so a
+        resend never reaches an event of another tenant or type.  Audited as ``replay``; 1 when enqueued.
+        """
+        with self.engine.begin() as connection:
+            _enabled(connection, subscription_id)
+            sent = connection.execute(
+                text("SELECT 1 FROM outboxkit_event_deliveries WHERE subscription_id = :subscription AND event_id = :event "
+                     "LIMIT 1"), {"subscription": subscription_id, "event": event_id},
+            ).first()
+            if sent is None:
+                raise UnknownSubscriptionError(f"subscription {subscription_id} was never sent event {event_id!r}")
+            enqueued = connection.execute(_ENQUEUE_ONE, {"subscription": subscription_id, "event": event_id}).scalar_one()
+            self._audit(connection, subscription_id, "replay", actor=actor, details={"event": event_id, "events": enqueued})
+        return int(enqueued)
 
     def _audit(self, connection: Connection, subscription_id: int, action: str, *, actor: str, details: dict[str, Any]) -> None:
         connection.execute(
@@ -183,6 +194,20 @@ def _locked(connection: Connection, subscription_id: int) -> RowMapping:
     ).mappings().first()
     if row is None:
         raise UnknownSubscriptionError(f"no subscription with id {subscription_id!r}")
+    return row
+
+
+def _refuse_disabled(row: RowMapping) -> None:
+    if not row["enabled"]:
+        raise InvalidSubscriptionError(
+            "subscription", f"subscription {row['id']} is disabled ({row['disabled_reason']}); enable it first"
+        )
+
+
+def _enabled(connection: Connection, subscription_id: int) -> RowMapping:
+    """The subscription's row, locked; a disabled one is refused."""
+    row = _locked(connection, subscription_id)
+    _refuse_disabled(row)
     return row
 
 

@@ -122,6 +122,19 @@ class SubscriptionAdmin:
             subscription_id, since=since, until=until, event_types=event_types, dry_run=dry_run, actor=actor
         )
 
+    def recent_deliveries(self, subscription_id: int, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The subscription's deliveries, newest first (errors as the drain recorded them)."""
+        table = deliveries_table()
+        columns = [table.c[name] for name in (
+            "id", "event_id", "event_type", "status", "attempts", "last_status_code", "last_error", "created_at",
+            "delivered_at")]
+        statement = select(*columns).where(table.c.subscription_id == subscription_id).order_by(table.c.id.desc()).limit(limit)
+        with self.kit.operator_database.connect() as connection:
+            return [dict(row) for row in connection.execute(statement).mappings()]
+
+    def resend(self, subscription_id: int, event_id: int, *, actor: str) -> int:
+        return self.replays.resend(subscription_id, event_id, actor=actor)
+
     def send_test(self, subscription_id: int, *, actor: str) -> int:
         return self.replays.send_test(subscription_id, actor=actor)
 

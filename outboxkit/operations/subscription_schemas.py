@@ -21,6 +21,9 @@ from outboxkit.events.definitions import MAX_FILTERS, MAX_NAME
 from outboxkit.events.store import Subscription
 
 __all__ = [
+    "DeliveryModel",
+    "TenantSubscriptionCreate",
+    "TenantSubscriptionFields",
     "ReplayRequest",
     "ReplayResultModel",
     "RotateRequest",
@@ -81,6 +84,35 @@ class SubscriptionCreate(SubscriptionFields):
     """A new subscription; without ``secrets`` the kit generates one and returns it once."""
 
     secrets: Annotated[list[Secret], Field(max_length=10)] | None = None
+
+
+class TenantSubscriptionFields(_Request):
+    """What a tenant edits of its own subscription: never the tenant, which its authentication decides."""
+
+    url: Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+    event_types: Filters
+    headers: Headers = Field(default_factory=dict)
+    description: Annotated[StrictStr, Field(max_length=2000)] = ""
+
+
+class TenantSubscriptionCreate(TenantSubscriptionFields):
+    """A tenant's new subscription; without ``secrets`` the kit generates one and returns it once."""
+
+    secrets: Annotated[list[Secret], Field(max_length=10)] | None = None
+
+
+class DeliveryModel(_Model):
+    """One delivery of an event to a subscription, as its tenant sees it."""
+
+    id: int
+    event_id: int
+    event_type: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
 
 
 class SubscriptionDisable(_Request):
