@@ -11,7 +11,9 @@ database it creates and drops, with a receiver process (``bench/receiver.py``) o
    100,000 delivery rows, drained by the kit's drainer (signed per subscription, each URL checked by the guard),
    against the plain drain of the same number of rows of an ordinary outbox (the example ``WebhookOutbox``) on
    the same receiver, database and kit, in ``--rounds`` interleaved rounds; ``fanout_ratio`` is the median over
-   the rounds of a round's fan-out rate over its plain rate (target >= 0.9).
+   the rounds of a round's fan-out rate over its plain rate (target >= 0.9).  Each delivery's destination is its
+   subscription's own, as the kit writes it; ``fanout_ratio_host_destination`` is the same drain, in the same
+   rounds, with every subscription on its host's one destination (the choice the kit does not make).
 
 Run from the repository root::
 
@@ -42,7 +44,8 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.ceilings import insert_pending_rows, scratch_database, vacuum_analyze  # noqa: E402
 from bench.latency import percentile  # noqa: E402
-from outboxkit import EventDelivery, KitEvents, OutboxKit, OutboxKitSettings, publish  # noqa: E402
+from outboxkit import EventDelivery, OutboxKit, OutboxKitSettings, publish  # noqa: E402
+from outboxkit.breaker import destination_of  # noqa: E402
 from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"fan-out-benchmark-secret").decode()
@@ -51,7 +54,8 @@ SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'admin
 
 
 def subscribe(engine: Engine, count: int, url: str, event_type: str) -> None:
-    """``count`` subscriptions written in one statement (benchmark set-up; the store checks each URL on save)."""
+    """``count`` subscriptions written in one statement (benchmark set-up; the store checks each URL on save),
+    each with its own destination as the store writes it (``subscription_destination``)."""
     with engine.begin() as connection:
         connection.execute(
             text(
@@ -60,6 +64,18 @@ def subscribe(engine: Engine, count: int, url: str, event_type: str) -> None:
                 "FROM generate_series(1, :count) AS n"
             ),
             {"url": url, "type": event_type, "secret": SECRET, "count": count},
+        )
+    set_destinations(engine, url, per_subscription=True)
+
+
+def set_destinations(engine: Engine, url: str, *, per_subscription: bool) -> None:
+    """Every subscription's destination: its own (what the kit writes), or the host's (the A/B's other side)."""
+    host = destination_of(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE outboxkit_subscriptions SET destination = CASE WHEN :own THEN 'subscription ' || id || ': ' "
+                 "|| CAST(:host AS text) ELSE CAST(:host AS text) END"),
+            {"own": per_subscription, "host": host},
         )
 
 
@@ -106,22 +122,29 @@ def drained_rate(kit: OutboxKit, outbox: type, database_url: str, table: str, ro
 
 def fanout_rounds(
     engine: Engine, kit: OutboxKit, database_url: str, receiver_url: str, *, events: int, subscribers: int, rounds: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float]]:
+    """Per round: the plain drain, the fan-out drain (a destination per subscription), and the fan-out drain with
+    every subscription on its host's one destination (the A/B of that choice, in the same run)."""
     subscribe(engine, subscribers, receiver_url, "order.shipped")
     rows = events * subscribers
-    plain, fanout = [], []
+    plain: list[float] = []
+    fanout: list[float] = []
+    host_fanout: list[float] = []
     for round_number in range(rounds):
         with psycopg.connect(database_url) as connection:
             insert_pending_rows(connection, WebhookOutbox.__tablename__, count=rows, target_url=f"{receiver_url}/plain")
         plain.append(drained_rate(kit, WebhookOutbox, database_url, WebhookOutbox.__tablename__, rows))
-        with Session(engine) as session:
-            for number in range(events):
-                publish(session, "order.shipped", {"order": number})
-            session.commit()
-        fanout.append(drained_rate(kit, EventDelivery, database_url, "outboxkit_event_deliveries", rows))
+        for per_subscription, rates in ((True, fanout), (False, host_fanout)):
+            set_destinations(engine, receiver_url, per_subscription=per_subscription)
+            with Session(engine) as session:
+                for number in range(events):
+                    publish(session, "order.shipped", {"order": number})
+                session.commit()
+            rates.append(drained_rate(kit, EventDelivery, database_url, "outboxkit_event_deliveries", rows))
         print(f"round {round_number + 1}: plain {plain[-1]:.0f} rows/s, fan-out {fanout[-1]:.0f} rows/s "
-              f"({fanout[-1] / plain[-1]:.2f}); load {os.getloadavg()[0]:.1f}", flush=True)
-    return plain, fanout
+              f"({fanout[-1] / plain[-1]:.2f}), host destination {host_fanout[-1]:.0f} rows/s "
+              f"({host_fanout[-1] / plain[-1]:.2f}); load {os.getloadavg()[0]:.1f}", flush=True)
+    return plain, fanout, host_fanout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"publish to 1,000 subscriptions: p50 {percentile(inside, 0.5):.1f} ms, p95 {percentile(inside, 0.95):.1f} ms "
               f"inside the transaction; commit p95 {percentile(commits, 0.95):.1f} ms", flush=True)
         with OutboxKit(engine, [WebhookOutbox, EventDelivery], settings=SETTINGS) as kit:
-            KitEvents(kit)
-            plain, fanout = fanout_rounds(
+            plain, fanout, host_fanout = fanout_rounds(
                 engine, kit, scratch.database_url, receiver_url,
                 events=arguments.events, subscribers=arguments.subscribers, rounds=arguments.rounds,
             )
@@ -159,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(scratch.server_url, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{scratch.name}" WITH (FORCE)')
     ratios = [fan / base for fan, base in zip(fanout, plain, strict=True)]
+    host_ratios = [fan / base for fan, base in zip(host_fanout, plain, strict=True)]
     figures = {
         "publish_ms_1000_subscribers": round(percentile(inside, 0.95), 2),
         "publish_ms_1000_subscribers_p50": round(percentile(inside, 0.5), 2),
@@ -166,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "fanout_delivery_rows_per_s": round(statistics.median(fanout)),
         "plain_drain_rows_per_s": round(statistics.median(plain)),
         "fanout_ratio": round(statistics.median(ratios), 3),
+        "fanout_ratio_host_destination": round(statistics.median(host_ratios), 3),
         "delivery_rows_per_round": arguments.events * arguments.subscribers,
         "rounds": arguments.rounds,
         "cpus": os.cpu_count(),

@@ -21,6 +21,8 @@ from sqlalchemy import Engine
 from outboxkit.clock import Clock
 from outboxkit.drain.kit_core import KitCore
 from outboxkit.drain.worker import DrainWorker
+from outboxkit.events.deliveries import EventDelivery
+from outboxkit.events.runtime import KitEvents, require_deliveries_outbox
 from outboxkit.integration import lifespan
 from outboxkit.model import Outbox
 from outboxkit.schedules.runtime import KitSchedules
@@ -68,6 +70,7 @@ class OutboxKit(KitCore):
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
         self._schedules: KitSchedules | None = None
+        self._events: KitEvents | None = None
 
     @property
     def worker(self) -> DrainWorker:
@@ -100,6 +103,23 @@ class OutboxKit(KitCore):
             if self._schedules is None:
                 self._schedules = KitSchedules(self, elected_job_ids=self._elected_job_ids)
             return self._schedules
+
+    @property
+    def events(self) -> KitEvents:
+        """Events and subscriptions (``outboxkit.events.runtime``), when ``EventDelivery`` is registered.
+
+        ``kit.events.subscriptions`` creates, edits, disables and deletes subscriptions; ``kit.events.catalog``
+        defines event types.  Without ``EventDelivery`` among the outboxes it raises ``ConfigurationError``.
+        """
+        require_deliveries_outbox(self)
+        with self._lock:
+            if self._events is None:
+                self._events = KitEvents(self, _built_by_kit=True)
+            return self._events
+
+    def _outbox_transport(self, outbox: type[Outbox], transport: Transport) -> Transport:
+        # The deliveries outbox signs each row with its own subscription's secrets, in every process.
+        return self.events.signing(transport) if outbox is EventDelivery else transport
 
     def lifespan(self, app: object) -> AbstractAsyncContextManager[None]:
         """ASGI lifespan: ``FastAPI(lifespan=kit.lifespan)``.  See ``outboxkit.integration``."""

@@ -33,6 +33,16 @@ SCHEDULE_NOTICES = {
     "schedule_run_now": "Due now: the next process to look fires one occurrence, then it keeps its own times.",
     "schedule_deleted": "Deleted. Its run history and its audit stay.",
 }
+# What the subscription pages' actions say (outboxkit.admin.subscription_pages, subscription_replay_pages).
+SUBSCRIPTION_NOTICES = {
+    "subscription_created": "Created. It receives the events published from now on.",
+    "subscription_edited": "Saved. Its deliveries not sent yet go to the new URL with the new headers.",
+    "subscription_enabled": "Enabled. The deliveries its disable held are due now.",
+    "subscription_disabled": "Disabled. Its pending deliveries are held (stuck) until it is enabled.",
+    "subscription_deleted": "Deleted. Its pending deliveries are parked stuck; its events and its audit stay.",
+    "subscription_rotated": "Rotated. The new secret signs every delivery from the next send (within seconds).",
+    "subscription_test_sent": "A test event (outboxkit.test) is enqueued to this subscription; the next drain sends it.",
+}
 
 FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
@@ -40,6 +50,8 @@ FlashKind = Literal[
     "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged", "skipped",
     "discarded", "discard_many", "discard_partial",
     "schedule_created", "schedule_edited", "schedule_enabled", "schedule_disabled", "schedule_run_now", "schedule_deleted",
+    "subscription_created", "subscription_edited", "subscription_enabled", "subscription_disabled", "subscription_deleted",
+    "subscription_rotated", "subscription_test_sent", "subscription_replayed",
 ]
 _KINDS: tuple[str, ...] = (
     "reset",
@@ -63,6 +75,8 @@ _KINDS: tuple[str, ...] = (
     "discard_many",
     "discard_partial",
     *SCHEDULE_NOTICES,
+    *SUBSCRIPTION_NOTICES,
+    "subscription_replayed",
 )
 
 
@@ -77,6 +91,10 @@ class Flash:
     def message(self) -> str:
         if self.kind in SCHEDULE_NOTICES:
             return SCHEDULE_NOTICES[self.kind]
+        if self.kind in SUBSCRIPTION_NOTICES:
+            return SUBSCRIPTION_NOTICES[self.kind]
+        if self.kind == "subscription_replayed":
+            return f"Replayed: {self.count:,} past event(s) enqueued to this subscription, in publication order."
         if self.kind == "reset":
             return "Reset: the row is pending and due now; the next drain sends it."
         if self.kind == "retry_now":

@@ -29,6 +29,7 @@ from outboxkit.errors import (
     UnknownJobError,
     UnknownOutboxError,
     UnknownScheduleError,
+    UnknownSubscriptionError,
 )
 
 __all__ = ["REFUSALS", "REFUSAL_STATUS", "refusal_headers", "refusal_status"]
@@ -38,6 +39,7 @@ REFUSAL_STATUS: dict[type[OutboxKitError], int] = {
     UnknownJobError: 404,
     UnknownDestinationError: 404,
     UnknownScheduleError: 404,
+    UnknownSubscriptionError: 404,
     RowsNotFound: 404,
     RowsHeld: 409,
     OutboxPaused: 409,

@@ -24,12 +24,15 @@ from outboxkit.admin.route_guard import AdminRoute, admin_route_class
 from outboxkit.admin.schedule_api import schedule_api_router
 from outboxkit.admin.schedule_pages import schedule_pages_router
 from outboxkit.admin.signed_values import Signer
+from outboxkit.admin.subscription_api import subscription_api_router
+from outboxkit.admin.subscription_pages import subscription_pages_router
 from outboxkit.errors import ConfigurationError, MigrationRequired
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.job_status import JobSource
 from outboxkit.operations.schedule_admin import ScheduleAdmin
 from outboxkit.operations.service import OperationsService
 from outboxkit.operations.shared_secrets import ADMIN_SIGNING_KEY, shared_secret
+from outboxkit.operations.subscription_admin import SubscriptionAdmin
 from outboxkit.telemetry.log_events import log_fields
 
 __all__ = ["ACTOR_STATE_ATTRIBUTE", "create_admin_router"]
@@ -203,15 +206,20 @@ def create_admin_router(
     }
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
     schedules = ScheduleAdmin(kit, jobs=schedule_jobs)
+    subscriptions = SubscriptionAdmin(kit)
     parts = (
         api_router(service, actor=actor, route_class=route_class),
         destination_api_router(service, actor=actor, route_class=route_class),
         inbox_api_router(service, route_class=route_class),
         export_router(service, route_class=route_class, max_exports=max_exports),
         schedule_api_router(schedules, actor=actor, route_class=route_class),
+        subscription_api_router(subscriptions, actor=actor, route_class=route_class),
         pages_router(service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class),
         schedule_pages_router(
             service, schedules, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
+        ),
+        subscription_pages_router(
+            service, subscriptions, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
         ),
     )
     for part in parts:

@@ -9,6 +9,7 @@
     outboxkit subscriptions disable 12 --reason "the customer asked"
     outboxkit subscriptions enable 12
     outboxkit subscriptions delete 12 --yes
+    outboxkit subscriptions replay 12 --since 2026-11-28T00:00:00+00:00 --dry-run   # past events, counted first
 
 Each change is one transaction, audited as ``cli:<user>@<host>``; the endpoint passes the URL guard with the
 settings' allow-list.  A refusal names the field (``outboxkit: url: ... is a private address ...``, exit 1) and
@@ -17,6 +18,7 @@ writes nothing.
 
 # No ``from __future__ import annotations``: typer reads the commands' annotations at runtime.
 import dataclasses
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -26,7 +28,7 @@ from outboxkit.cli.output import Output, age
 
 __all__ = ["app"]
 
-app = typer.Typer(name="subscriptions", help="Subscriptions of events: list, show, create, enable, disable, delete.",
+app = typer.Typer(name="subscriptions", help="Subscriptions of events: list, show, create, enable, disable, delete, replay.",
                   no_args_is_help=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -147,3 +149,40 @@ def delete(
 
         SubscriptionAdmin(kit).delete(subscription_id, actor=actor())
         output.emit({"deleted": subscription_id}, [{"deleted": str(subscription_id)}], ["deleted"])
+
+
+def _moment(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise typer.BadParameter(f"{value!r} is not a time with its offset (2026-12-01T00:00:00+00:00)", param_hint=option)
+    return moment
+
+
+@app.command()
+def replay(
+    context: typer.Context,
+    subscription_id: Id,
+    since: Annotated[str, typer.Option(help="Events published from this time on (with its offset).", show_default=False)],
+    until: Annotated[str | None, typer.Option(help="Up to this time, exclusive (default: now).", show_default=False)] = None,
+    event_type: Annotated[list[str] | None, typer.Option(
+        "--event-type", help="Only this type or prefix (repeat); within the subscription's own.", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count the events only; nothing is written.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Send stored past events again to one subscription (its filters and tenant), audited; --dry-run counts them."""
+    start, end = _moment(since, "'--since'"), _moment(until, "'--until'")
+    assert start is not None  # --since is required
+    with operating(context, json_output) as (kit, output):
+        from outboxkit.operations.subscription_admin import SubscriptionAdmin
+
+        result = SubscriptionAdmin(kit).replay(
+            subscription_id, since=start, until=end, event_types=event_type or None, dry_run=dry_run, actor=actor()
+        )
+        document = dataclasses.asdict(result)
+        output.emit(document, [{key: str(value) for key, value in document.items()}],
+                    ["subscription_id", "events", "enqueued", "dry_run"])

@@ -166,7 +166,7 @@ class KitCore:
         if drainer is not None:
             return drainer
         options = self._options[job_name]
-        transport = options.transport or self.transport
+        transport = self._outbox_transport(outbox, options.transport or self.transport)
         with self._lock:
             drainer = self._drainers.get(job_name)
             if drainer is None:
@@ -184,6 +184,10 @@ class KitCore:
                 )
                 self._drainers[job_name] = drainer
         return drainer
+
+    def _outbox_transport(self, outbox: type[Outbox], transport: Transport) -> Transport:
+        """The transport one outbox's drainer sends through, under the URL guard; ``OutboxKit`` signs event deliveries."""
+        return transport
 
     def _guard_transport(self, transport: Transport) -> Transport:
         """Sends of requests typed at run time: each URL checked again and pinned (``outboxkit.transports.guarded``)."""

@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Row, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidDeliveryError, InvalidEventError
@@ -47,16 +47,17 @@ from outboxkit.events.schema_check import check_payload
 from outboxkit.transports.base import encode_json
 
 __all__ = [
-    "DEFAULT_MAX_DELIVERIES", "DEFAULT_MAX_PAYLOAD_BYTES", "PublishOptions", "Published", "publish", "publish_with",
+    "CATALOG", "DEFAULT_MAX_DELIVERIES", "DEFAULT_MAX_PAYLOAD_BYTES", "PUBLISH", "PublishCall", "PublishOptions",
+    "Published", "publish", "publish_with",
 ]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 DEFAULT_MAX_DELIVERIES = 10_000
 
-_CATALOG = text("SELECT schema FROM outboxkit_event_types WHERE name = :event_type")
+CATALOG = text("SELECT schema FROM outboxkit_event_types WHERE name = :event_type")
 # One statement: the matches (at most :over of them), the event and its deliveries, written only when the
 # matches are fewer than :over.  The envelope is built once, in the event's RETURNING.
-_PUBLISH = text(
+PUBLISH = text(
     """
 WITH matched AS MATERIALIZED (
     SELECT s.id, s.url, s.destination, s.headers FROM outboxkit_subscriptions AS s
@@ -97,7 +98,7 @@ class Published:
 
 
 class PublishOptions(TypedDict, total=False):
-    """The keyword arguments of ``publish`` and ``publish_with``."""
+    """The keyword arguments of ``publish``, ``publish_with`` and their async forms."""
 
     key: str | None
     tenant: str | None
@@ -116,39 +117,57 @@ def publish(session: Session, event_type: str, payload: Any, **options: Unpack[P
     return publish_with(session.connection(), event_type, payload, **options)
 
 
-def publish_with(
-    connection: Connection,
-    event_type: str,
-    payload: Any,
-    *,
-    key: str | None = None,
-    tenant: str | None = None,
-    strict: bool = False,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-) -> Published:
+def publish_with(connection: Connection, event_type: str, payload: Any, **options: Unpack[PublishOptions]) -> Published:
     """``publish`` on a Core ``Connection``, in the transaction it is in."""
-    _check_names(event_type, key, tenant)
-    encoded = _encoded(payload, max_payload_bytes)
-    found = connection.execute(_CATALOG, {"event_type": event_type}).first()
-    if found is None and strict:
-        raise InvalidEventError(
-            "event_type", f"{event_type!r} is not in the catalog of event types; define it (EventTypeCatalog.define) first"
-        )
-    if found is not None and found[0] is not None:
-        check_payload(event_type, found[0], json.loads(encoded))
-    parameters = {
-        "candidates": filter_candidates(event_type), "tenant": tenant, "key": key, "event_type": event_type,
-        "payload": encoded.decode(), "over": max_deliveries + 1,
-    }
-    row = connection.execute(_PUBLISH, parameters).one()
-    if row.event_id is None:
-        raise InvalidEventError(
-            "event_type",
-            f"{event_type!r} matches more than {max_deliveries} enabled subscriptions; nothing was written. "
-            "Raise max_deliveries, or split the audience (by tenant, or by a narrower event type)",
-        )
-    return Published(event_id=row.event_id, deliveries=row.deliveries)
+    call = PublishCall.of(event_type, payload, options)
+    call.check_catalog(connection.execute(CATALOG, {"event_type": event_type}).first())
+    return call.published(connection.execute(PUBLISH, call.parameters).one())
+
+
+@dataclass(frozen=True)
+class PublishCall:
+    """One publish checked before the database is touched: its ``PUBLISH`` parameters and what judges the answers.
+
+    ``publish_with`` and ``outboxkit.events.publish_async`` run the same two statements with it, sync or awaited.
+    """
+
+    event_type: str
+    encoded: bytes
+    parameters: dict[str, Any]
+    strict: bool
+    max_deliveries: int
+
+    @classmethod
+    def of(cls, event_type: str, payload: Any, options: PublishOptions) -> PublishCall:
+        key, tenant = options.get("key"), options.get("tenant")
+        max_deliveries = options.get("max_deliveries", DEFAULT_MAX_DELIVERIES)
+        _check_names(event_type, key, tenant)
+        encoded = _encoded(payload, options.get("max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES))
+        parameters = {
+            "candidates": filter_candidates(event_type), "tenant": tenant, "key": key, "event_type": event_type,
+            "payload": encoded.decode(), "over": max_deliveries + 1,
+        }
+        return cls(event_type, encoded, parameters, options.get("strict", False), max_deliveries)
+
+    def check_catalog(self, found: Row[Any] | None) -> None:
+        """Refuse, by the type's catalog row (``CATALOG``), an unknown type when strict, a payload its schema refuses."""
+        if found is None and self.strict:
+            raise InvalidEventError(
+                "event_type",
+                f"{self.event_type!r} is not in the catalog of event types; define it (EventTypeCatalog.define) first",
+            )
+        if found is not None and found[0] is not None:
+            check_payload(self.event_type, found[0], json.loads(self.encoded))
+
+    def published(self, row: Row[Any]) -> Published:
+        """``PUBLISH``'s answer; a fan-out over ``max_deliveries`` (nothing written) raises."""
+        if row.event_id is None:
+            raise InvalidEventError(
+                "event_type",
+                f"{self.event_type!r} matches more than {self.max_deliveries} enabled subscriptions; nothing was "
+                "written. Raise max_deliveries, or split the audience (by tenant, or by a narrower event type)",
+            )
+        return Published(event_id=row.event_id, deliveries=row.deliveries)
 
 
 def _check_names(event_type: object, key: object, tenant: object) -> None:

@@ -12,6 +12,10 @@ same transaction:
   ``held: subscription <id> disabled (<reason>)`` in ``last_error``; they
   keep their attempts and are not sent.  **enable** puts exactly those back
   to ``pending``, due now;
+* **rotate**: a new signing secret signs first; the previous first one
+  keeps signing beside it (``keep_previous``) until the receiver has
+  switched, older ones go; the deliveries not yet sent are signed with the
+  new set at their send;
 * **delete**: pending deliveries are set ``stuck`` with ``subscription
   <id> was deleted`` in ``last_error``; nothing undelivered is deleted, and
   their events stay.
@@ -30,6 +34,8 @@ nothing is written.  It passes again at every send.
 
 from __future__ import annotations
 
+import base64
+import secrets as random_secrets
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -45,9 +51,10 @@ from outboxkit.events.definitions import SubscriptionDefinition
 from outboxkit.events.deliveries import deliveries_table
 from outboxkit.storage.tables import subscription_audit, subscriptions
 from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
+from outboxkit.transports.signing import WebhookSecrets
 from outboxkit.url_guard import UrlGuard
 
-__all__ = ["DISABLED_MARK", "Subscription", "SubscriptionStore"]
+__all__ = ["DISABLED_MARK", "Subscription", "SubscriptionStore", "generated_secret", "subscription_destination"]
 
 DISABLED_MARK = "held: subscription {id} disabled"
 DELETED_MARK = "subscription {id} was deleted"
@@ -88,6 +95,21 @@ def _subscription(row: RowMapping) -> Subscription:
         enabled=row["enabled"], disabled_reason=row["disabled_reason"], created_at=row["created_at"],
         created_by=row["created_by"], changed_at=row["changed_at"], changed_by=row["changed_by"],
     )
+
+
+def subscription_destination(subscription_id: int, url: str) -> str:
+    """The destination of a subscription's deliveries: its own (``subscription 12: https://host:443``).
+
+    Per subscription, not per host: the breaker, the cap on sends in flight and the claim's turns
+    (``outboxkit.storage.destination_claim``) then treat each customer's endpoint apart, so one customer's
+    failing, slow or backlogged endpoint does not hold back another's on the same platform.
+    """
+    return f"subscription {subscription_id}: {destination_of(url)}"[:300]
+
+
+def generated_secret() -> str:
+    """A new Standard Webhooks secret: ``whsec_`` and 24 random bytes in base64."""
+    return "whsec_" + base64.b64encode(random_secrets.token_bytes(24)).decode()
 
 
 def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
@@ -147,20 +169,33 @@ class SubscriptionStore:
         now = self.clock.now()
         values = {**self._values(definition), "created_at": now, "created_by": actor, "changed_at": now, "changed_by": actor}
         with self.engine.begin() as connection:
-            row = connection.execute(insert(subscriptions).values(values).returning(*subscriptions.c)).mappings().one()
+            created = connection.execute(insert(subscriptions).values(values).returning(subscriptions.c.id)).scalar_one()
+            row = connection.execute(
+                update(subscriptions).where(subscriptions.c.id == created)
+                .values(destination=subscription_destination(created, definition.url)).returning(*subscriptions.c)
+            ).mappings().one()
             self._audit(connection, "create", actor=actor, before=None, after=row)
         return _subscription(row)
 
-    def edit(self, subscription_id: int, definition: SubscriptionDefinition, *, actor: str) -> Subscription:
-        """Replace a subscription's definition; its pending deliveries take the new URL and headers."""
+    def edit(
+        self, subscription_id: int, definition: SubscriptionDefinition, *, actor: str, keep_secrets: bool = False
+    ) -> Subscription:
+        """Replace a subscription's definition; its pending deliveries take the new URL and headers.
+
+        ``keep_secrets=True`` leaves the stored secrets as they are (the definition's are not written): an
+        operator edits the rest without ever seeing them; ``rotate_secret`` changes them.
+        """
         self._check(definition)
+        values = {**self._values(definition), "destination": subscription_destination(subscription_id, definition.url)}
+        if keep_secrets:
+            del values["secrets"]
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            row = self._write(connection, current, self._values(definition), actor=actor, action="edit")
+            row = self._write(connection, current, values, actor=actor, action="edit")
             connection.execute(
                 update(_deliveries)
                 .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
-                .values(url=definition.url, destination=destination_of(definition.url), headers=dict(definition.headers))
+                .values(url=definition.url, destination=values["destination"], headers=dict(definition.headers))
             )
         return _subscription(row)
 
@@ -193,6 +228,25 @@ class SubscriptionStore:
             )
         return _subscription(row)
 
+    def rotate_secret(
+        self, subscription_id: int, *, actor: str, secret: str | None = None, keep_previous: bool = True
+    ) -> tuple[Subscription, str]:
+        """Give the subscription a new first secret (``secret``, or one generated); the row and the new secret.
+
+        With ``keep_previous`` the secret that signed until now signs too, so the receiver can switch; older ones
+        are dropped.  The new secret is returned once, to hand to the receiver; reads never show it.
+        """
+        new = secret.strip() if isinstance(secret, str) else generated_secret()
+        try:
+            WebhookSecrets([new])  # the message names the position, never the value
+        except (TypeError, ValueError) as exc:
+            raise InvalidSubscriptionError("secret", str(exc)) from None
+        with self.engine.begin() as connection:
+            current = self._row(connection, subscription_id, lock=True)
+            kept = [current["secrets"][0]] if keep_previous and current["secrets"][0] != new else []
+            row = self._write(connection, current, {"secrets": [new, *kept]}, actor=actor, action="rotate")
+        return _subscription(row), new
+
     def delete(self, subscription_id: int, *, actor: str) -> None:
         """Delete a subscription; its pending deliveries end ``stuck`` (kept, never sent), its events stay."""
         with self.engine.begin() as connection:
@@ -218,7 +272,6 @@ class SubscriptionStore:
     def _values(definition: SubscriptionDefinition) -> dict[str, Any]:
         return {
             "url": definition.url,
-            "destination": destination_of(definition.url),
             "event_types": list(definition.event_types),
             "tenant": definition.tenant,
             "secrets": list(definition.secrets),

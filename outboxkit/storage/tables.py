@@ -415,7 +415,7 @@ subscriptions = Table(
     Index("ix_outboxkit_subscriptions_tenant", "tenant"),
 )
 
-SUBSCRIPTION_ACTIONS = ("create", "edit", "enable", "disable", "delete")
+SUBSCRIPTION_ACTIONS = ("create", "edit", "enable", "disable", "delete", "rotate", "replay", "test")
 
 subscription_audit = Table(
     "outboxkit_subscription_audit",
@@ -428,7 +428,8 @@ subscription_audit = Table(
     Column("before", JSONB),
     Column("after", JSONB),
     CheckConstraint(
-        "action IN ('create', 'edit', 'enable', 'disable', 'delete')", name="ck_outboxkit_subscription_audit_action"
+        "action IN ('create', 'edit', 'enable', 'disable', 'delete', 'rotate', 'replay', 'test')",
+        name="ck_outboxkit_subscription_audit_action",
     ),
     Index("ix_outboxkit_subscription_audit_subscription_at", "subscription_id", "at"),
 )

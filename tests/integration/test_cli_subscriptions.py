@@ -59,3 +59,25 @@ def test_refusals_name_the_field_and_write_nothing(cli, engine):
     with engine.connect() as connection:
         assert connection.scalar(text("SELECT count(*) FROM outboxkit_subscriptions")) == 0
     assert audit(engine) == []
+
+
+def test_replay_counts_with_dry_run_then_enqueues_audited(cli, engine):
+    from sqlalchemy.orm import Session
+
+    from outboxkit import publish
+
+    with Session(engine) as session, session.begin():
+        publish(session, "invoice.paid", {"n": 1})
+        publish(session, "invoice.paid", {"n": 2}, tenant="acme")  # another tenant's: never replayed here
+    code, out, err = cli("--json", "subscriptions", "create", "--url", "http://127.0.0.1:9/late",
+                         "--event-type", "invoice.*", "--secret", secret(1))
+    assert code == 0, err
+    identifier = str(json.loads(out)[0]["id"])
+    code, out, err = cli("--json", "subscriptions", "replay", identifier, "--since", "2000-01-01T00:00:00+00:00", "--dry-run")
+    assert code == 0, err
+    assert json.loads(out) == {"subscription_id": int(identifier), "events": 1, "enqueued": 0, "dry_run": True}
+    code, _, err = cli("subscriptions", "replay", identifier, "--since", "2000-01-01")
+    assert code != 0 and "offset" in err
+    code, out, err = cli("--json", "subscriptions", "replay", identifier, "--since", "2000-01-01T00:00:00Z")
+    assert code == 0 and json.loads(out)["enqueued"] == 1, err
+    assert audit(engine) == ["create", "replay"]

@@ -167,7 +167,7 @@ def test_many_subscriptions_get_their_rows_from_one_statement(events_kit, receiv
 
 def test_a_refused_send_is_stuck_with_the_reason_and_nothing_is_sent(engine, clock, receiver):
     """With the allow-list off, an endpoint on 127.0.0.1 saved earlier (or written by hand) is refused at its send."""
-    from outboxkit import KitEvents, OutboxKit, OutboxKitSettings
+    from outboxkit import OutboxKit, OutboxKitSettings
 
     with engine.begin() as connection:
         connection.execute(
@@ -178,7 +178,6 @@ def test_a_refused_send_is_stuck_with_the_reason_and_nothing_is_sent(engine, clo
             {"url": receiver.url, "secret": secret(1)},
         )
     with OutboxKit(engine, [EventDelivery], clock=clock, settings=OutboxKitSettings(listen_enabled=False)) as kit:
-        KitEvents(kit)
         with Session(engine) as session, session.begin():
             assert publish(session, "invoice.paid", {}).deliveries == 1
         kit.drainer(EventDelivery).drain()

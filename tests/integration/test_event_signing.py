@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from outboxkit import CallableTransport, ConfigurationError, Delivery, EventDelivery, KitEvents, OutboxKit
+from outboxkit import CallableTransport, ConfigurationError, Delivery, EventDelivery, OutboxKit
 from outboxkit.events import SubscriptionSecrets, SubscriptionSigningTransport
 from outboxkit.policy import FailureKind
 from outboxkit.transports.guarded import GuardedTransport
@@ -50,7 +50,7 @@ def test_a_request_that_is_not_a_subscriptions_delivery_is_refused_unsent(events
 def test_kit_events_needs_the_deliveries_outbox_registered(engine, clock):
     with OutboxKit(engine, [SampleEvent], clock=clock, settings=SETTINGS) as kit:
         with pytest.raises(ConfigurationError, match=r"OutboxKit\(engine, outboxes=\[\.\.\., EventDelivery\]\)"):
-            KitEvents(kit)
+            kit.events  # noqa: B018
 
 
 def test_kit_events_signs_under_the_url_guard_of_the_deliveries_drainer(events_kit):

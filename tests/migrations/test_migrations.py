@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic" / "alembic.ini"
 TARGET_METADATA = [ExampleBase.metadata, kit_metadata]
 OWNED_TABLES = sorted(name for metadata in TARGET_METADATA for name in metadata.tables)
-HEADS = {"example_0005", "outboxkit_0016"}
+HEADS = {"example_0005", "outboxkit_0017"}
 
 
 def alembic_config(url: str | None) -> Config:
@@ -122,7 +122,7 @@ def test_both_branches_are_found_including_the_package_path_form():
     script = ScriptDirectory.from_config(alembic_config(None))
     assert set(script.get_heads()) == HEADS
     kit_revision = script.get_revision("outboxkit@head")
-    assert kit_revision.revision == "outboxkit_0016"
+    assert kit_revision.revision == "outboxkit_0017"
     assert Path(kit_revision.path).parent == outboxkit.migrations.VERSIONS
     assert Path(script.get_revision("exampleapp@head").path).parent == ROOT / "alembic" / "versions"
 
@@ -363,10 +363,41 @@ def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
 def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
     bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
     monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
-    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0005", "outboxkit_0016"]
+    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0005", "outboxkit_0017"]
 
 
 def test_a_missing_url_is_refused_with_a_hint(monkeypatch):
     monkeypatch.delenv("DATABASE_URL", raising=False)
     with pytest.raises(SystemExit, match="set DATABASE_URL or pass -x url="):
         run_alembic(None, "upgrade", "heads")
+
+
+def test_the_subscription_destination_migration_renames_subscriptions_and_their_undelivered_rows(empty_database_url):
+    run_alembic(empty_database_url, "upgrade", "outboxkit_0014")
+    engine = create_engine(sqlalchemy_url(empty_database_url), pool_size=1, max_overflow=0)
+    try:
+        with engine.begin() as connection:
+            number = connection.execute(text(
+                "INSERT INTO outboxkit_subscriptions (url, destination, event_types, secrets, created_by, changed_by) "
+                "VALUES ('https://hooks.example.com/in', 'https://hooks.example.com:443', ARRAY['a.b'], ARRAY['s'], 'm', 'm') "
+                "RETURNING id")).scalar_one()
+            connection.execute(text(
+                "INSERT INTO outboxkit_event_deliveries "
+                "(event_id, subscription_id, event_type, url, destination, headers, body, status) "
+                "SELECT 1, :id, 'a.b', 'https://hooks.example.com/in', 'https://hooks.example.com:443', '{}', '{}', s "
+                "FROM unnest(ARRAY['pending', 'stuck', 'done']) AS s"), {"id": number})
+        run_alembic(empty_database_url, "upgrade", "heads")
+        own = f"subscription {number}: https://hooks.example.com:443"
+        with engine.connect() as connection:
+            assert connection.scalar(text("SELECT destination FROM outboxkit_subscriptions")) == own
+            rows = connection.execute(text("SELECT status, destination FROM outboxkit_event_deliveries ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [
+            ("pending", own), ("stuck", own), ("done", "https://hooks.example.com:443")]
+        run_alembic(empty_database_url, "downgrade", "outboxkit_0014")
+        with engine.connect() as connection:
+            destinations = connection.execute(text(
+                "SELECT destination FROM outboxkit_subscriptions UNION SELECT destination FROM outboxkit_event_deliveries"
+            )).scalars().all()
+        assert destinations == ["https://hooks.example.com:443"]
+    finally:
+        engine.dispose()

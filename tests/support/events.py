@@ -72,9 +72,9 @@ class EventsHarness:
 
 @pytest.fixture
 def events_kit(engine: Engine, clock: ManualClock) -> Iterator[EventsHarness]:
-    """A kit holding the deliveries outbox, with its ``KitEvents``, on the test's database; 127.0.0.1 allowed."""
+    """A kit holding the deliveries outbox, with its ``kit.events``, on the test's database; 127.0.0.1 allowed."""
     with OutboxKit(engine, [EventDelivery], clock=clock, settings=SETTINGS) as kit:
-        yield EventsHarness(engine=engine, kit=kit, events=KitEvents(kit))
+        yield EventsHarness(engine=engine, kit=kit, events=kit.events)
 
 
 def kit_from_environment() -> OutboxKit:

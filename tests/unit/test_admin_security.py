@@ -44,6 +44,7 @@ def test_the_admin_package_exports_exactly_its_public_api():
         "RowsHeld",
         "RowsNotFound",
         "create_admin_router",
+        "create_tenant_router",
         "drain_job_id",
     ]
     assert all(hasattr(outboxkit.admin, name) for name in outboxkit.admin.__all__)
