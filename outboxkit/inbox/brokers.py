@@ -17,6 +17,16 @@ back; ``consume`` returns None and the consumer leaves the message to the
 broker's redelivery, which each broker bounds its own way (a maximum number of
 deliveries, then a dead letter; see each module).
 
+A failure while the consumer's database cannot be reached is not the
+message's: giving it back would spend its deliveries, and an outage longer
+than the redelivery bound would turn every message into a dead letter.  So
+when a failure comes with a database that does not answer ``SELECT 1``,
+``consume`` keeps the message (unacknowledged; ``keep_alive`` tells the broker
+it is still in hand, where the broker needs it), probes the database at
+growing intervals (``DATABASE_PROBE_SECONDS``), and handles the message again
+once it answers.  A failure with the database answering is the message's
+(or the handler's), and goes the way above.
+
 The message id is the one outboxkit's broker transports send (the row's
 idempotency key, the same on every attempt), read by each consumer from the
 broker's own place for it.  A message without one cannot be told apart from
@@ -31,13 +41,14 @@ extra, the same the transports use) and gives the messages to the consumer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidValueError
@@ -45,11 +56,15 @@ from outboxkit.inbox.consumer import ConsumeOutcome, InboxConsumer, InboxObserve
 from outboxkit.inbox.store import MESSAGE_ID_LIMIT
 from outboxkit.telemetry.log_events import log_fields
 
-__all__ = ["DEFAULT_RETRY_DELAY_SECONDS", "BrokerHandler", "BrokerInbox", "BrokerMessage", "RedeliveringInbox"]
+__all__ = [
+    "DATABASE_PROBE_SECONDS", "DEFAULT_RETRY_DELAY_SECONDS", "BrokerHandler", "BrokerInbox", "BrokerMessage", "RedeliveringInbox",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RETRY_DELAY_SECONDS = 5.0
+# The waits between probes of a database that does not answer, the last repeated.
+DATABASE_PROBE_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -92,12 +107,17 @@ class BrokerInbox:
     def source(self) -> str:
         return self.consumer.source
 
-    async def consume(self, message: BrokerMessage) -> ConsumeOutcome | None:
+    async def consume(
+        self, message: BrokerMessage, *, keep_alive: Callable[[], Awaitable[None]] | None = None
+    ) -> ConsumeOutcome | None:
         """Record and handle ``message`` in one transaction on a thread: its outcome after the commit, None if it failed.
 
-        A failure (the handler raised, the database failed, the message has
-        no usable id) is logged and counted for the source, and its writes are
-        rolled back: acknowledge nothing, and the broker delivers it again.
+        A failure (the handler raised, the message has no usable id) is
+        logged and counted for the source, and its writes are rolled back:
+        acknowledge nothing, and the broker delivers it again.  While the
+        database cannot be reached, the message is kept and handled again
+        when it answers (module docstring); ``keep_alive`` is awaited between
+        probes.
         """
         if not 1 <= len(message.message_id) <= MESSAGE_ID_LIMIT or not message.message_id.isprintable():
             self.consumer.count_failure(
@@ -108,12 +128,42 @@ class BrokerInbox:
                 ),
             )
             return None
-        try:
-            return await asyncio.to_thread(
-                self.consumer.consume, message.message_id, lambda session: self.handler(session, message)
-            )
-        except Exception:  # logged and counted by InboxConsumer; the broker redelivers
-            return None
+        while True:
+            try:
+                return await asyncio.to_thread(
+                    self.consumer.consume, message.message_id, lambda session: self.handler(session, message)
+                )
+            except Exception:  # logged and counted by InboxConsumer
+                if await asyncio.to_thread(self._database_answers):
+                    return None  # the message's failure: the broker delivers it again
+            await self._wait_for_database(message.message_id, keep_alive)
+
+    def _database_answers(self) -> bool:
+        # Twice: a connection the outage broke fails the first try and empties the pool; the second connects afresh.
+        for _ in range(2):
+            try:
+                with self.consumer.engine.connect() as connection:
+                    connection.execute(text("SELECT 1"))
+                return True
+            except Exception:
+                continue
+        return False
+
+    async def _wait_for_database(self, message_id: str, keep_alive: Callable[[], Awaitable[None]] | None) -> None:
+        logger.warning(
+            "inbox %s: the database does not answer; message %s is kept, unacknowledged, until it does",
+            self.source, message_id,
+            extra=log_fields("inbox.database_unavailable", None, source=self.source, message_id=message_id),
+        )
+        for attempt in itertools.count():
+            await asyncio.sleep(DATABASE_PROBE_SECONDS[min(attempt, len(DATABASE_PROBE_SECONDS) - 1)])
+            if keep_alive is not None:
+                try:
+                    await keep_alive()
+                except Exception as exc:  # the broker's connection broke: it delivers the message again anyway
+                    logger.debug("inbox %s: keep-alive of %s failed: %s", self.source, message_id, exc)
+            if await asyncio.to_thread(self._database_answers):
+                return
 
     def acknowledgement_lost(self, message_id: str, exc: BaseException) -> None:
         """Log an acknowledgement that did not reach the broker: the message comes again and is dropped as a duplicate."""
@@ -145,10 +195,15 @@ class RedeliveringInbox(BrokerInbox):
         self.retry_delay_seconds = retry_delay_seconds
 
     async def settle(
-        self, message: BrokerMessage, *, acknowledge: Callable[[], Awaitable[None]], give_back: Callable[[], Awaitable[None]]
+        self,
+        message: BrokerMessage,
+        *,
+        acknowledge: Callable[[], Awaitable[None]],
+        give_back: Callable[[], Awaitable[None]],
+        keep_alive: Callable[[], Awaitable[None]] | None = None,
     ) -> ConsumeOutcome | None:
         """``consume``, then ``acknowledge()`` after the commit, or ``give_back()`` on a failure; the outcome."""
-        outcome = await self.consume(message)
+        outcome = await self.consume(message, keep_alive=keep_alive)
         try:
             await (give_back() if outcome is None else acknowledge())
         except Exception as exc:  # the connection broke: the broker delivers the message again

@@ -19,9 +19,10 @@ acknowledgement.  For one message it:
    (``outboxkit.inbox.brokers``), on a thread;
 3. after the commit, ``ack()``s it; a duplicate is acknowledged without
    running the handler;
-4. on a failure (the handler raised, the database failed, no
-   ``message_id``), waits ``retry_delay_seconds`` and ``nack(requeue=True)``s
-   it: the queue delivers it again.
+4. on a failure (the handler raised, no ``message_id``), waits
+   ``retry_delay_seconds`` and ``nack(requeue=True)``s it: the queue delivers
+   it again.  While the database does not answer, the message is kept and
+   handled again when it does (``outboxkit.inbox.brokers``).
 
 A consumer that dies before its acknowledgement (a crash between the commit
 and the ack included) leaves its messages unacknowledged, and RabbitMQ

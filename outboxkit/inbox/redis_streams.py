@@ -27,9 +27,11 @@ itself.  Each ``poll``:
    drops the copy), records it and runs ``handler(session, message)`` in one
    transaction (``outboxkit.inbox.brokers``);
 4. after the commit, ``XACK``s it; a duplicate is acknowledged without
-   running the handler.  A failure (the handler raised, the database failed,
-   no ``idempotency_key``) acknowledges nothing: the entry stays pending
-   and step 1 takes it again after ``retry_after_seconds``.
+   running the handler.  A failure (the handler raised, no
+   ``idempotency_key``) acknowledges nothing: the entry stays pending and
+   step 1 takes it again after ``retry_after_seconds``.  While the database
+   does not answer, the entry is kept and handled again when it does
+   (``outboxkit.inbox.brokers``).
 
 A consumer that crashes between the commit and the ``XACK`` leaves the entry
 pending; step 1 of any consumer of the group (itself, restarted under the same
@@ -45,17 +47,22 @@ The client is the application's ``redis.asyncio.Redis`` (with or without
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Engine
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.inbox.brokers import BrokerHandler, BrokerInbox, BrokerMessage
+from outboxkit.inbox.brokers import DATABASE_PROBE_SECONDS, BrokerHandler, BrokerInbox, BrokerMessage
 from outboxkit.inbox.consumer import InboxObserver
+from outboxkit.telemetry.log_events import log_fields
 
 __all__ = ["DEFAULT_MAX_DELIVERIES", "DEFAULT_RETRY_AFTER_SECONDS", "RedisStreamsInbox"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_DELIVERIES = 5
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
@@ -105,9 +112,27 @@ class RedisStreamsInbox(BrokerInbox):
                 raise
 
     async def run(self, stop: asyncio.Event, *, count: int = 10, block_seconds: float = 1.0) -> None:
-        """``poll`` until ``stop`` is set; the entry in hand is finished first."""
+        """``poll`` until ``stop`` is set; the entry in hand is finished first.
+
+        A Redis that cannot be reached (or answers an error) does not end the
+        loop: it is logged, and polled again at growing intervals
+        (``DATABASE_PROBE_SECONDS``); what was not acknowledged stays pending.
+        """
+        failures = 0
         while not stop.is_set():
-            await self.poll(count=count, block_seconds=block_seconds)
+            try:
+                await self.poll(count=count, block_seconds=block_seconds)
+                failures = 0
+            except Exception as exc:  # redis.exceptions.RedisError, OSError: the client reconnects on the next command
+                wait = DATABASE_PROBE_SECONDS[min(failures, len(DATABASE_PROBE_SECONDS) - 1)]
+                failures += 1
+                logger.warning(
+                    "inbox %s: reading the stream %s failed (%s: %s); trying again in %g s",
+                    self.source, self.stream, type(exc).__name__, exc, wait,
+                    extra=log_fields("inbox.stream_unavailable", None, source=self.source, stream=self.stream),
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
 
     async def poll(self, *, count: int = 10, block_seconds: float = 1.0) -> int:
         """Take back idle entries, read new ones (waiting up to ``block_seconds``) and handle each.

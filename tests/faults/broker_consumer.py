@@ -61,7 +61,6 @@ def handle(session: Session, message: BrokerMessage) -> None:
 
 async def consume_nats(inbox: BrokerInbox, url: str, stop: asyncio.Event) -> None:
     import nats
-    from nats.errors import TimeoutError as FetchTimeout
     from nats.js.api import ConsumerConfig
 
     from outboxkit.inbox.nats import NatsInbox
@@ -72,13 +71,7 @@ async def consume_nats(inbox: BrokerInbox, url: str, stop: asyncio.Event) -> Non
         subscription = await client.jetstream().pull_subscribe(
             SUBJECT, durable=DURABLE, config=ConsumerConfig(ack_wait=REDELIVER_SECONDS, max_deliver=-1)
         )
-        while not stop.is_set():
-            try:
-                messages = await subscription.fetch(10, timeout=0.5)
-            except FetchTimeout:
-                continue
-            for message in messages:
-                await inbox.process(message)
+        await inbox.run(subscription, stop, wait_seconds=0.5)
     finally:
         await client.close()
 

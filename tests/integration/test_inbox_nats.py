@@ -21,7 +21,7 @@ from outboxkit.inbox.nats import NatsInbox
 from outboxkit.transports.nats import NatsTransport
 from tests.support.brokers import NatsServer
 from tests.support.inbox import applied, create_applied_table
-from tests.support.inbox_brokers import SOURCE, Handler, counts, send_all, wait_for
+from tests.support.inbox_brokers import SOURCE, Handler, Outage, counts, send_all, wait_for
 
 STREAM, DURABLE = "ORDERS", "billing"
 
@@ -137,3 +137,74 @@ def test_a_message_that_always_fails_stops_at_max_deliver_and_stays_in_the_strea
             await client.close()
 
     assert asyncio.run(still_stored()) == 3
+
+
+class FailureCount:
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def message_handled(self, source: str) -> None:
+        pass
+
+    def duplicate_dropped(self, source: str) -> None:
+        pass
+
+    def handler_failed(self, source: str) -> None:
+        self.failed += 1
+
+
+def test_a_database_outage_keeps_the_messages_instead_of_spending_their_deliveries(engine, server, database_url, caplog):
+    create_applied_table(engine)
+    outage = Outage(database_url)
+    failures = FailureCount()
+    ids = ["order-0", "order-1", "order-2"]
+
+    async def run() -> list[dict]:
+        client = await nats.connect(server.url)
+        advisories: list[dict] = []
+        try:
+            js = client.jetstream()
+            await js.add_stream(StreamConfig(name=STREAM, subjects=["orders.>"]))
+
+            async def note(msg) -> None:
+                advisories.append(json.loads(msg.data))
+
+            await client.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.{DURABLE}", cb=note)
+            for message_id in ids:
+                await js.publish("orders.created", json.dumps({"id": message_id}).encode(), headers={"Nats-Msg-Id": message_id})
+            outage.begin()
+            inbox = NatsInbox(engine, source=SOURCE, handler=Handler(), retry_delay_seconds=0.05, observers=[failures])
+            # Two deliveries at most, and an ack_wait shorter than the outage: without the keeping, the outage would
+            # spend both deliveries of each message (dead letters) or let ack_wait run out (redeliveries).
+            subscription = await js.pull_subscribe(
+                "orders.>", durable=DURABLE, config=ConsumerConfig(max_deliver=2, ack_wait=3)
+            )
+            stop = asyncio.Event()
+            running = asyncio.create_task(inbox.run(subscription, stop, wait_seconds=0.2))
+            try:
+                await wait_for(lambda: _now(failures.failed >= 1), what="the first message failing on the outage")
+                await asyncio.sleep(4)  # the outage itself: longer than ack_wait, many times the nak delay
+                outage.end()
+                await wait_for(lambda: _now(len(applied(engine)) == len(ids)), what="every message applied after the outage")
+                await wait_for(lambda: all_acknowledged(js, advisories), what="every message acknowledged")
+            finally:
+                stop.set()
+                await running
+            info = await js.consumer_info(STREAM, DURABLE)
+            assert info.num_redelivered == 0
+        finally:
+            await client.close()
+        return advisories
+
+    try:
+        advisories = asyncio.run(run())
+    finally:
+        outage.close()
+    assert advisories == []
+    assert applied(engine) == {message_id: 1 for message_id in ids}
+    assert failures.failed == 1  # the message in hand when the outage began; kept with those fetched with it
+    assert "the database does not answer; message order-0 is kept" in caplog.text
+
+
+async def _now(value: bool) -> bool:
+    return value

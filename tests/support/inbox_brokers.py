@@ -60,3 +60,35 @@ async def wait_for(condition: Callable[[], Awaitable[bool]], *, timeout: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout:g} s")
         await asyncio.sleep(0.05)
+
+
+class Outage:
+    """The test's own database refusing connections (``ALLOW_CONNECTIONS false``, its sessions ended), then back.
+
+    Only the test's database: the server and every other database keep running.
+    """
+
+    def __init__(self, database_url: str) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+
+        from tests.support.database import sqlalchemy_url
+
+        url = make_url(sqlalchemy_url(database_url))
+        self.name = url.database
+        self.server = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+
+    def begin(self) -> None:
+        with self.server.connect() as connection:
+            connection.execute(text(f'ALTER DATABASE "{self.name}" WITH ALLOW_CONNECTIONS false'))
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"), {"name": self.name}
+            )
+
+    def end(self) -> None:
+        with self.server.connect() as connection:
+            connection.execute(text(f'ALTER DATABASE "{self.name}" WITH ALLOW_CONNECTIONS true'))
+
+    def close(self) -> None:
+        self.end()
+        self.server.dispose()
