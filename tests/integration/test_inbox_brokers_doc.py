@@ -21,7 +21,7 @@ from outboxkit.transports.base import Transport
 from tests.support.brokers import NatsServer, RabbitMqServer, RedisServer
 from tests.support.database import sqlalchemy_url
 from tests.support.doc_pages import PAGE_RECEIVER_URL, create_schema, forget_package, page_files, write_package
-from tests.support.inbox_brokers import wait_for
+from tests.support.inbox_brokers import holds, wait_for
 
 ORDERS = {f"order-{n}": {"account": "acme", "amount": n + 1} for n in range(5)}
 COPIES = ["order-0", "order-3"]
@@ -145,16 +145,12 @@ def test_the_pages_consumer_credits_each_order_once(page_consumer):
         stop = asyncio.Event()
         task = asyncio.create_task(consumer.consume(stop))
         try:
-            await wait_for(lambda: _true(len(credited()) == len(ORDERS)), what="every order credited")
+            await wait_for(lambda: holds(len(credited()) == len(ORDERS)), what="every order credited")
             await copies(server)
-            await wait_for(lambda: _true(duplicates() == len(COPIES)), what="the copies dropped")
+            await wait_for(lambda: holds(duplicates() == len(COPIES)), what="the copies dropped")
         finally:
             stop.set()
             await task
 
     asyncio.run(run())
     assert credited() == [("acme", order["amount"]) for order in ORDERS.values()]
-
-
-async def _true(value: bool) -> bool:
-    return value

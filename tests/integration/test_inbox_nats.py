@@ -21,7 +21,7 @@ from outboxkit.inbox.nats import NatsInbox
 from outboxkit.transports.nats import NatsTransport
 from tests.support.brokers import NatsServer
 from tests.support.inbox import applied, create_applied_table
-from tests.support.inbox_brokers import SOURCE, Handler, Outage, counts, send_all, wait_for
+from tests.support.inbox_brokers import SOURCE, Handler, Outage, counts, holds, send_all, wait_for
 
 STREAM, DURABLE = "ORDERS", "billing"
 
@@ -182,10 +182,10 @@ def test_a_database_outage_keeps_the_messages_instead_of_spending_their_deliveri
             stop = asyncio.Event()
             running = asyncio.create_task(inbox.run(subscription, stop, wait_seconds=0.2))
             try:
-                await wait_for(lambda: _now(failures.failed >= 1), what="the first message failing on the outage")
+                await wait_for(lambda: holds(failures.failed >= 1), what="the first message failing on the outage")
                 await asyncio.sleep(4)  # the outage itself: longer than ack_wait, many times the nak delay
                 outage.end()
-                await wait_for(lambda: _now(len(applied(engine)) == len(ids)), what="every message applied after the outage")
+                await wait_for(lambda: holds(len(applied(engine)) == len(ids)), what="every message applied after the outage")
                 await wait_for(lambda: all_acknowledged(js, advisories), what="every message acknowledged")
             finally:
                 stop.set()
@@ -204,7 +204,3 @@ def test_a_database_outage_keeps_the_messages_instead_of_spending_their_deliveri
     assert applied(engine) == {message_id: 1 for message_id in ids}
     assert failures.failed == 1  # the message in hand when the outage began; kept with those fetched with it
     assert "the database does not answer; message order-0 is kept" in caplog.text
-
-
-async def _now(value: bool) -> bool:
-    return value

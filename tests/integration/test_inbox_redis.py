@@ -17,9 +17,9 @@ import redis.asyncio
 
 from outboxkit.inbox.redis_streams import RedisStreamsInbox
 from outboxkit.transports.redis_streams import RedisStreamsTransport
-from tests.support.brokers import RedisServer
+from tests.support.brokers import RedisServer, free_port
 from tests.support.inbox import applied, create_applied_table
-from tests.support.inbox_brokers import SOURCE, Handler, counts, send_all, wait_for
+from tests.support.inbox_brokers import SOURCE, Handler, counts, holds, send_all, wait_for
 
 STREAM, GROUP = "orders", "billing"
 
@@ -116,3 +116,41 @@ def test_an_entry_that_always_fails_is_moved_to_the_dead_letter_stream_after_max
     assert sorted(fields.get(b"idempotency_key", b"-") for fields in dead.values()) == [b"-", b"poison"]
     assert {fields[b"dead_letter_deliveries"] for fields in dead.values()} == {b"3"}
     assert counts(engine) == (0, 8)  # three failures and the dead letter, for each of the two
+
+
+def test_the_consumer_keeps_running_through_a_redis_that_goes_away_and_comes_back(engine, caplog):
+    create_applied_table(engine)
+    port = free_port()
+    first = RedisServer(port=port)
+    first.start()
+    second = RedisServer(port=port)
+    try:
+        send(first, ["order-0"])
+
+        async def run() -> None:
+            client = redis.asyncio.Redis.from_url(f"{first.url}/0")
+            inbox = RedisStreamsInbox(
+                engine, source=SOURCE, handler=Handler(), client=client, stream=STREAM, group=GROUP, consumer="one"
+            )
+            await inbox.create_group()
+            stop = asyncio.Event()
+            running = asyncio.create_task(inbox.run(stop, block_seconds=0.1))
+            try:
+                await wait_for(lambda: holds("order-0" in applied(engine)), what="order-0 applied")
+                await asyncio.to_thread(first.close)
+                await wait_for(lambda: holds("reading the stream orders failed" in caplog.text), what="the failure logged")
+                await asyncio.to_thread(second.start)  # without persistence: the group is made again, as after a loss
+                await inbox.create_group()
+                await asyncio.to_thread(send, second, ["order-1"])
+                await wait_for(lambda: holds("order-1" in applied(engine)), what="order-1 applied after the restart")
+                assert not running.done()
+            finally:
+                stop.set()
+                await running
+                await client.aclose()
+
+        asyncio.run(run())
+    finally:
+        first.close()
+        second.close()
+    assert applied(engine) == {"order-0": 1, "order-1": 1}

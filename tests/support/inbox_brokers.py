@@ -54,6 +54,11 @@ def counts(engine: Engine) -> tuple[int, int]:
     return (row[0], row[1]) if row is not None else (0, 0)
 
 
+async def holds(value: bool) -> bool:
+    """``value``, awaitable: a condition for ``wait_for`` that needs no broker call."""
+    return value
+
+
 async def wait_for(condition: Callable[[], Awaitable[bool]], *, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not await condition():
