@@ -8,6 +8,7 @@ and changes nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -135,3 +136,13 @@ def test_a_worker_process_of_a_receiving_service_campaigns_and_stops_cleanly(dat
 def test_the_cli_says_a_receive_only_kit_has_no_outbox_to_drain(cli):
     code, out, err = cli("worker", "--outbox", "orders")
     assert code != 0 and "only receives" in out + err
+
+
+def test_the_cli_shows_the_inbox_of_a_receive_only_kit(cli, engine):
+    create_applied_table(engine)
+    InboxConsumer(engine, source=SOURCE).consume("m-1", lambda session: apply(session, "m-1"))
+    code, out, err = cli("inbox", "--json")
+    assert code == 0, err
+    assert [source["source"] for source in json.loads(out)["sources"]] == [SOURCE]
+    code, out, err = cli("status")
+    assert code == 0, err
