@@ -65,12 +65,31 @@ class OutboxKit(KitCore):
         settings: OutboxKitSettings | None = None,
         clock: Clock | None = None,
         transport: Transport | None = None,
+        receive_only: bool = False,
     ) -> None:
-        super().__init__(engine, outboxes, settings=settings, clock=clock, transport=transport)
+        super().__init__(engine, outboxes, settings=settings, clock=clock, transport=transport, receive_only=receive_only)
         self._scheduler: OutboxScheduler | None = None
         self._worker: DrainWorker | None = None
         self._schedules: KitSchedules | None = None
         self._events: KitEvents | None = None
+
+    @classmethod
+    def receive_only(
+        cls,
+        engine: Engine | AsyncEngine,
+        *,
+        settings: OutboxKitSettings | None = None,
+        clock: Clock | None = None,
+    ) -> OutboxKit:
+        """A kit for a service that only receives (the inbox, docs/inbox.md): no outboxes, nothing to drain.
+
+        Its lifespan elects a leader that runs the inbox's retention
+        (``OUTBOXKIT_INBOX_RETENTION_DAYS``), your jobs and your schedules; the
+        admin shows its Inbox page and ``OutboxMetrics(kit)`` its inbox
+        metrics.  What needs an outbox (``drain_once``, ``outbox``,
+        ``options``, a drain worker) raises ``UnknownOutboxError`` saying so.
+        """
+        return cls(engine, (), settings=settings, clock=clock, receive_only=True)
 
     @property
     def worker(self) -> DrainWorker:

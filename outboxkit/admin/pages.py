@@ -118,6 +118,9 @@ def add_overview(routes: PageRoutes) -> None:
 
     @routes.router.get("/", name="outboxkit_admin_overview")
     def overview(request: Request, who: Actor, refresh: str | None = None, window: str | None = None) -> Response:
+        if service.kit.is_receive_only:  # no outboxes to show: a receiving service's overview is its inbox
+            return RedirectResponse(request.url_for("outboxkit_admin_inbox"), status_code=303)
+
         def build() -> Response:
             seconds = ascii_number(refresh, low=5, high=3600, what="refresh") if refresh else None
             key = chart_window(window)

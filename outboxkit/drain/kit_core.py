@@ -60,6 +60,7 @@ class KitCore:
         settings: OutboxKitSettings | None = None,
         clock: Clock | None = None,
         transport: Transport | None = None,
+        receive_only: bool = False,
     ) -> None:
         self.settings = settings if settings is not None else OutboxKitSettings.from_environment()
         self.engine = kit_engine(engine, prepared_statements=self.settings.prepared_statements)
@@ -72,8 +73,16 @@ class KitCore:
         self._options: dict[str, OutboxOptions] = {}
         for outbox in outboxes:
             self._register(outbox)
-        if not self._outboxes:
-            raise ConfigurationError("OutboxKit needs at least one outbox class, e.g. OutboxKit(engine, outboxes=[MyOutbox])")
+        self.is_receive_only = receive_only
+        if receive_only and self._outboxes:
+            raise ConfigurationError(
+                "a receive-only kit has no outboxes; a service that also sends builds OutboxKit(engine, outboxes=[MyOutbox])"
+            )
+        if not self._outboxes and not receive_only:
+            raise ConfigurationError(
+                "OutboxKit needs at least one outbox class, e.g. OutboxKit(engine, outboxes=[MyOutbox]); "
+                "a service that only receives (the inbox) builds OutboxKit.receive_only(engine)"
+            )
         unknown = set(self.settings.outboxes) - {options.settings_key for options in self._options.values()}
         if unknown:
             known = ", ".join(sorted(options.settings_key for options in self._options.values()))
@@ -133,6 +142,11 @@ class KitCore:
 
     def outbox(self, name_or_class: str | type[Outbox]) -> type[Outbox]:
         """The registered outbox class for a job name (or the class itself)."""
+        if self.is_receive_only:
+            raise UnknownOutboxError(
+                f"this kit only receives (OutboxKit.receive_only) and has no outboxes, so it has none for {name_or_class!r}; "
+                "sending needs OutboxKit(engine, outboxes=[MyOutbox])"
+            )
         if isinstance(name_or_class, str):
             try:
                 return self._outboxes[name_or_class]

@@ -117,6 +117,12 @@ class DrainWorker:
             return
         check_engine(self.kit)  # an engine that prepares through a transaction pool (production raises)
         check_outbox_tables(self.kit, list(self.outboxes))  # a table older than the destination column raises
+        if not self.outboxes:  # a receive-only kit (OutboxKit.receive_only): no loop, nothing to listen for
+            logger.info(
+                "nothing to drain in this process: the kit only receives",
+                extra=log_fields("worker.started", outboxes=[]),
+            )
+            return
         # A LISTEN through a transaction-mode pooler hears almost nothing: refused before anything
         # starts (production raises), else the loops run on due times and polling alone.
         listen = settings.listen_enabled and session_source_accepted(
@@ -161,6 +167,8 @@ class DrainWorker:
         (503 with the reason); ``/healthz`` only says the process answers.
         """
         drainers = self.drainers
+        if not self.outboxes:  # a receive-only kit has no loop to run
+            return database_readiness(self.kit.engine)
         if not drainers:
             return "the drain loops are not running"
         stopped = [drainer.job_name for drainer in drainers if not drainer.loop_alive]

@@ -16,6 +16,9 @@ Where to start reading:
 * ``consumer``: ``InboxConsumer``, record then handle then commit, failures counted;
 * ``verify``: Standard Webhooks verification (the only importer of ``standardwebhooks``);
 * ``webhooks``: ``WebhookReceiver``, the FastAPI route (verify, record, handle, answer);
+* ``brokers``: what the broker consumers share (``BrokerMessage``, a message handled on a thread);
+* ``nats``, ``rabbitmq``, ``redis_streams``: the broker consumers, each acknowledging only after the
+  commit, each with its broker's bounded redelivery and dead letters;
 * ``views``: per source, what operators see (admin, CLI);
 * ``retention``: pruning records past the window (``OUTBOXKIT_INBOX_RETENTION_DAYS``).
 

@@ -69,7 +69,7 @@ class InboxConsumer:
                     handler(session)
                     outcome = "handled"
         except Exception as exc:
-            self._failed(message_id, exc)
+            self.count_failure(message_id, exc)
             raise
         for observer in self.observers:
             if outcome == "handled":
@@ -78,7 +78,8 @@ class InboxConsumer:
                 observer.duplicate_dropped(self.source)
         return outcome
 
-    def _failed(self, message_id: str, exc: Exception) -> None:
+    def count_failure(self, message_id: str, exc: Exception) -> None:
+        """Log and count a message that was not handled (``consume`` calls it; so does a consumer that cannot start one)."""
         logger.warning(
             "inbox %s: message %s was not handled (%s: %s); its writes rolled back, the sender retries",
             self.source, message_id, type(exc).__name__, exc,

@@ -36,7 +36,12 @@ def kit_with_schedules_from_environment() -> OutboxKit:
     return kit
 
 
+def receive_only_kit_from_environment() -> OutboxKit:
+    return OutboxKit.receive_only(create_engine(sqlalchemy_url(os.environ["DATABASE_URL"]), pool_size=4))
+
+
 APP = "tests.support.worker_app:kit_from_environment"
+RECEIVE_ONLY_APP = "tests.support.worker_app:receive_only_kit_from_environment"
 SCHEDULES_APP = "tests.support.worker_app:kit_with_schedules_from_environment"
 
 
