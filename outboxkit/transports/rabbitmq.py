@@ -109,7 +109,7 @@ class RabbitMqTransport:
         exceptions = self._pika.exceptions
         try:
             channel = await self._channel(server)
-        except (exceptions.AMQPError, OSError, asyncio.TimeoutError) as exc:  # refused, unreachable, credentials
+        except (exceptions.AMQPError, OSError, asyncio.TimeoutError, RuntimeError) as exc:  # refused, unreachable, credentials
             await self._forget(server)
             return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {_describe(exc)}")
         where = f"exchange {exchange_name!r}" if exchange_name else "the default exchange"
@@ -127,7 +127,7 @@ class RabbitMqTransport:
             return AttemptResult(failure=FailureKind.TRANSPORT, error=f"RabbitMQ did not store it: {_describe(exc)}")
         except asyncio.TimeoutError:
             return AttemptResult(failure=FailureKind.TIMEOUT, error=f"timeout: no publisher confirm within {timeout:g} s")
-        except (exceptions.AMQPConnectionError, OSError) as exc:
+        except (exceptions.AMQPConnectionError, OSError, RuntimeError) as exc:  # RuntimeError: "<Connection> closed"
             await self._forget(server)
             return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {_describe(exc)}")
         except (exceptions.AMQPError, exceptions.ChannelInvalidStateError) as exc:
@@ -143,12 +143,22 @@ class RabbitMqTransport:
             if channel is not None and not channel.is_closed:
                 return channel
             connection = self._connections.get(server)
-            if connection is None or connection.is_closed:
-                scheme, netloc, vhost = server
-                url = f"{scheme}://{self._credentials}@{netloc}/{quote(vhost, safe='')}"
-                connection = await self._pika.connect(url, timeout=self._connect_timeout)
-                self._connections[server] = connection
-            # A channel that a refusal closed (404, 406) is replaced; the connection stays.
+            if connection is not None and not connection.is_closed:
+                # A channel that a refusal closed (404, 406) is replaced; the connection stays.  A connection the
+                # broker dropped (a restart) can still say it is open, and refuses a channel with a RuntimeError:
+                # it is replaced below.
+                try:
+                    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                except RuntimeError as exc:
+                    logger.debug("the connection to %s is gone (%s); connecting again", server[1], exc)
+                else:
+                    self._channels[server] = channel
+                    return channel
+                await self._forget(server)
+            scheme, netloc, vhost = server
+            url = f"{scheme}://{self._credentials}@{netloc}/{quote(vhost, safe='')}"
+            connection = await self._pika.connect(url, timeout=self._connect_timeout)
+            self._connections[server] = connection
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             self._channels[server] = channel
             return channel

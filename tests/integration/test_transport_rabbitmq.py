@@ -183,3 +183,27 @@ def test_credentials_the_broker_refuses_are_retried_and_the_row_goes_once_they_a
     clock.advance(seconds=1)
     assert drain_once_through(engine, clock, RabbitMqTransport(password="guest")).delivered == 1
     assert len(queued(server.url, "created")) == 1
+
+
+def test_after_the_broker_restarts_the_next_send_reconnects_and_nothing_raises(server, transport, engine, clock, read_events):
+    # The client's connection object outlives the broker it spoke to: opening a channel on it raised a RuntimeError
+    # out of send() ("... closed"), every time, so the rows were never sent again after a restart.
+    bind_queue(server.url, "created")
+    queued(server.url, "created")  # empty it
+    assert transport.send(Delivery(url=target(server, "created"), json={"warm": 1}), idempotency_key="warm", timeout=10).succeeded
+    server.stop()
+    server.start()
+    bind_queue(server.url, "created")  # the exchange is not durable
+    [row_id] = insert_rows(engine, target(server, "created"), [{"n": 1}])
+
+    with broker_drainer(engine, clock, transport) as drainer:
+        first = drainer.drain_once()
+        if first.retried:  # the send that found the old connection dead may fail; the one after goes
+            clock.advance(seconds=1)
+            assert drainer.drain_once().delivered == 1
+
+    row = read_events()[row_id]
+    assert row.status == "done"
+    assert row.last_error is None or row.last_error.startswith("connection:")
+    # The persistent message sent before the restart is still queued beside the new one.
+    assert [json.loads(body) for _, body in queued(server.url, "created")] == [{"warm": 1}, {"n": 1}]
