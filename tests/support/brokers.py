@@ -199,16 +199,20 @@ class NatsServer(_Server):
 class RedisServer(_Server):
     """``redis-server`` without persistence; ``max_bulk`` is its ``proto-max-bulk-len`` (1 MiB at least).
 
-    With ``password``, the server admits only clients that give it (``requirepass``).
+    With ``password``, the server admits only clients that give it (``requirepass``).  ``persistent`` turns on
+    the append-only file with an fsync per write, so an entry the server answered survives a restart or a crash.
     """
 
     name = "redis-server"
     package = "redis-server"
 
-    def __init__(self, *, port: int | None = None, max_bulk: str = "1mb", password: str | None = None) -> None:
+    def __init__(
+        self, *, port: int | None = None, max_bulk: str = "1mb", password: str | None = None, persistent: bool = False
+    ) -> None:
         super().__init__(port=port)
         self.max_bulk = max_bulk
         self.password = password
+        self.persistent = persistent
 
     @property
     def url(self) -> str:
@@ -216,7 +220,8 @@ class RedisServer(_Server):
 
     def command(self) -> list[str]:
         return [
-            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            *(["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]),
             "--dir", str(self.scratch), "--proto-max-bulk-len", self.max_bulk, "--daemonize", "no",
             *(["--requirepass", self.password] if self.password else []),
         ]
