@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["STATUSES", "Outbox", "OutboxOptions", "destination_of_values", "outbox_table_args"]
 
 STATUSES = ("pending", "done", "stuck")
+RELAYS = ("drain", "cdc")
 LAST_ERROR_LIMIT = 2000
 # The default of OutboxOptions.hung_send_seconds: a send out this long stops counting against concurrency
 # (outboxkit.drain.hung_sends holds the rule).
@@ -157,6 +158,12 @@ class OutboxOptions:
     whose ``delivered_at`` is older than that, never a ``pending`` or
     ``stuck`` row (see ``outboxkit.leader.retention``).  It may be overridden per
     environment like ``backoff``.
+
+    ``relay`` is ``"drain"`` (the default: the kit delivers the rows) or
+    ``"cdc"``: a change data capture connector reads the rows from the WAL,
+    the kit schedules no drain for the outbox and its workers leave it alone,
+    and the class needs no ``build_delivery`` (``outboxkit.storage.debezium``,
+    docs/cdc.md).
     """
 
     job_name: str
@@ -176,12 +183,20 @@ class OutboxOptions:
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
     ordering_key: str | None = None
+    # "drain": the kit delivers the rows; "cdc": change data capture reads them from the WAL and the kit never
+    # drains this outbox (docs/cdc.md).
+    relay: str = "drain"
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
             raise ConfigurationError(
                 f"job_name {self.job_name!r} must be 1-63 chars of lowercase letters, digits, '-' or '_', "
                 "starting with a letter (e.g. 'credit-grants')"
+            )
+        if self.relay not in RELAYS:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: relay must be one of {', '.join(map(repr, RELAYS))}, got {self.relay!r} "
+                "('cdc': a change data capture connector reads the rows and the kit does not drain them)"
             )
         for name in ("batch_size", "concurrency"):
             value = getattr(self, name)
@@ -473,7 +488,7 @@ class Outbox:
                     f"{cls.__name__} must declare __outbox__ = OutboxOptions(job_name='...'), "
                     "or set __abstract__ = True if it is an intermediate base"
                 )
-            if cls.build_delivery is Outbox.build_delivery:
+            if cls.build_delivery is Outbox.build_delivery and options.relay != "cdc":  # cdc: a connector sends
                 raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
             _check_ordering_key(cls, options)
         super().__init_subclass__(**kwargs)
