@@ -21,7 +21,8 @@ from sqlalchemy import Engine, func, select
 from outboxkit import Drainer
 from tests.faults.broker_targets import FAULT_OPTIONS, TRANSPORTS, BrokerTarget, make_transport, start_target
 from tests.faults.broker_worker import kill_mid_batch
-from tests.faults.scenario import LONG_VARIANT, fault_seed
+from tests.faults.figures import ScenarioFigures
+from tests.faults.scenario import LONG_VARIANT, SEED_VARIABLE, fault_seed
 from tests.support.brokers import insert_rows
 from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
@@ -33,6 +34,18 @@ SETTLE_SECONDS = 180.0
 SIZES = pytest.mark.parametrize(
     ("rows", "kills"), [pytest.param(600, 2, id="ci"), pytest.param(10_000, 5, id="long", marks=LONG_VARIANT)]
 )
+
+
+def publish(request: pytest.FixtureRequest, scenario: str, title: str, faults: str, fault_count: int, rows: int,
+            duplicates: int, started: float, **details: object) -> None:
+    """The scenario's figures, printed and written for bench/faults_report.py (tests/faults/figures.py)."""
+    ScenarioFigures(
+        scenario=scenario, title=title, variant=request.node.callspec.id.split("-")[-1], faults=faults,
+        fault_count=fault_count, rows=rows, lost=0, duplicates=duplicates, seed=fault_seed(),
+        seconds=round(time.monotonic() - started, 1),
+        command=f"{SEED_VARIABLE}={fault_seed()} .venv/bin/python -m pytest '{request.node.nodeid}' -m 'slow or not slow'",
+        details=dict(details),
+    ).publish()
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -85,8 +98,9 @@ def wait_for(engine: Engine, condition: Callable[[], bool], *, timeout: float, w
 
 @SIZES
 def test_a_broker_restarted_mid_batch_loses_no_row_and_its_duplicates_are_bounded(
-    target: BrokerTarget, engine: Engine, rows: int, kills: int
+    request: pytest.FixtureRequest, target: BrokerTarget, engine: Engine, rows: int, kills: int
 ) -> None:
+    started = time.monotonic()
     insert_rows(engine, target.url, [{"n": n} for n in range(rows)])
     transport = make_transport(target.name)
     drainer = Drainer(engine, SampleEvent, transport=transport, options=FAULT_OPTIONS)
@@ -110,8 +124,11 @@ def test_a_broker_restarted_mid_batch_loses_no_row_and_its_duplicates_are_bounde
     assert attempts > rows, "no send failed while the broker was away: the restart tested nothing"
     assert not stored.missing(keys), f"{len(stored.missing(keys))} rows done but not in {target.name}"
     assert set(stored.copies) == keys
-    print(f"{target.name}: restart at {at_restart}/{rows} done, {attempts - rows} retried sends, "
-          f"{stored.duplicates} duplicates")
+    publish(
+        request, f"broker-restart-{target.name}", f"broker restarted mid-batch ({target.name})",
+        f"{target.name} frozen, then stopped by pid and started again on its port and data", 1, rows, stored.duplicates,
+        started, done_at_restart=at_restart, failed_attempts=attempts - rows,
+    )
     if target.name == "nats":
         assert stored.duplicates == 0, "JetStream's duplicate window should drop every resent Nats-Msg-Id"
     else:
@@ -122,8 +139,9 @@ def test_a_broker_restarted_mid_batch_loses_no_row_and_its_duplicates_are_bounde
 
 @SIZES
 def test_a_worker_killed_between_publish_and_outcome_loses_no_row(
-    target: BrokerTarget, engine: Engine, database_url: str, rows: int, kills: int
+    request: pytest.FixtureRequest, target: BrokerTarget, engine: Engine, database_url: str, rows: int, kills: int
 ) -> None:
+    started = time.monotonic()
     insert_rows(engine, target.url, [{"n": n} for n in range(rows)])
 
     report = kill_mid_batch(
@@ -136,9 +154,12 @@ def test_a_worker_killed_between_publish_and_outcome_loses_no_row(
     assert report.kills == kills
     assert not stored.missing(keys), f"{len(stored.missing(keys))} rows done but not in {target.name}"
     assert set(stored.copies) == keys
-    print(f"{target.name}: duplicates_after_kill={stored.duplicates} after {report.kills} SIGKILLs "
-          f"({report.held_at_kills} rows under claims at the kills); "
-          f"the broker answered 'already stored' {report.acknowledged_as_duplicates} times")
+    publish(
+        request, f"broker-kill-{target.name}", f"drainer SIGKILLed between publish and outcome ({target.name})",
+        f"{kills} x SIGKILL of the worker holding an acknowledged send", kills, rows, stored.duplicates, started,
+        **{f"duplicates_after_kill_{target.name}": stored.duplicates, "rows_under_claim_at_kills": report.held_at_kills,
+           "acknowledged_as_duplicates": report.acknowledged_as_duplicates},
+    )
     if target.name == "nats":
         assert stored.duplicates == 0
         # Each kill left at least its held row accepted and unrecorded; its resend met the window.
