@@ -315,6 +315,7 @@ class SqsServer(_Server):
 
     name = "moto.server"
     package = "moto[server]"
+    startup_timeout = 60.0  # importing moto and Flask takes seconds on a loaded host
 
     def locate(self) -> str:
         try:
