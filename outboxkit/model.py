@@ -73,6 +73,7 @@ __all__ = [
 ]
 
 STATUSES = ("pending", "done", "stuck", "discarded")  # discarded: kept, never sent, by a person's choice
+RELAYS = ("drain", "cdc")
 LAST_ERROR_LIMIT = 2000
 # The default of OutboxOptions.hung_send_seconds: a send out this long stops counting against concurrency
 # (outboxkit.drain.hung_sends holds the rule).
@@ -183,6 +184,11 @@ class OutboxOptions:
     period and every row in it is ``done``; a partition holding a
     ``pending`` or ``stuck`` row is never dropped and all its rows stay
     (``outboxkit.leader.partitions``, docs/partitioning.md).
+    ``relay`` is ``"drain"`` (the default: the kit delivers the rows) or
+    ``"cdc"``: a change data capture connector reads the rows from the WAL,
+    the kit schedules no drain for the outbox and its workers leave it alone,
+    and the class needs no ``build_delivery`` (``outboxkit.storage.debezium``,
+    docs/cdc.md).
     """
 
     job_name: str
@@ -204,12 +210,20 @@ class OutboxOptions:
     ordering_key: str | None = None
     partition_by: str | None = None
     partitions_ahead: int = 4
+    # "drain": the kit delivers the rows; "cdc": change data capture reads them from the WAL and the kit never
+    # drains this outbox (docs/cdc.md).
+    relay: str = "drain"
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_name, str) or not _JOB_NAME.fullmatch(self.job_name):
             raise ConfigurationError(
                 f"job_name {self.job_name!r} must be 1-63 chars of lowercase letters, digits, '-' or '_', "
                 "starting with a letter (e.g. 'credit-grants')"
+            )
+        if self.relay not in RELAYS:
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: relay must be one of {', '.join(map(repr, RELAYS))}, got {self.relay!r} "
+                "('cdc': a change data capture connector reads the rows and the kit does not drain them)"
             )
         for name in ("batch_size", "concurrency"):
             value = getattr(self, name)
@@ -572,7 +586,7 @@ class Outbox:
                     f"{cls.__name__} must declare __outbox__ = OutboxOptions(job_name='...'), "
                     "or set __abstract__ = True if it is an intermediate base"
                 )
-            if cls.build_delivery is Outbox.build_delivery:
+            if cls.build_delivery is Outbox.build_delivery and options.relay != "cdc":  # cdc: a connector sends
                 raise ConfigurationError(f"{cls.__name__} must implement build_delivery(self) -> Delivery")
             _check_ordering_key(cls, options)
             _check_partitioned_table(cls)

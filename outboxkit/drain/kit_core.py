@@ -140,6 +140,11 @@ class KitCore:
     def outboxes(self) -> list[type[Outbox]]:
         return list(self._outboxes.values())
 
+    @property
+    def drained_outboxes(self) -> list[type[Outbox]]:
+        """The outboxes the kit delivers: all but those relayed by change data capture (``relay="cdc"``)."""
+        return [outbox for outbox in self._outboxes.values() if self._options[outbox.__outbox__.job_name].relay != "cdc"]
+
     def outbox(self, name_or_class: str | type[Outbox]) -> type[Outbox]:
         """The registered outbox class for a job name (or the class itself)."""
         if self.is_receive_only:

@@ -85,7 +85,7 @@ class DrainWorker:
 
     def __init__(self, kit: KitCore, *, outboxes: Iterable[str | type[Outbox]] | None = None) -> None:
         self.kit = kit
-        self.outboxes = [kit.outbox(name) for name in outboxes] if outboxes is not None else kit.outboxes
+        self.outboxes = [kit.outbox(name) for name in outboxes] if outboxes is not None else kit.drained_outboxes
         self._lock = threading.Lock()
         self._drainers: list[Drainer] = []
         self._listener: NotifyListener | None = None

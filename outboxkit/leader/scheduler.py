@@ -158,7 +158,7 @@ class OutboxScheduler:
         self._jobs: dict[str, ScheduledJob] = {}
         self._scheduler: _OccurrenceScheduler | None = None
         self._election: LeaderElection | None = None
-        for outbox in kit.outboxes:
+        for outbox in kit.drained_outboxes:  # a cdc outbox is read from the WAL, never drained
             self._jobs[drain_job_id(outbox)] = ScheduledJob(
                 id=drain_job_id(outbox),
                 name=outbox.__outbox__.job_name,

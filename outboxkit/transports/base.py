@@ -25,6 +25,8 @@ breaker, caps, ordering, replay, the admin, metrics) are those of any row:
 ``amqp://127.0.0.1:5672/%2F?exchange=orders  exchange ``orders``, routing key
 &routing_key=created``                      ``created``, vhost ``/``
                                             (``outboxkit.transports.rabbitmq``)
+``sqs://sqs.eu-west-1.amazonaws.com/        SQS queue ``orders.fifo`` of account
+123456789012/orders.fifo``                  123456789012 (``outboxkit.transports.sqs``)
 ==========================================  ====================================
 
 A broker URL carries no credentials (they would be shown wherever the URL
@@ -84,8 +86,8 @@ from outboxkit.policy import AttemptResult, FailureKind
 
 __all__ = ["BROKER_SCHEMES", "CallableTransport", "Delivery", "Transport"]
 
-# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq).
-BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps"})
+# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq, .sqs).
+BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps", "sqs"})
 _KEY_LIMIT = 1024
 
 _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})

@@ -25,8 +25,14 @@ The outcome rules:
   key), no such exchange (404), over the broker's ``max_message_size`` (406):
   sending the same message again meets the same answer; bind a queue or
   declare the exchange, then reset the rows;
+* refused before sending (``stuck``): a body over the ``max_message_size``
+  given to the transport (set it to the broker's).  Sent, such a message makes
+  the broker close the channel the batch shares while the client may still be
+  writing it: its own answer could be lost in a closed channel or connection;
 * retried: the broker down or unreachable, the connection or channel closed
-  mid-send, no confirm by the deadline, a ``basic.nack`` (the broker could not
+  mid-send (also by another message's 404 or 406: only the message the answer
+  names, by its exchange or its size, is stuck), no confirm by the deadline,
+  a ``basic.nack`` (the broker could not
   store it), and credentials the broker refuses (they are the transport's, not
   the message's: the breaker holds the rows, attempts kept, until fixed).
 """
@@ -35,10 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, InvalidValueError
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.event_loop import EventLoopThread
@@ -49,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'outboxkit[rabbitmq]'"
 KEY_HEADER = "Outboxkit-Key"
+# RabbitMQ's own default max_message_size from 3.8 to 3.13 (128 MiB); RabbitMQ 4 lowered it to 16 MiB.
+DEFAULT_MAX_MESSAGE_SIZE = 134_217_728
+_MISSING_EXCHANGE = re.compile(r"no exchange '(.*)' in vhost")
+_TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size")
 
 
 def _aio_pika() -> Any:
@@ -69,7 +80,18 @@ class RabbitMqTransport:
     bounds making a connection (the send's own deadline bounds it too).
     """
 
-    def __init__(self, *, username: str = "guest", password: str = "guest", connect_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        username: str = "guest",
+        password: str = "guest",
+        connect_timeout: float = 2.0,
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        if max_message_size is not None and (isinstance(max_message_size, bool) or not isinstance(max_message_size, int)
+                                             or max_message_size < 1):
+            raise InvalidValueError(f"max_message_size must be a positive number of bytes or None, got {max_message_size!r}")
+        self._max_message_size = max_message_size
         self._pika = _aio_pika()
         self._credentials = f"{quote(username, safe='')}:{quote(password, safe='')}"
         self._connect_timeout = connect_timeout
@@ -93,6 +115,12 @@ class RabbitMqTransport:
         if delivery.key is not None:
             headers[KEY_HEADER] = delivery.key
         body = delivery.body()
+        if body is not None and self._max_message_size is not None and len(body) > self._max_message_size:
+            return AttemptResult(
+                failure=FailureKind.REJECTED,
+                error=f"rejected before sending: the message ({len(body):,} bytes) is larger than the max_message_size "
+                f"given to RabbitMqTransport ({self._max_message_size:,} bytes, the broker's limit)",
+            )
         message = self._pika.Message(
             body or b"", message_id=idempotency_key, headers=headers,
             content_type="application/json" if body is not None else None,
@@ -109,7 +137,7 @@ class RabbitMqTransport:
         exceptions = self._pika.exceptions
         try:
             channel = await self._channel(server)
-        except (exceptions.AMQPError, OSError, asyncio.TimeoutError) as exc:  # refused, unreachable, credentials
+        except (exceptions.AMQPError, OSError, asyncio.TimeoutError, RuntimeError) as exc:  # refused, unreachable, credentials
             await self._forget(server)
             return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {_describe(exc)}")
         where = f"exchange {exchange_name!r}" if exchange_name else "the default exchange"
@@ -122,12 +150,19 @@ class RabbitMqTransport:
                 error=f"rejected: unroutable: no queue is bound for routing key {routing_key!r} on {where} ({_describe(exc)})",
             )
         except (exceptions.ChannelNotFoundEntity, exceptions.ChannelPreconditionFailed) as exc:
-            return AttemptResult(failure=FailureKind.REJECTED, error=f"rejected: RabbitMQ closed the channel: {_describe(exc)}")
+            if _refuses_this_message(str(exc), exchange_name, len(message.body)):
+                error = f"rejected: RabbitMQ closed the channel: {_describe(exc)}"
+                return AttemptResult(failure=FailureKind.REJECTED, error=error)
+            # Another message's refusal closed the channel this one was on: nothing is wrong with this one.
+            return AttemptResult(
+                failure=FailureKind.CONNECTION,
+                error=f"connection: the channel was closed by another message's refusal ({_describe(exc)})",
+            )
         except exceptions.DeliveryError as exc:  # basic.nack
             return AttemptResult(failure=FailureKind.TRANSPORT, error=f"RabbitMQ did not store it: {_describe(exc)}")
         except asyncio.TimeoutError:
             return AttemptResult(failure=FailureKind.TIMEOUT, error=f"timeout: no publisher confirm within {timeout:g} s")
-        except (exceptions.AMQPConnectionError, OSError) as exc:
+        except (exceptions.AMQPConnectionError, OSError, RuntimeError) as exc:  # RuntimeError: "<Connection> closed"
             await self._forget(server)
             return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {_describe(exc)}")
         except (exceptions.AMQPError, exceptions.ChannelInvalidStateError) as exc:
@@ -143,12 +178,22 @@ class RabbitMqTransport:
             if channel is not None and not channel.is_closed:
                 return channel
             connection = self._connections.get(server)
-            if connection is None or connection.is_closed:
-                scheme, netloc, vhost = server
-                url = f"{scheme}://{self._credentials}@{netloc}/{quote(vhost, safe='')}"
-                connection = await self._pika.connect(url, timeout=self._connect_timeout)
-                self._connections[server] = connection
-            # A channel that a refusal closed (404, 406) is replaced; the connection stays.
+            if connection is not None and not connection.is_closed:
+                # A channel that a refusal closed (404, 406) is replaced; the connection stays.  A connection the
+                # broker dropped (a restart) can still say it is open, and refuses a channel with a RuntimeError:
+                # it is replaced below.
+                try:
+                    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                except RuntimeError as exc:
+                    logger.debug("the connection to %s is gone (%s); connecting again", server[1], exc)
+                else:
+                    self._channels[server] = channel
+                    return channel
+                await self._forget(server)
+            scheme, netloc, vhost = server
+            url = f"{scheme}://{self._credentials}@{netloc}/{quote(vhost, safe='')}"
+            connection = await self._pika.connect(url, timeout=self._connect_timeout)
+            self._connections[server] = connection
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             self._channels[server] = channel
             return channel
@@ -169,6 +214,17 @@ class RabbitMqTransport:
 
         self._loop.close(close_all)
         self._opening.clear()
+
+
+def _refuses_this_message(answer: str, exchange_name: str, size: int) -> bool:
+    """Whether the broker's channel-closing answer names this message (its exchange, or its size), not a neighbour."""
+    missing = _MISSING_EXCHANGE.search(answer)
+    if missing is not None:
+        return missing.group(1) == exchange_name
+    too_large = _TOO_LARGE.search(answer)
+    if too_large is not None:
+        return int(too_large.group(1)) == size
+    return True  # another precondition (an argument the exchange refuses): this message's, as far as can be told
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import aio_pika
 import pytest
 from sqlalchemy import Engine
 
 from outboxkit import Drainer
+from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.rabbitmq import RabbitMqTransport
 from tests.support.brokers import RabbitMqServer, broker_drainer, drain_once_through, free_port, insert_rows
@@ -183,3 +185,67 @@ def test_credentials_the_broker_refuses_are_retried_and_the_row_goes_once_they_a
     clock.advance(seconds=1)
     assert drain_once_through(engine, clock, RabbitMqTransport(password="guest")).delivered == 1
     assert len(queued(server.url, "created")) == 1
+
+
+def test_after_the_broker_restarts_the_next_send_reconnects_and_nothing_raises(server, transport, engine, clock, read_events):
+    # The client's connection object outlives the broker it spoke to: opening a channel on it raised a RuntimeError
+    # out of send() ("... closed"), every time, so the rows were never sent again after a restart.
+    bind_queue(server.url, "created")
+    queued(server.url, "created")  # empty it
+    assert transport.send(Delivery(url=target(server, "created"), json={"warm": 1}), idempotency_key="warm", timeout=10).succeeded
+    server.stop()
+    server.start()
+    bind_queue(server.url, "created")  # the exchange is not durable
+    [row_id] = insert_rows(engine, target(server, "created"), [{"n": 1}])
+
+    with broker_drainer(engine, clock, transport) as drainer:
+        first = drainer.drain_once()
+        if first.retried:  # the send that found the old connection dead may fail; the one after goes
+            clock.advance(seconds=1)
+            assert drainer.drain_once().delivered == 1
+
+    row = read_events()[row_id]
+    assert row.status == "done"
+    assert row.last_error is None or row.last_error.startswith("connection:")
+    # The persistent message sent before the restart is still queued beside the new one.
+    assert [json.loads(body) for _, body in queued(server.url, "created")] == [{"warm": 1}, {"n": 1}]
+
+
+def send_together(transport: RabbitMqTransport, url: str, bodies: list[dict[str, str]]) -> list[AttemptResult]:
+    """Each body sent from a thread of its own, all at once, as the drain's send threads do."""
+    deliveries = [Delivery(url=url, json=body) for body in bodies]
+    with ThreadPoolExecutor(len(deliveries)) as pool:
+        return list(pool.map(lambda pair: transport.send(pair[1], idempotency_key=f"k{pair[0]}", timeout=10),
+                             enumerate(deliveries)))
+
+
+def test_a_message_over_the_limit_given_is_refused_before_it_is_sent_and_its_neighbours_go(server):
+    # Sent, it would make RabbitMQ close the channel the batch shares, while the client may still be writing it.
+    bind_queue(server.url, "created")
+    queued(server.url, "created")  # empty it
+    transport = RabbitMqTransport(max_message_size=MAX_MESSAGE_SIZE)
+    try:
+        for _ in range(3):
+            results = send_together(transport, target(server, "created"), [{"x": "y" * MAX_MESSAGE_SIZE}, {"n": "1"}] * 6)
+            big, small = results[::2], results[1::2]
+            assert {result.failure for result in big} == {FailureKind.REJECTED}
+            assert all("is larger than the max_message_size" in (result.error or "") for result in big)
+            assert all(result.succeeded for result in small), [result.error for result in small]
+    finally:
+        transport.close()
+    assert len(queued(server.url, "created")) == 18
+
+
+def test_a_message_sent_beside_one_the_broker_refuses_is_retried_not_stuck(server):
+    # The limit unknown to the transport: the broker's 406 closes the shared channel, and the sends in flight on it
+    # fail with that 406 too. Only the message it names (by its size) is refused for good.
+    bind_queue(server.url, "created")
+    transport = RabbitMqTransport(max_message_size=None)
+    try:
+        for _ in range(3):
+            results = send_together(transport, target(server, "created"), [{"x": "y" * MAX_MESSAGE_SIZE}, {"n": "1"}] * 6)
+            small = results[1::2]
+            assert FailureKind.REJECTED not in {result.failure for result in small}, [result.error for result in small]
+    finally:
+        transport.close()
+    queued(server.url, "created")

@@ -10,7 +10,8 @@ continue it, a broker that does not answer).
 
 Debian's packages (``nats-server``, ``redis-server``, ``rabbitmq-server``) are what CI installs.
 Without a binary the test is skipped with the reason, or failed when
-``OUTBOXKIT_TEST_REQUIRE_BROKERS`` is set, as CI does.
+``OUTBOXKIT_TEST_REQUIRE_BROKERS`` is set, as CI does.  ``SqsServer()`` runs moto's stand-alone server (the
+``moto[server]`` package of the dev extra), which implements AWS's SQS API on 127.0.0.1: it is not AWS.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -37,8 +39,8 @@ from outboxkit.transports.base import Transport
 from tests.support.models import SampleEvent
 
 __all__ = [
-    "NatsServer", "RabbitMqServer", "RedisServer", "broker_drainer", "drain_once_through", "free_port", "insert_rows",
-    "require_binary",
+    "NatsServer", "RabbitMqServer", "RedisServer", "SqsServer", "broker_drainer", "drain_once_through", "free_port",
+    "insert_rows", "require_binary",
 ]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
@@ -96,10 +98,14 @@ class _Server:
     startup_timeout = STARTUP_TIMEOUT_SECONDS
 
     def __init__(self, *, port: int | None = None) -> None:
-        self.binary = require_binary(self.name, self.package)
+        self.binary = self.locate()
         self.port = port or free_port()
         self.scratch = Path(tempfile.mkdtemp(prefix=f"outboxkit-{self.name}-"))
         self.process: subprocess.Popen[bytes] | None = None
+
+    def locate(self) -> str:
+        """The server's program, or skip the test (fail it in CI) saying how to install it."""
+        return require_binary(self.name, self.package)
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -199,16 +205,20 @@ class NatsServer(_Server):
 class RedisServer(_Server):
     """``redis-server`` without persistence; ``max_bulk`` is its ``proto-max-bulk-len`` (1 MiB at least).
 
-    With ``password``, the server admits only clients that give it (``requirepass``).
+    With ``password``, the server admits only clients that give it (``requirepass``).  ``persistent`` turns on
+    the append-only file with an fsync per write, so an entry the server answered survives a restart or a crash.
     """
 
     name = "redis-server"
     package = "redis-server"
 
-    def __init__(self, *, port: int | None = None, max_bulk: str = "1mb", password: str | None = None) -> None:
+    def __init__(
+        self, *, port: int | None = None, max_bulk: str = "1mb", password: str | None = None, persistent: bool = False
+    ) -> None:
         super().__init__(port=port)
         self.max_bulk = max_bulk
         self.password = password
+        self.persistent = persistent
 
     @property
     def url(self) -> str:
@@ -216,7 +226,8 @@ class RedisServer(_Server):
 
     def command(self) -> list[str]:
         return [
-            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            *(["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]),
             "--dir", str(self.scratch), "--proto-max-bulk-len", self.max_bulk, "--daemonize", "no",
             *(["--requirepass", self.password] if self.password else []),
         ]
@@ -297,3 +308,29 @@ class RabbitMqServer(_Server):
         # The package's own script, not the wrapper on PATH, which would switch to the rabbitmq user's files.
         script = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
         return [str(script if script.exists() else self.binary)]
+
+
+class SqsServer(_Server):
+    """moto's stand-alone server (``python -m moto.server``), which answers AWS's SQS API; it keeps queues in memory."""
+
+    name = "moto.server"
+    package = "moto[server]"
+    startup_timeout = 60.0  # importing moto and Flask takes seconds on a loaded host
+
+    def locate(self) -> str:
+        try:
+            import moto.server  # noqa: F401 - only to know it is there
+        except ImportError:
+            missing = "moto is not installed (pip install 'moto[server]'; the dev extra has it)"
+            if os.environ.get(REQUIRED_VARIABLE):
+                pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
+            pytest.skip(missing)
+        return sys.executable
+
+    @property
+    def endpoint(self) -> str:
+        """The ``host:port`` of the server, as an ``sqs://`` URL names it."""
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [self.binary, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]

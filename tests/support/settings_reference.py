@@ -27,6 +27,8 @@ CODE_ONLY = {
     "transport": "the transport object this outbox sends through (default: the kit's)",
     "partition_by": "the table's shape (one plain table, or partitions by day or week): made by a migration, so "
     "declared with the class (see [partitioning](partitioning.md))",
+    "relay": "who reads the rows: the kit's drain (`drain`) or a change data capture connector (`cdc`); the "
+    "connector is set up outside the application (see [change data capture](cdc.md))",
     "ordering_key": "the column whose value orders delivery; the mixin builds its indexes when the class is defined "
     "(see [ordered delivery](destinations.md#ordered-delivery))",
 }

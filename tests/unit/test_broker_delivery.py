@@ -9,13 +9,14 @@ from datetime import datetime, timezone
 import pytest
 
 from outboxkit.breaker import Signal, destination_of, signal_of
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, InvalidValueError
 from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import HttpTransport
 from outboxkit.transports.nats import NatsTransport
 from outboxkit.transports.rabbitmq import RabbitMqTransport
 from outboxkit.transports.redis_streams import RedisStreamsTransport
+from outboxkit.transports.sqs import SqsTransport
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -29,6 +30,8 @@ NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
         ("rediss://cache.internal/2/orders", "rediss://cache.internal:6379"),
         ("amqp://127.0.0.1:5672/%2F?exchange=orders&routing_key=created", "amqp://127.0.0.1:5672"),
         ("amqps://rabbit.internal/%2F?exchange=orders", "amqps://rabbit.internal:5671"),
+        ("sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo", "sqs://sqs.eu-west-1.amazonaws.com:443"),
+        ("sqs://127.0.0.1:5000/123456789012/orders", "sqs://127.0.0.1:5000"),
     ],
 )
 def test_a_broker_url_is_a_delivery_whose_destination_is_its_server(url, destination):
@@ -115,3 +118,31 @@ def test_a_broker_transport_without_its_client_library_says_how_to_install_it(mo
     monkeypatch.setitem(sys.modules, client, None)  # as if the library were not installed
     with pytest.raises(ConfigurationError, match=re.escape(f"pip install 'outboxkit[{extra}]'")):
         transport_class()
+
+
+def test_the_sqs_transport_without_boto3_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3.session", None)  # as if boto3 were not installed
+    with pytest.raises(ConfigurationError, match=re.escape("pip install 'outboxkit[sqs]'")):
+        SqsTransport(region="eu-west-1")
+
+
+def test_the_sqs_transport_refuses_before_sending_what_sqs_would_refuse():
+    transport = SqsTransport(region="eu-west-1", access_key_id="a", secret_access_key="b", endpoint_scheme="http")
+    try:
+        fifo = "sqs://127.0.0.1:1/123456789012/orders.fifo"  # nothing listens: a send would be a connection failure
+        keyless = transport.send(Delivery(url=fifo, json={}), idempotency_key="k", timeout=1)
+        crowded = transport.send(
+            Delivery(url=fifo, json={}, key="g", headers={f"X-H{n}": "v" for n in range(9)}), idempotency_key="k", timeout=1
+        )
+        elsewhere = transport.send(Delivery(url="nats://127.0.0.1:1/orders", json={}), idempotency_key="k", timeout=1)
+    finally:
+        transport.close()
+    assert keyless.failure is FailureKind.REFUSED and "needs a message group" in (keyless.error or "")
+    assert crowded.failure is FailureKind.REJECTED and "11 message attributes" in (crowded.error or "")
+    assert elsewhere.failure is FailureKind.REFUSED and "sends sqs:// URLs" in (elsewhere.error or "")
+
+
+@pytest.mark.parametrize("options", [{"endpoint_scheme": "ftp"}, {"max_message_size": 0}, {"max_message_size": True}])
+def test_the_sqs_transport_refuses_bad_options(options):
+    with pytest.raises(InvalidValueError):
+        SqsTransport(region="eu-west-1", **options)
