@@ -103,7 +103,8 @@ def primitive_rows_per_second(database_url: str, table: str, *, count: int, batc
                 for row in connection.execute(
                     claim, {"now": now, "lease_until": now + lease, "limit": batch_size, "token": token,
                             # the drain's claim walks destinations from a cursor; these rows share one
-                            "outbox": "bench-ceiling", "after": None, "cap": batch_size, "unknown_suspect": True}
+                            "outbox": "bench-ceiling", "after": None, "cap": batch_size, "unknown_suspect": True,
+                            "steps": batch_size * 4, "probes": 1}
                 )
             ]
             connection.commit()

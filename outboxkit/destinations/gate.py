@@ -157,6 +157,7 @@ class DestinationGate:
         attempt: AttemptResult,
         error: str | None,
         now: datetime,
+        claimed_until: datetime | None = None,
     ) -> None:
         """Apply an outcome to the destination's stored state, in the caller's transaction."""
         assert self.breaker is not None
@@ -169,6 +170,7 @@ class DestinationGate:
             error=error,
             status_code=attempt.status_code,
             options=self.breaker,
+            claimed_until=claimed_until,
         )
         with self._lock:
             for gone in self._used.use(destination, self.monotonic(), busy=lambda key: False):

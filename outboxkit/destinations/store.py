@@ -114,13 +114,15 @@ class DestinationStore:
         error: str | None,
         status_code: int | None,
         options: BreakerOptions,
+        claimed_until: datetime | None = None,
     ) -> tuple[DestinationState, DestinationState]:
         """Apply one attempt's outcome to its destination; returns the state before and after."""
         before = self._locked(connection, destination, create=True)
         assert before is not None
         error = error[:LAST_ERROR_LIMIT] if error else error
         after = after_outcome(
-            before, reading, now=now, row_id=row_id, error=error, status_code=status_code, options=options
+            before, reading, now=now, row_id=row_id, error=error, status_code=status_code, options=options,
+            claimed_until=claimed_until,
         )
         self._write(connection, before, after, now=now)
         return before, after

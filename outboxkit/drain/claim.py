@@ -142,6 +142,7 @@ class Claimer:
             rows, orphaned = self.queries.claim_due_rows(
                 connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
                 cap=self.options.destination_cap, breaker=self.options.breaker is not None,
+                probes=self.options.breaker.probes if self.options.breaker is not None else 1,
             )
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)

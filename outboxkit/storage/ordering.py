@@ -43,10 +43,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from outboxkit.storage.destination_claim import BLOCKED, PROBE_DUE, STATES, blocked_wakeups_sql, probe_sql
+from outboxkit.storage.destination_claim import (
+    BLOCKED,
+    PROBE_DUE,
+    STATES,
+    SUSPECT_STATE,
+    blocked_wakeups_sql,
+    probe_sql,
+    room_sql,
+)
 from outboxkit.storage.tables import ordering_skips
 
-__all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
+__all__ = ["BACKLOG_KEY_LIMIT", "DUE_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
 
 SKIPS = ordering_skips.name
 
@@ -90,13 +98,20 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
     WHERE status = 'pending' AND next_attempt_at <= :now AND {key} IS NULL AND {may_go}
     ORDER BY next_attempt_at, id
     LIMIT :limit
-){probes}, candidates AS (
-    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+){probes}, locked AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned, destination FROM {table}
     WHERE id IN (SELECT head_id FROM walk WHERE claimable UNION ALL SELECT id FROM unkeyed)
       AND status = 'pending' AND next_attempt_at <= :now
     ORDER BY next_attempt_at, id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+), turns AS (
+    SELECT locked.*, row_number() OVER (PARTITION BY destination ORDER BY next_attempt_at, id) AS turn,
+           min(destination) OVER () <> max(destination) OVER () AS shared FROM locked
+), candidates AS (
+    SELECT turns.id, turns.next_attempt_at, turns.orphaned FROM turns
+    LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = turns.destination
+    WHERE turns.destination IS NULL OR NOT turns.shared OR turns.turn <= {room}
 )"""
 # A head (or unkeyed row) ``h`` may go unless its destination is blocked (outboxkit.storage.destination_claim).
 _MAY_GO = f"""NOT EXISTS (
@@ -122,25 +137,34 @@ _ORDERED_PICK = """SELECT state.destination, (
 
 # The claim's second half (the orphan rule, the UPDATE) is the unordered claim's: outboxkit.storage.drain_queries adds it,
 # returning as well where the walk stopped (WALKED_TO), where the next claim starts.
-WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
+WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to, NULL::text AS outboxkit_alone"
 
 # The earliest due time of a row that a claim could take: an unkeyed pending row, or a key's head
 # that is pending (a head in flight counts with its lease end).  Rows waiting behind a head are not
-# due, whatever their next_attempt_at says: the background loop must not wake for them.
+# due, whatever their next_attempt_at says: the background loop must not wake for them.  The walk is
+# bounded like the backlog's: it visits the first DUE_KEY_LIMIT keys; past them, the keys not visited
+# stand in with the oldest pending row of all, but never sooner than a second from now (a row waiting
+# behind a head would otherwise wake the loop for nothing, again and again).
+DUE_KEY_LIMIT = 32
 EARLIEST_ORDERED_DUE = """
-WITH RECURSIVE keys(key) AS (
-    (SELECT {key} FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
+WITH RECURSIVE keys(key, step) AS (
+    (SELECT {key}, 1 FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
   UNION ALL
-    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1)
-    FROM keys WHERE keys.key IS NOT NULL
+    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1), keys.step + 1
+    FROM keys WHERE keys.key IS NOT NULL AND keys.step <= {key_limit}
 )
 SELECT min(due) FROM (
     (SELECT next_attempt_at AS due FROM {table} AS h WHERE status = 'pending' AND {key} IS NULL AND {may_go}
      ORDER BY next_attempt_at, id LIMIT 1)
   UNION ALL
     SELECT head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
-    WHERE keys.key IS NOT NULL AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
+    WHERE keys.key IS NOT NULL AND keys.step <= {key_limit} AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
         SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = head.destination AND {blocked})
+  UNION ALL
+    SELECT greatest(
+        (SELECT next_attempt_at FROM {table} WHERE status = 'pending' ORDER BY next_attempt_at, id LIMIT 1),
+        CAST(:now AS timestamptz) + interval '1 second')
+    FROM keys WHERE keys.step = {key_limit} + 1 AND keys.key IS NOT NULL
   UNION ALL
     {blocked_wakeups}
 ) AS dues
@@ -256,6 +280,7 @@ class KeyCursor:
     """
 
     after: str | None = None
+    alone: str | None = None  # the destination the previous unordered claim found alone (storage.destination_claim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +310,9 @@ class OrderedStatements:
             may_go=_MAY_GO,
             start_free=self._key_free("start.key"),
             next_free=self._key_free("next.key"),
-            probes=probe_sql(pick),
+            probes=probe_sql(pick, "SELECT id FROM opened_probes"),
+            states=STATES,
+            room=room_sql(self.table, "turns.destination", f"COALESCE({SUSPECT_STATE}, CAST(:unknown_suspect AS boolean))"),
         )
 
     def walked_to_column(self) -> str:
@@ -295,6 +322,7 @@ class OrderedStatements:
         return EARLIEST_ORDERED_DUE.format(
             table=self.table, key=self.key, head_of_keys=self._head("keys.key"), may_go=_MAY_GO, states=STATES,
             blocked=BLOCKED, blocked_wakeups=blocked_wakeups_sql(self.table), keys_free=self._key_free("keys.key"),
+            key_limit=DUE_KEY_LIMIT,
         )
 
     def backlog_sql(self) -> str:

@@ -30,7 +30,7 @@ from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
-BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240, probes=1)
 TIMEOUT = 1.0  # each send's deadline: a late answer comes after it
 
 FAULTS = {

@@ -61,13 +61,14 @@ def insert_rows(engine: Engine, count: int, *, at: str = DEAD, due: datetime = N
 
 
 def claim(
-    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100
+    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100, probes: int = 1
 ) -> list[int]:
-    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination); their ids."""
+    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination; ``probes``:
+    the rows sent when a cool-down is over); their ids."""
     with engine.begin() as connection:
         rows, _ = queries_for(SampleEvent).claim_due_rows(
             connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor,
-            cap=cap,
+            cap=cap, probes=probes,
         )
     return [row.id for row in rows]
 
@@ -107,17 +108,17 @@ def test_an_open_destinations_rows_are_not_claimed_and_keep_their_attempts(engin
     assert earliest_due(engine, at=NOW + timedelta(seconds=1)) == NOW + timedelta(seconds=10)  # its probe, not its rows
 
 
-def test_exactly_one_probe_per_cool_down_and_its_success_lets_the_rest_flow(engine, store):
+def test_a_few_probes_per_cool_down_and_a_success_lets_the_rest_flow(engine, store):
     open_breaker(engine, store)
     dead = insert_rows(engine, 5)
     probe_at = NOW + timedelta(seconds=10)
-    assert claim(engine, at=probe_at) == [dead[0]]  # the oldest due row, alone
+    assert claim(engine, at=probe_at, probes=3) == dead[:3]  # the oldest due rows, as many as BreakerOptions.probes
     state = state_of(engine, store)
     assert (state.status, state.probe_row_id) == ("half_open", dead[0])
-    assert claim(engine, at=probe_at + timedelta(seconds=1)) == []  # nothing more while it is out
+    assert claim(engine, at=probe_at + timedelta(seconds=1), probes=3) == []  # nothing more while they are out
     record(engine, store, SUCCEEDED, at=probe_at + timedelta(seconds=2), row_id=dead[0])
     assert state_of(engine, store).status == "healthy"
-    assert sorted(claim(engine, at=probe_at + timedelta(seconds=2))) == dead[1:]
+    assert sorted(claim(engine, at=probe_at + timedelta(seconds=2))) == dead[3:]
 
 
 def test_a_failed_probe_reopens_with_a_longer_cool_down(engine, store):
@@ -212,7 +213,7 @@ def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_
     insert_rows(engine, 5, at=LIVE)
     claim_sql = queries_for(SampleEvent)._claim_driver_sql
     parameters = {"now": NOW, "lease_until": NOW + timedelta(seconds=60), "limit": 50, "token": uuid.uuid4(),
-                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True}
+                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True, "steps": 200, "probes": 3}
     with engine.connect() as connection:
         driver = connection.connection.driver_connection
         plan = driver.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql, parameters).fetchone()[0][0]["Plan"]

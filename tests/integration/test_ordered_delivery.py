@@ -237,7 +237,8 @@ def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(en
     claim = ordered_claim_sql(queries.ordered)
     now = datetime.now(timezone.utc) + timedelta(minutes=1)  # every row due, the busy key's head still in flight
     parameters = {"now": now, "lease_until": now + timedelta(minutes=1), "limit": 50,
-                  "token": "00000000-0000-0000-0000-000000000001", "after": None, "outbox": "ordered-events"}
+                  "token": "00000000-0000-0000-0000-000000000001", "after": None, "outbox": "ordered-events",
+                  "cap": 8, "unknown_suspect": True}
     connection = engine.connect()
     try:  # EXPLAIN ANALYZE runs the claim: roll it back
         plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + claim), parameters).scalar_one()[0]["Plan"]
