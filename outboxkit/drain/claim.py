@@ -143,6 +143,7 @@ class Claimer:
                 connection, now=now, lease_until=lease_until, limit=wanted, token=token, cursor=self.walk_cursor,
                 cap=self.options.destination_cap, breaker=self.options.breaker is not None,
                 probes=self.options.breaker.probes if self.options.breaker is not None else 1,
+                rate_limit=self.options.rate_limit,
             )
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)

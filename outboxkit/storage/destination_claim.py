@@ -38,6 +38,11 @@ once and nothing claimed has to be given back:
   future), unless it is the only destination with due rows: a receiver that
   hangs holds at most that many send threads of all the drainers together.
 
+* **Rate limits.**  A rate-limited destination offers no more rows than
+  the whole tokens of its bucket (``outboxkit_destination_rates``), taken
+  in the same statement under the bucket row's lock (``_RATES``); rows
+  over the rate are not claimed, and nothing is given back.
+
 A destination's state is read by its key (the table's primary key), only
 for the destinations walked, so the claim's cost follows the destinations
 with pending rows, never the number of states stored.
@@ -55,7 +60,9 @@ __all__ = [
     "earliest_due_sql",
     "look_sql",
     "probe_sql",
+    "rates_sql",
     "room_sql",
+    "token_due_sql",
 ]
 
 STATES = "outboxkit_destinations"
@@ -142,16 +149,18 @@ _UNORDERED_PROBE_ROWS = """SELECT rows.id FROM opened_probes CROSS JOIN LATERAL 
 # in turns, and the rows it leaves are free again when the claim commits.
 _TURNS = """, shares AS (
     SELECT max(found) AS found, ceil(CAST(:limit AS numeric) / greatest(1, max(found)))::int AS rows FROM walk
-), turns AS (
-    SELECT pick.id, pick.next_attempt_at, pick.claim_token, walk.destination,
-           row_number() OVER (PARTITION BY walk.destination ORDER BY pick.next_attempt_at, pick.id) AS turn
-    FROM walk CROSS JOIN shares CROSS JOIN LATERAL (
+), wants AS MATERIALIZED (
+    SELECT walk.destination, CASE WHEN shares.found > 1 THEN least(shares.rows, {room}) ELSE :limit END AS take
+    FROM walk CROSS JOIN shares WHERE walk.may_go
+){rates}, turns AS (
+    SELECT pick.id, pick.next_attempt_at, pick.claim_token, wants.destination,
+           row_number() OVER (PARTITION BY wants.destination ORDER BY pick.next_attempt_at, pick.id) AS turn
+    FROM wants LEFT JOIN grants ON grants.destination = wants.destination CROSS JOIN LATERAL (
         SELECT id, next_attempt_at, claim_token FROM {table}
-        WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now
+        WHERE status = 'pending' AND destination = wants.destination AND next_attempt_at <= :now
         ORDER BY destination, next_attempt_at, id
-        LIMIT CASE WHEN shares.found > 1 THEN least(shares.rows, {room}) ELSE :limit END
+        LIMIT least(wants.take, COALESCE(grants.granted, wants.take))
         FOR UPDATE SKIP LOCKED) AS pick
-    WHERE walk.may_go
   UNION ALL
     SELECT id, next_attempt_at, claim_token, NULL, row_number() OVER (ORDER BY next_attempt_at, id) FROM (
         SELECT id, next_attempt_at, claim_token FROM {table}
@@ -196,6 +205,68 @@ WITH alone AS (
 ALONE_WALKED_TO = "CAST(:after AS text) AS outboxkit_walked_to, CAST(:alone AS text) AS outboxkit_alone"
 
 
+# Rate limits (``OutboxOptions.rate_limit``, ``outboxkit.rate_limits``), in the claim too.  A destination's limit in
+# requests per second, or NULL: its own (:rate_names, :rate_values) or the outbox's for every destination (:rate_default).
+_PER_SECOND = """COALESCE(
+        (SELECT named.per_second FROM unnest(CAST(:rate_names AS text[]), CAST(:rate_values AS float8[]))
+             AS named(destination, per_second) WHERE named.destination = {current}),
+        CAST(:rate_default AS float8))"""
+
+# Each rate-limited destination that would offer rows ({wants}: destination, take; {wanted}: how many of its due rows
+# it would offer) takes its tokens from its bucket in ``outboxkit_destination_rates`` here, in the claim: the bucket
+# row is locked (in destination order), so concurrent claims in any process take turns and see each other's spending;
+# it refills at per_second up to its burst, and the destination offers no more rows than it has whole tokens
+# (``grants``).  A destination seen for the first time gets a full bucket, created here; a claim that lost the race to
+# create it takes none this time.  Rows over the rate are simply not claimed: their attempts and due times are
+# untouched, and the earliest-due read wakes the loop when the next token comes.
+_RATES = """, rate_wants AS MATERIALIZED (
+    SELECT wants.destination, limits.per_second, greatest(1, limits.per_second * :burst_seconds) AS burst,
+           {wanted} AS wanted
+    FROM ({wants}) AS wants CROSS JOIN LATERAL (SELECT {per_second} AS per_second) AS limits
+    WHERE limits.per_second IS NOT NULL
+), buckets AS MATERIALIZED (
+    SELECT rate.destination, rate.tokens, rate.refilled_at FROM {rates} AS rate
+    WHERE rate.outbox = :outbox AND rate.destination IN (SELECT destination FROM rate_wants WHERE wanted > 0)
+    ORDER BY rate.destination FOR UPDATE
+), new_buckets AS (
+    INSERT INTO {rates} AS rate (outbox, destination, tokens, refilled_at, updated_at)
+    SELECT :outbox, destination, burst - least(wanted, floor(burst + 1e-9)), :now, :now FROM rate_wants
+    WHERE wanted > 0 AND destination NOT IN (SELECT destination FROM buckets)
+    ON CONFLICT DO NOTHING RETURNING rate.destination
+), grants AS MATERIALIZED (
+    SELECT rate_wants.destination, buckets.destination IS NOT NULL AS stored, refill.tokens,
+           least(rate_wants.wanted, floor(refill.tokens + 1e-9))::int AS granted
+    FROM rate_wants LEFT JOIN buckets ON buckets.destination = rate_wants.destination
+    CROSS JOIN LATERAL (SELECT CASE
+        WHEN buckets.destination IS NOT NULL THEN least(rate_wants.burst, buckets.tokens + rate_wants.per_second
+             * greatest(0, extract(epoch FROM CAST(:now AS timestamptz) - buckets.refilled_at)))
+        WHEN rate_wants.destination IN (SELECT destination FROM new_buckets) THEN rate_wants.burst
+        ELSE 0 END AS tokens) AS refill
+), spent AS (
+    UPDATE {rates} AS rate SET tokens = grants.tokens - grants.granted, refilled_at = greatest(rate.refilled_at, :now),
+        updated_at = :now
+    FROM grants WHERE rate.outbox = :outbox AND rate.destination = grants.destination AND grants.stored
+      AND grants.granted > 0
+)"""
+RATES = "outboxkit_destination_rates"
+
+# When a rate-limited destination {current} has its next whole token (NULL: it has one now, or no limit).
+_TOKEN_DUE = """(SELECT rate.refilled_at + (1 - rate.tokens) / limits.per_second * interval '1 second'
+        FROM {rates} AS rate CROSS JOIN LATERAL (SELECT {per_second} AS per_second) AS limits
+        WHERE rate.outbox = :outbox AND rate.destination = {current} AND rate.tokens < 1 - 1e-9
+          AND limits.per_second IS NOT NULL)"""
+
+
+def rates_sql(wants: str, wanted: str) -> str:
+    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers."""
+    return _RATES.format(wants=wants, wanted=wanted, per_second=_PER_SECOND.format(current="wants.destination"), rates=RATES)
+
+
+def token_due_sql(current: str) -> str:
+    """When the destination ``current`` has its next rate-limit token (``_TOKEN_DUE``)."""
+    return _TOKEN_DUE.format(rates=RATES, current=current, per_second=_PER_SECOND.format(current=current))
+
+
 def alone_claim_sql(table: str) -> str:
     """``_ALONE_CANDIDATES`` for a quoted table (parameters: now, limit, outbox, alone)."""
     return _ALONE_CANDIDATES.format(table=table, states=STATES, blocked=BLOCKED)
@@ -231,7 +302,15 @@ def destination_claim_sql(table: str) -> str:
         look=look_sql(table, "next.destination"),
     )
     probes = probe_sql(_UNORDERED_PICK.format(table=table), _UNORDERED_PROBE_ROWS.format(table=table))
-    return walk + probes + _TURNS.format(table=table, room=room_sql(table, "walk.destination", "walk.suspect"))
+    rates = rates_sql("SELECT destination, take FROM wants", _WANTED.format(table=table))
+    return walk + probes + _TURNS.format(
+        table=table, room=room_sql(table, "walk.destination", "walk.suspect"), rates=rates
+    )
+
+
+# How many due rows of a rate-limited destination the unordered claim would offer (at most its share).
+_WANTED = """(SELECT count(*) FROM (SELECT FROM {table} WHERE status = 'pending' AND destination = wants.destination
+                AND next_attempt_at <= :now ORDER BY destination, next_attempt_at, id LIMIT wants.take) AS due)::int"""
 
 
 # The earliest time a claim could take a row: each destination's oldest pending row (a row in flight counts with its
@@ -253,7 +332,7 @@ SELECT min(due) FROM (
         WHEN state.status = 'disabled' THEN NULL
         WHEN state.status = 'open' THEN greatest(first.next_attempt_at, state.next_probe_at, state.slowed_until)
         WHEN state.status = 'half_open' THEN greatest(first.next_attempt_at, state.probe_until, state.slowed_until)
-        ELSE greatest(first.next_attempt_at, state.slowed_until)
+        ELSE greatest(first.next_attempt_at, state.slowed_until, {token_due})
     END
     FROM walk
     CROSS JOIN LATERAL (
@@ -288,4 +367,4 @@ def blocked_wakeups_sql(table: str) -> str:
 
 def earliest_due_sql(table: str) -> str:
     """``EARLIEST_DUE`` for a quoted table (parameter: outbox)."""
-    return EARLIEST_DUE.format(table=table, states=STATES)
+    return EARLIEST_DUE.format(table=table, states=STATES, token_due=token_due_sql("walk.destination"))

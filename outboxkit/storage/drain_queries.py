@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
+from outboxkit.rate_limits import RateLimit
 from outboxkit.storage.array_literals import integer_array, text_array
 from outboxkit.storage.destination_claim import ALONE_WALKED_TO, alone_claim_sql, destination_claim_sql, earliest_due_sql
 from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
@@ -285,6 +286,7 @@ class OutboxQueries:
         cap: int | None = None,
         breaker: bool | None = None,
         probes: int | None = None,
+        rate_limit: RateLimit | None | Literal["class"] = "class",
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
@@ -300,7 +302,9 @@ class OutboxQueries:
         ``breaker`` says whether outcomes are stored (default: the class's),
         so a destination without a state is not yet proven; ``probes`` is
         how many rows a destination whose cool-down is over sends as its
-        probes (default: the class's ``BreakerOptions.probes``).
+        probes (default: the class's ``BreakerOptions.probes``);
+        ``rate_limit`` the destinations' rate limits (default: the class's),
+        whose tokens the claim takes.
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -315,11 +319,16 @@ class OutboxQueries:
             "unknown_suspect": breaker if breaker is not None else self.outbox.__outbox__.breaker is not None,
             "steps": limit * WALK_STEPS_PER_ROW, "probes": probes if probes is not None else self._probes(),
         }
+        limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
+        params.update(rate_parameters(limits))
         cursor = cursor if cursor is not None else KeyCursor()
         params["after"] = cursor.after
         rows: list[Outbox] = []
         extras: list[tuple[Any, ...]] = []
-        if cursor.alone is not None and self.ordered is None:  # the common case first (storage.destination_claim)
+        if (  # the common case first (storage.destination_claim); a rate-limited destination takes the walk's tokens
+            cursor.alone is not None and self.ordered is None
+            and (limits is None or limits.per_second_of(cursor.alone) is None)
+        ):
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
             rows, extras = self._run(connection, self._claim, params)
@@ -356,14 +365,17 @@ class OutboxQueries:
         )
         return result.rowcount
 
-    def earliest_due(self, connection: Connection, *, now: datetime) -> datetime | None:
+    def earliest_due(
+        self, connection: Connection, *, now: datetime, rate_limit: RateLimit | None | Literal["class"] = "class"
+    ) -> datetime | None:
         """The earliest time a claim could take a row, or None when there is none.
 
         A row of a blocked destination counts from when its destination may go again (its probe, the end of its
-        slow-down; never while it is disabled); with an ordering key, a row waiting behind its key's head does not
-        count.
+        slow-down; never while it is disabled), a row of a rate-limited one from its next token (``rate_limit``,
+        default: the class's); with an ordering key, a row waiting behind its key's head does not count.
         """
-        params = {"outbox": self.job_name, "now": now}
+        limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
+        params = {"outbox": self.job_name, "now": now, **rate_parameters(limits)}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
         return None if found is None else found[0]
 
@@ -430,6 +442,17 @@ class OutboxQueries:
         }
         cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
         return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def rate_parameters(rate_limit: RateLimit | None) -> dict[str, Any]:
+    """The claim's and the earliest-due read's parameters of the destinations' rate limits (none: ``None``)."""
+    if rate_limit is None:
+        return {"rate_default": None, "rate_names": [], "rate_values": [], "burst_seconds": 1.0}
+    return {
+        "rate_default": rate_limit.per_second, "rate_names": list(rate_limit.destinations),
+        "rate_values": [float(value) for value in rate_limit.destinations.values()],
+        "burst_seconds": float(rate_limit.burst_seconds),
+    }
 
 
 class _ClaimStatement:

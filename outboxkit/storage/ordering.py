@@ -50,7 +50,9 @@ from outboxkit.storage.destination_claim import (
     SUSPECT_STATE,
     blocked_wakeups_sql,
     probe_sql,
+    rates_sql,
     room_sql,
+    token_due_sql,
 )
 from outboxkit.storage.tables import ordering_skips
 
@@ -108,11 +110,17 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
 ), turns AS (
     SELECT locked.*, row_number() OVER (PARTITION BY destination ORDER BY next_attempt_at, id) AS turn,
            min(destination) OVER () <> max(destination) OVER () AS shared FROM locked
-), candidates AS (
-    SELECT turns.id, turns.next_attempt_at, turns.orphaned FROM turns
+), capped AS (
+    SELECT turns.* FROM turns
     LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = turns.destination
     WHERE turns.destination IS NULL OR NOT turns.shared OR turns.turn <= {room}
+){rates}, candidates AS (
+    SELECT capped.id, capped.next_attempt_at, capped.orphaned FROM capped
+    LEFT JOIN grants ON grants.destination = capped.destination
+    WHERE grants.granted IS NULL OR capped.turn <= grants.granted
 )"""
+# The heads of each rate-limited destination the claim would take, for its tokens (outboxkit.storage.destination_claim).
+_WANTS = "SELECT destination, count(*)::int AS take FROM capped WHERE destination IS NOT NULL GROUP BY destination"
 # A head (or unkeyed row) ``h`` may go unless its destination is blocked (outboxkit.storage.destination_claim).
 _MAY_GO = f"""NOT EXISTS (
         SELECT FROM {STATES} AS state WHERE state.outbox = :outbox AND state.destination = h.destination AND {BLOCKED})"""
@@ -157,7 +165,7 @@ SELECT min(due) FROM (
     (SELECT next_attempt_at AS due FROM {table} AS h WHERE status = 'pending' AND {key} IS NULL AND {may_go}
      ORDER BY next_attempt_at, id LIMIT 1)
   UNION ALL
-    SELECT head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
+    SELECT greatest(head.next_attempt_at, {token_due}) FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
     WHERE keys.key IS NOT NULL AND keys.step <= {key_limit} AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
         SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = head.destination AND {blocked})
   UNION ALL
@@ -313,6 +321,7 @@ class OrderedStatements:
             probes=probe_sql(pick, "SELECT id FROM opened_probes"),
             states=STATES,
             room=room_sql(self.table, "turns.destination", f"COALESCE({SUSPECT_STATE}, CAST(:unknown_suspect AS boolean))"),
+            rates=rates_sql(_WANTS, "wants.take"),
         )
 
     def walked_to_column(self) -> str:
@@ -322,7 +331,7 @@ class OrderedStatements:
         return EARLIEST_ORDERED_DUE.format(
             table=self.table, key=self.key, head_of_keys=self._head("keys.key"), may_go=_MAY_GO, states=STATES,
             blocked=BLOCKED, blocked_wakeups=blocked_wakeups_sql(self.table), keys_free=self._key_free("keys.key"),
-            key_limit=DUE_KEY_LIMIT,
+            key_limit=DUE_KEY_LIMIT, token_due=token_due_sql("head.destination"),
         )
 
     def backlog_sql(self) -> str:

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from outboxkit.breaker import BreakerOptions, Reading, Signal
 from outboxkit.destinations.store import DestinationStore
-from outboxkit.storage.drain_queries import queries_for
+from outboxkit.rate_limits import RateLimit
+from outboxkit.storage.drain_queries import queries_for, rate_parameters
 from outboxkit.storage.ordering import KeyCursor
 from outboxkit.storage.tables import destinations as destination_table
 from tests.support.database import sqlalchemy_url
@@ -61,14 +62,15 @@ def insert_rows(engine: Engine, count: int, *, at: str = DEAD, due: datetime = N
 
 
 def claim(
-    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100, probes: int = 1
+    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100, probes: int = 1,
+    rate_limit: RateLimit | None = None,
 ) -> list[int]:
     """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination; ``probes``:
-    the rows sent when a cool-down is over); their ids."""
+    the rows sent when a cool-down is over; ``rate_limit``: the destinations' rates); their ids."""
     with engine.begin() as connection:
         rows, _ = queries_for(SampleEvent).claim_due_rows(
             connection, now=at, lease_until=at + timedelta(seconds=60), limit=limit, token=uuid.uuid4(), cursor=cursor,
-            cap=cap, probes=probes,
+            cap=cap, probes=probes, rate_limit=rate_limit,
         )
     return [row.id for row in rows]
 
@@ -81,18 +83,19 @@ def insert_ordered(engine: Engine, keys: list[str], *, at: str) -> list[int]:
         return list(connection.scalars(statement, rows))
 
 
-def claim_ordered(engine: Engine, *, at: datetime, cap: int) -> list[int]:
+def claim_ordered(engine: Engine, *, at: datetime, cap: int = 100, rate_limit: RateLimit | None = None) -> list[int]:
     """Claim due heads with the ordered claim statement, as a drainer of its own would (its own cursor)."""
     with engine.begin() as connection:
         rows, _ = queries_for(OrderedEvent).claim_due_rows(
             connection, now=at, lease_until=at + timedelta(seconds=60), limit=20, token=uuid.uuid4(), cap=cap,
+            rate_limit=rate_limit,
         )
     return [row.id for row in rows]
 
 
-def earliest_due(engine: Engine, *, at: datetime) -> datetime | None:
+def earliest_due(engine: Engine, *, at: datetime, rate_limit: RateLimit | None = None) -> datetime | None:
     with engine.connect() as connection:
-        return queries_for(SampleEvent).earliest_due(connection, now=at)
+        return queries_for(SampleEvent).earliest_due(connection, now=at, rate_limit=rate_limit)
 
 
 def rows_by_id(engine: Engine) -> dict[int, SampleEvent]:
@@ -230,7 +233,8 @@ def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_
     insert_rows(engine, 5, at=LIVE)
     claim_sql = queries_for(SampleEvent)._claim_driver_sql
     parameters = {"now": NOW, "lease_until": NOW + timedelta(seconds=60), "limit": 50, "token": uuid.uuid4(),
-                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True, "steps": 200, "probes": 3}
+                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True, "steps": 200, "probes": 3,
+                  **rate_parameters(None)}
     with engine.connect() as connection:
         driver = connection.connection.driver_connection
         plan = driver.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql, parameters).fetchone()[0][0]["Plan"]

@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, insert, text
 from outboxkit import ManualClock
 from outboxkit.metrics.prometheus import OutboxMetrics
 from outboxkit.storage.attempts import AttemptLog
+from outboxkit.storage.drain_queries import rate_parameters
 from outboxkit.storage.operator_queries import admin_queries_for
 from outboxkit.storage.ordering import DUE_KEY_LIMIT, ordered_statements
 from tests.integration.test_model import plan_nodes
@@ -192,9 +193,9 @@ def test_the_earliest_due_read_walks_a_bounded_number_of_keys(ordered_admin):
     earliest = ordered_statements(OrderedEvent, "ordered_event_outbox").earliest_due_sql()
     with ordered_admin.engine.connect() as connection:
         plan = connection.execute(
-            text("EXPLAIN (ANALYZE, FORMAT JSON) " + earliest), {"now": NOW, "outbox": "ordered-events"}
+            text("EXPLAIN (ANALYZE, FORMAT JSON) " + earliest), {"now": NOW, "outbox": "ordered-events", **rate_parameters(None)}
         ).scalar_one()[0]["Plan"]
-        due = connection.execute(text(earliest), {"now": NOW, "outbox": "ordered-events"}).scalar_one()
+        due = connection.execute(text(earliest), {"now": NOW, "outbox": "ordered-events", **rate_parameters(None)}).scalar_one()
     walks = [node for node, _ in plan_nodes(plan) if node["Node Type"] == "Recursive Union"]
     assert walks and all(node["Actual Rows"] <= DUE_KEY_LIMIT + 2 for node in walks)  # 2,000 keys in the table
     assert due == NOW + timedelta(minutes=5)
