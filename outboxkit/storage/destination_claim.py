@@ -257,8 +257,15 @@ _TOKEN_DUE = """(SELECT rate.refilled_at + (1 - rate.tokens) / limits.per_second
           AND limits.per_second IS NOT NULL)"""
 
 
-def rates_sql(wants: str, wanted: str) -> str:
-    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers."""
+# An outbox without a rate limit runs a claim without them: no destination has tokens to count.
+_NO_RATES = ", grants AS (SELECT CAST(NULL AS varchar) AS destination, 0 AS granted WHERE false)"
+
+
+def rates_sql(wants: str, wanted: str, *, rate_limits: bool = True) -> str:
+    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers (none
+    without ``rate_limits``)."""
+    if not rate_limits:
+        return _NO_RATES
     return _RATES.format(wants=wants, wanted=wanted, per_second=_PER_SECOND.format(current="wants.destination"), rates=RATES)
 
 
@@ -293,7 +300,7 @@ def probe_sql(pick: str, probe_rows: str) -> str:
     return _PROBES.format(states=STATES, probe_due=PROBE_DUE, pick=pick, probe_rows=probe_rows)
 
 
-def destination_claim_sql(table: str) -> str:
+def destination_claim_sql(table: str, *, rate_limits: bool = True) -> str:
     """The unordered claim's first half: the walk, the probes and the candidates it locks (``walk``, ``probes``,
     ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, steps, outbox,
     after, cap, unknown_suspect, probes."""
@@ -302,7 +309,7 @@ def destination_claim_sql(table: str) -> str:
         look=look_sql(table, "next.destination"),
     )
     probes = probe_sql(_UNORDERED_PICK.format(table=table), _UNORDERED_PROBE_ROWS.format(table=table))
-    rates = rates_sql("SELECT destination, take FROM wants", _WANTED.format(table=table))
+    rates = rates_sql("SELECT destination, take FROM wants", _WANTED.format(table=table), rate_limits=rate_limits)
     return walk + probes + _TURNS.format(
         table=table, room=room_sql(table, "walk.destination", "walk.suspect"), rates=rates
     )

@@ -193,10 +193,13 @@ class Outcome:
     error: str | None
 
 
-def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+def claim_sql(
+    table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*", rate_limits: bool = True
+) -> str:
     """The claim for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters: now,
-    lease_until, limit, token, outbox, after).  ``columns`` is what it returns of each row."""
-    return destination_claim_sql(table) + _CLAIM_CANDIDATES.format(
+    lease_until, limit, token, outbox, after).  ``columns`` is what it returns of each row; without
+    ``rate_limits`` it takes no tokens (an outbox without a limit)."""
+    return destination_claim_sql(table, rate_limits=rate_limits) + _CLAIM_CANDIDATES.format(
         table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
         walked_to=DESTINATIONS_WALKED_TO,
     )
@@ -210,9 +213,11 @@ def alone_sql(table: str, *, synchronous_commit: bool = True, columns: str = "ou
     )
 
 
-def ordered_claim_sql(statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+def ordered_claim_sql(
+    statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*", rate_limits: bool = True
+) -> str:
     """The claim of an outbox with an ordering key: its keys' heads (``storage.ordering``), then the claim's second half."""
-    return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
+    return statements.candidates_sql(rate_limits=rate_limits) + _CLAIM_CANDIDATES.format(
         table=statements.table,
         asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
         columns=columns,
@@ -252,17 +257,23 @@ class OutboxQueries:
             column("outboxkit_alone", Text),
         ]
         columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
+        # Two claims: with the rate limits' tokens, and (an outbox without a limit) without them.
         if self.ordered is None:
-            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns)
+            sql, unlimited = (claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, rate_limits=limited)
+                              for limited in (True, False))
             earliest_due = text(earliest_due_sql(quoted))
         else:  # an ordering key: the claim takes each key's head (outboxkit.storage.ordering)
-            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns)
+            sql, unlimited = (
+                ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns, rate_limits=limited)
+                for limited in (True, False)
+            )
             earliest_due = text(self.ordered.earliest_due_sql())
         # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
         # SQLAlchemy's statement layer, and how the claim's rows become instances.
         dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
         self._claim = _ClaimStatement(text(sql), returned, outbox, dialect)
         self._claim_driver_sql = self._claim.driver_sql
+        self._unlimited_claim = _ClaimStatement(text(unlimited), returned, outbox, dialect)
         self._alone = _ClaimStatement(
             text(alone_sql(quoted, synchronous_commit=synchronous_commit, columns=columns)), returned, outbox, dialect
         )
@@ -331,7 +342,7 @@ class OutboxQueries:
         ):
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
-            rows, extras = self._run(connection, self._claim, params)
+            rows, extras = self._run(connection, self._claim if limits is not None else self._unlimited_claim, params)
         cursor.alone = extras[0][2] if extras else None
         if extras:
             cursor.after = extras[0][1]

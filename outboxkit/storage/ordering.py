@@ -299,7 +299,7 @@ class OrderedStatements:
     key: str  # the key column's quoted name
     key_type: str  # its SQL type, to cast the cursor back
 
-    def candidates_sql(self) -> str:
+    def candidates_sql(self, *, rate_limits: bool = True) -> str:
         """The ordered claim's first half: the walk and the candidates it locks (``storage.drain_queries`` adds the rest)."""
         after = f"CAST(:after AS {self.key_type})"
         first_key = _NEXT_KEY.format(key=self.key, table=self.table, current=after)
@@ -321,7 +321,7 @@ class OrderedStatements:
             probes=probe_sql(pick, "SELECT id FROM opened_probes"),
             states=STATES,
             room=room_sql(self.table, "turns.destination", f"COALESCE({SUSPECT_STATE}, CAST(:unknown_suspect AS boolean))"),
-            rates=rates_sql(_WANTS, "wants.take"),
+            rates=rates_sql(_WANTS, "wants.take", rate_limits=rate_limits),
         )
 
     def walked_to_column(self) -> str:
