@@ -29,7 +29,7 @@ import psycopg
 from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.engine import make_url
 
-from outboxkit.storage.drain_queries import claim_sql
+from outboxkit.storage.drain_queries import claim_sql, rate_parameters
 
 # The drain's claim statement, with SQLAlchemy's :name parameters in psycopg's style.
 PRIMITIVE_CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql("{table}")).replace("RETURNING outbox.*", "RETURNING outbox.id")
@@ -106,7 +106,8 @@ def primitive_rows_per_second(database_url: str, table: str, *, count: int, batc
                 for row in connection.execute(
                     claim, {"now": now, "lease_until": now + lease, "limit": batch_size, "token": token,
                             # the drain's claim walks destinations from a cursor; these rows share one
-                            "outbox": "bench-ceiling", "after": None, "cap": batch_size, "unknown_suspect": True}
+                            "outbox": "bench-ceiling", "after": None, "cap": batch_size, "unknown_suspect": True,
+                            "steps": batch_size * 4, "probes": 1, **rate_parameters(None)}
                 )
             ]
             connection.commit()

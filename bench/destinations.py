@@ -42,9 +42,16 @@ never answers (a blackholed partner) until told to answer.
    ``unordered_rows_per_s``, ``ordered_ratio`` (target >= 0.7), ``order_violations`` (must be 0).
    ``--ordered-only`` runs this part alone; ``--no-ordered`` leaves it out.
 
+7. **The destination-aware claim** (bench/destination_claims.py): ``healthy_ratio_worker`` (the isolation ratio of
+   the drain loop, ``Drainer.start``, the loop ``kit.worker`` runs in every process) and ``healthy_ratio_drain_calls``
+   (part 1), ``healthy_ratio_100_dead_of_1000``, ``held_rows_claimed``, ``flaky_30pct_time_ratio``, ``fair_p95_ms``,
+   ``ordered_earliest_due_ms_100k_keys``, with ``load_average``.  ``--quick`` runs every part small (300 rows, one
+   pair, no probe window, no ordered throughput; a 20,000-row backlog for ``fair_p95_ms``): under three minutes.
+
 Run::
 
     .venv/bin/python bench/destinations.py               # about two minutes
+    .venv/bin/python bench/destinations.py --quick       # every key, small
     .venv/bin/python bench/destinations.py --window 30   # quicker
 
 The last line is one JSON object with those keys.
@@ -71,6 +78,7 @@ import psycopg  # noqa: E402
 from exampleapp.models import Base, WebhookOutbox  # noqa: E402
 from sqlalchemy import Engine, create_engine, func, insert, select, text  # noqa: E402
 
+from bench import destination_claims  # noqa: E402
 from bench.ceilings import scratch_database  # noqa: E402
 from bench.drain_throughput import ReceiverProcess  # noqa: E402
 from bench.ordered_delivery import ordered_vs_unordered, run_ordered_only  # noqa: E402
@@ -398,6 +406,25 @@ def claim_cost(engine: Engine, *, rounds: int = 30) -> dict[str, float]:
     }
 
 
+def claim_figures(engine: Engine, url: str, healthy_url: str, dead_url: str, *, quick: bool) -> dict[str, object]:
+    """Part 7 (bench/destination_claims.py); the second healthy receiver stands for destination B."""
+    figures: dict[str, object] = {}
+    figures.update(destination_claims.dead_of_destinations(engine, healthy_url, dead_url))
+    print(f"1,000 destinations: {figures}; load {load_average()}", flush=True)
+    figures.update(destination_claims.held_rows_claimed(engine, url, dead_url, tries=30 if quick else 100))
+    figures.update(destination_claims.flaky_time_ratio(engine, rows=300 if quick else 1500))
+    print(f"held and flaky: {figures}; load {load_average()}", flush=True)
+    other = ReceiverProcess()
+    try:
+        figures.update(destination_claims.fair_p95(engine, healthy_url, other.url, backlog=20_000 if quick else 100_000,
+                                                   samples=10 if quick else 30))
+    finally:
+        other.stop()
+    figures.update(destination_claims.ordered_earliest_due(engine))
+    print(f"claim figures: {figures}; load {load_average()}", flush=True)
+    return figures
+
+
 def load_average() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
@@ -412,8 +439,11 @@ def main() -> None:
                         help="isolation runs with the breaker on, off, or both (each with its own keys)")
     parser.add_argument("--no-drain-calls", dest="drain_calls", action="store_false",
                         help="skip the isolation runs with Drainer.drain called in a loop")
+    parser.add_argument("--quick", action="store_true", help="every key, small (under three minutes)")
     add_ordered_flags(parser)
     options = parser.parse_args()
+    if options.quick:
+        options.rows, options.repeat, options.window, options.breaker, options.no_ordered = 300, 1, 0.0, "on", True
     if options.ordered_only:
         print(json.dumps(run_ordered_only(repeat=options.ordered_repeat)))
         return
@@ -439,6 +469,7 @@ def main() -> None:
             print(f"{name}: {value:.2f}", flush=True)
         signing = microseconds_per_row(SECRETS[:1], delivery_of(500), 20_000)
         figures.update(claim_cost(engine))
+        claims = claim_figures(engine, scratch.sqlalchemy_url, healthy.url, dead.url, quick=options.quick)
         ordered = {} if options.no_ordered else ordered_vs_unordered(engine, repeat=options.ordered_repeat)
     finally:
         dead.close()
@@ -458,9 +489,13 @@ def main() -> None:
         "recovery_target_s": PROBE_COOL_DOWN + 1,
         "signing_cpu_us_per_row": round(signing, 2),
         "rows": options.rows,
+        **claims,
         **ordered,
         "load_average_at_end": load_average(),
     }
+    result["healthy_ratio_worker"] = result.get("healthy_ratio")
+    result["healthy_ratio_drain_calls"] = result.get("healthy_ratio_drain_calls")
+    result["load_average"] = result["load_average_at_end"]
     print(json.dumps(result))
 
 

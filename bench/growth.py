@@ -69,7 +69,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.drain_throughput import ReceiverProcess, run_drainer  # noqa: E402
 from outboxkit.leader.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
-from outboxkit.storage.drain_queries import claim_sql, record_outcome_sql  # noqa: E402
+from outboxkit.storage.drain_queries import claim_sql, rate_parameters, record_outcome_sql  # noqa: E402
 from outboxkit.storage.operator_queries import admin_queries_for  # noqa: E402
 from outboxkit.storage.row_filter import RowFilter  # noqa: E402
 from outboxkit.storage.tables import kit_metadata  # noqa: E402
@@ -81,7 +81,8 @@ PASSWORD = "bench"
 # The drain's claim with psycopg's parameter style; RETURNING outbox.* kept, as the drain reads it.
 CLAIM = re.sub(r"(?<!:):(\w+)", r"%(\1)s", claim_sql(TABLE))
 # The claim walks destinations from a cursor and caps a suspect one: this table's rows share one destination.
-CLAIM_SCOPE = {"outbox": "webhooks", "after": None, "cap": 50, "unknown_suspect": True}
+CLAIM_SCOPE = {"outbox": "webhooks", "after": None, "cap": 50, "unknown_suspect": True, "steps": 200, "probes": 1,
+               **rate_parameters(None)}
 RECORD = record_outcome_sql(TABLE)
 # The overview's counts before this change (outboxkit/storage/drain_queries.py at 0670ce2): exact counts.
 LEGACY_STATUS_COUNTS = f"""

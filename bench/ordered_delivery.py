@@ -122,10 +122,12 @@ async def _serve(failure_rate: float, seed: int) -> None:
 
 
 class FlakyReceiver:
-    """This module's receiver in a process of its own: 503 to ``FAILURE_RATE`` of requests, a log of them all."""
+    """This module's receiver in a process of its own: 503 to ``failure_rate`` of requests, a log of them all."""
 
-    def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+    def __init__(self, failure_rate: float = FAILURE_RATE) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "--failure-rate", str(failure_rate)], stdout=subprocess.PIPE, text=True
+        )
         assert self.process.stdout is not None  # opened as a pipe above
         line = self.process.stdout.readline()
         if not line.startswith("listening "):
@@ -171,6 +173,33 @@ def _rows(seed: int) -> list[tuple[str, int]]:
     return rows
 
 
+def _scalar(engine: Engine, statement: Any) -> Any:
+    with engine.connect() as connection:
+        return connection.execute(statement).scalar_one()
+
+
+def seconds_to_drain(
+    engine: Engine, outbox: type[Outbox], *, options: OutboxOptions | None = None, url_prefix: str | None = None,
+    timeout: float = 600.0,
+) -> float:
+    """Seconds until every row of ``outbox`` (those whose URL starts with ``url_prefix``) is done, a drain loop running."""
+    pending = select(func.count()).select_from(outbox).where(outbox.status != "done")
+    if url_prefix is not None:
+        pending = pending.where(outbox.target_url.startswith(url_prefix))  # type: ignore[attr-defined]
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, outbox, transport=transport, options=options)
+        started = time.monotonic()
+        drainer.start(poll_seconds=1)
+        try:
+            while _scalar(engine, pending):
+                if time.monotonic() - started > timeout:
+                    raise RuntimeError(f"rows not delivered within {timeout} s")
+                threading.Event().wait(0.1)
+            return time.monotonic() - started
+        finally:
+            drainer.close()
+
+
 def one_run(engine: Engine, outbox: type[Outbox], receiver: FlakyReceiver, rows: list[tuple[str, int]]) -> float:
     """Rows/s for one outbox: insert every row, start a drain loop, wait for the last row to be done."""
     table = outbox.__table__.name  # type: ignore[attr-defined]  # the mixin's type does not declare the mapped table
@@ -182,20 +211,7 @@ def one_run(engine: Engine, outbox: type[Outbox], receiver: FlakyReceiver, rows:
             connection.execute(insert(outbox), values[start : start + 5_000])
         connection.execute(text(f"ANALYZE {table}"))
     receiver.reset()
-    pending = select(func.count()).select_from(outbox).where(outbox.status != "done")
-    with HttpTransport() as transport:
-        drainer = Drainer(engine, outbox, transport=transport)
-        started = time.monotonic()
-        drainer.start(poll_seconds=1)
-        try:
-            while True:
-                threading.Event().wait(0.25)
-                with engine.connect() as connection:
-                    if not connection.execute(pending).scalar_one():
-                        break
-            elapsed = time.monotonic() - started
-        finally:
-            drainer.close()
+    elapsed = seconds_to_drain(engine, outbox)
     return len(rows) / elapsed
 
 
@@ -248,9 +264,10 @@ def run_ordered_only(*, repeat: int = 1) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the receiver's process
+    parser.add_argument("--failure-rate", type=float, default=FAILURE_RATE, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.serve:
-        asyncio.run(_serve(FAILURE_RATE, seed=17))
+        asyncio.run(_serve(options.failure_rate, seed=17))
         return
     print(json.dumps(run_ordered_only()))
 

@@ -59,7 +59,7 @@ from outboxkit import Delivery, Outbox, OutboxOptions  # noqa: E402
 from outboxkit.leader.partitions import drop_done_partitions, ensure_partitions  # noqa: E402
 from outboxkit.leader.retention import RetentionLimits, delete_delivered_rows  # noqa: E402
 from outboxkit.migrations.partitioned_tables import create_partitioned_outbox_sql  # noqa: E402
-from outboxkit.storage.drain_queries import claim_sql, quote_table  # noqa: E402
+from outboxkit.storage.drain_queries import claim_sql, quote_table, rate_parameters  # noqa: E402
 from outboxkit.storage.operator_queries import admin_queries_for  # noqa: E402
 from outboxkit.storage.partitions import interval_start  # noqa: E402
 from outboxkit.storage.row_filter import RowFilter  # noqa: E402
@@ -188,7 +188,8 @@ def measure_claims(scratch: Scratch, outbox: type[Outbox], repeat: int) -> list[
         for number in range(repeat + 5):
             now = datetime.now(timezone.utc)
             parameters = {"now": now, "lease_until": now + timedelta(minutes=5), "limit": 50, "token": uuid.uuid4(),
-                          "outbox": outbox.__outbox__.job_name, "after": None, "cap": 50, "unknown_suspect": True}
+                          "outbox": outbox.__outbox__.job_name, "after": None, "cap": 50, "unknown_suspect": True,
+                          "steps": 200, "probes": 1, **rate_parameters(None)}
             started = time.perf_counter()
             claimed = connection.execute(statement, parameters).fetchall()
             elapsed = (time.perf_counter() - started) * 1000

@@ -101,6 +101,8 @@ class BreakerOptions:
     ``window``: seconds over which recent outcomes are counted (default 300).
     ``max_slow_down``: the longest a ``Retry-After`` may hold a whole
     destination (default 3600).
+    ``probes``: rows sent at once when the cool-down is over (default 3;
+    across every process).
     """
 
     failures: int = 5
@@ -109,10 +111,13 @@ class BreakerOptions:
     max_cool_down: float = 600.0
     window: float = 300.0
     max_slow_down: float = 3600.0
+    probes: int = 3
 
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int) or not 1 <= self.failures <= 1_000_000:
             raise ConfigurationError(f"BreakerOptions.failures must be an integer from 1 to 1000000, got {self.failures!r}")
+        if isinstance(self.probes, bool) or not isinstance(self.probes, int) or not 1 <= self.probes <= 1000:
+            raise ConfigurationError(f"BreakerOptions.probes must be an integer from 1 to 1000, got {self.probes!r}")
         if isinstance(self.failure_span, bool) or not isinstance(self.failure_span, (int, float)) or not (
             math.isfinite(self.failure_span) and self.failure_span >= 0
         ):
@@ -217,8 +222,9 @@ def after_outcome(
     error: str | None,
     status_code: int | None,
     options: BreakerOptions,
+    claimed_until: datetime | None = None,
 ) -> DestinationState:
-    """The state after one attempt of row ``row_id`` said ``reading``."""
+    """The state after one attempt of row ``row_id`` (claimed until ``claimed_until``) said ``reading``."""
     if state.window_started_at is None or (now - state.window_started_at).total_seconds() >= options.window:
         state = replace(state, window_started_at=now, window_successes=0, window_failures=0)
     if state.slowed_until is not None and state.slowed_until <= now:
@@ -258,10 +264,18 @@ def after_outcome(
     if state.status == Status.HEALTHY.value and state.consecutive_failures >= options.failures and not succeeded_lately:
         reason = f"{state.consecutive_failures} consecutive failures"
         return _opened(state, now=now, cool_down=options.cool_down, opened_at=now, reason=reason)
-    if state.status == Status.HALF_OPEN.value and state.probe_row_id == row_id:
+    if state.status == Status.HALF_OPEN.value and _a_probe(state, row_id, claimed_until):
         cool_down = min((state.cool_down or options.cool_down) * 2, options.max_cool_down)
         return _opened(state, now=now, cool_down=cool_down, opened_at=state.opened_at or now, reason=f"probe row {row_id} failed")
     return state
+
+
+def _a_probe(state: DestinationState, row_id: int, claimed_until: datetime | None) -> bool:
+    """Whether the row was one of the probes: claimed by the probes' claim (whose lease is ``probe_until``) or later,
+    not a row sent before the breaker opened."""
+    if claimed_until is None or state.probe_until is None:
+        return state.probe_row_id == row_id
+    return claimed_until >= state.probe_until
 
 
 def _opened(state: DestinationState, *, now: datetime, cool_down: float, opened_at: datetime, reason: str) -> DestinationState:

@@ -7,29 +7,20 @@ both.  A destination without a limit costs nothing: no state is read or
 written for it.
 
 Each limited destination has a token bucket, one row of
-``outboxkit_destination_rates`` shared by every process
-(``outboxkit.destinations.rate_store``).  It holds up to ``burst`` tokens (by
-default one second's worth: ``max(1, per_second * burst_seconds)``) and
-refills at ``per_second``; a send takes one.  A drainer takes the tokens for
-a claimed batch's rows of that destination in one short transaction under the
-row's lock, so two processes never spend the same token.  The rows it gets no
-token for are given back unsent, their attempt not spent, due again at the
-times the bucket will have a token for them: spread ``1 / per_second`` apart
-(in steps of at least ``STEP_SECONDS``) after those already given back, so
-each comes back about when its turn comes instead of all at once.
+``outboxkit_destination_rates`` shared by every process.  It holds up to
+``burst`` tokens (by default one second's worth: ``max(1, per_second *
+burst_seconds)``) and refills at ``per_second``; a claimed row takes one.  The
+claim itself takes the tokens, in the statement that claims the rows, under
+the bucket row's lock (``outboxkit.storage.destination_claim``): rows beyond
+the tokens are not claimed, so they keep their attempts and due times, and
+two processes never spend the same token.
 
-**Precision.**  Tokens are granted, across every process, at most ``burst +
+**Precision.**  Rows are claimed, across every process, at most ``burst +
 per_second * T`` in any window of ``T`` seconds (the bucket's refill time
-only moves forward; the drain counts it by the database server's clock, as
-each process reads it, so two processes' times differ by milliseconds and
-a process whose reading is ``s`` seconds ahead lets at most
-``per_second * s`` more through, once).  A send follows its grant within ``GRANT_SECONDS``: a row
-whose send thread starts later than that is given back unsent instead.  So
-the requests a destination receives in any window of ``T`` seconds are at
-most ``burst + per_second * (T + GRANT_SECONDS)``: with the default burst,
-2.5 times the limit in the one second after an idle spell, and within 5% of
-it over 30 seconds.  A probe (``outboxkit.breaker``) is sent without a
-token: one request per cool-down.
+only moves forward, and the claim reads it by the database server's clock in
+SQL, so every process counts by the same time).  A claimed row is sent at
+once, within the outbox's lease.  Probes (``outboxkit.breaker``) go without a
+token: at most ``BreakerOptions.probes`` rows per cool-down.
 """
 
 from __future__ import annotations
@@ -37,20 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 from outboxkit.errors import ConfigurationError
 
-__all__ = ["GRANT_SECONDS", "STEP_SECONDS", "Bucket", "RateLimit", "Take", "take"]
-
-# A send must start within this long of its token's grant, or its row is given back unsent.
-GRANT_SECONDS = 0.5
-# Rows given back for want of a token come due in steps at least this far apart, so a
-# high limit does not wake the drain for every single row.
-STEP_SECONDS = 0.1
-# Absorbs float rounding in the bucket: 0.9999999999 tokens are one.
-_EPSILON = 1e-9
-
+__all__ = ["RateLimit"]
 
 def _rate(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -102,43 +83,3 @@ class RateLimit:
     def burst_of(self, per_second: float) -> float:
         """The bucket's size for a limit: ``burst_seconds`` of requests, at least one."""
         return max(1.0, per_second * self.burst_seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """One destination's bucket as stored: tokens left at ``refilled_at``, and how far given-back rows are spread."""
-
-    tokens: float
-    refilled_at: datetime
-    deferred_until: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Take:
-    """``take``'s answer: tokens granted, the due time of each row that got none (in order), and the bucket after."""
-
-    granted: int
-    later: list[datetime]
-    bucket: Bucket
-
-
-def take(bucket: Bucket | None, wanted: int, *, now: datetime, per_second: float, burst: float) -> Take:
-    """Take up to ``wanted`` tokens from ``bucket`` (None: a new, full one) at ``now``."""
-    if bucket is None:
-        bucket = Bucket(tokens=burst, refilled_at=now)
-    elapsed = max(0.0, (now - bucket.refilled_at).total_seconds())
-    tokens = min(burst, bucket.tokens + elapsed * per_second)
-    refilled_at = max(bucket.refilled_at, now)  # a clock behind the others' adds nothing
-    granted = max(0, min(wanted, math.floor(tokens + _EPSILON)))
-    tokens = max(0.0, tokens - granted)
-    over = wanted - granted
-    deferred_until = bucket.deferred_until if bucket.deferred_until is not None and bucket.deferred_until > now else None
-    later: list[datetime] = []
-    if over:
-        next_token = refilled_at + timedelta(seconds=max(0.0, 1.0 - tokens) / per_second)
-        start = max(next_token, deferred_until) if deferred_until is not None else next_token
-        step = max(1.0 / per_second, STEP_SECONDS)
-        per_step = max(1, round(step * per_second))
-        later = [start + timedelta(seconds=(index // per_step) * step) for index in range(over)]
-        deferred_until = start + timedelta(seconds=math.ceil(over / per_step) * step)
-    return Take(granted, later, Bucket(tokens=tokens, refilled_at=refilled_at, deferred_until=deferred_until))

@@ -1,23 +1,11 @@
-"""Where the drain meets destinations after the claim: rate limits, and what outcomes do to the breaker.
+"""Where the drain meets destinations after the claim: what outcomes do to the breaker.
 
 The claim has already decided, in SQL and for every process, which rows may
 go (``outboxkit.storage.destination_claim``): it left out the rows of
-destinations that are open, half-open, disabled or slowed, let one probe
-through per cool-down, kept each suspect destination under its cap of rows in
-flight, and shared the batch across destinations.  What is left here:
-
-**Rate limited** (``OutboxOptions.rate_limit``, ``outboxkit.rate_limits``):
-between the build and the send (``outboxkit.drain.pump``), ``admit`` takes a
-token per row from its destination's bucket, shared by every process
-(``outboxkit.destinations.rate_store``, one short transaction per destination
-and batch); the rows without one are given back unsent in that transaction,
-their attempts kept, due when the bucket will have their token.  A row whose
-send thread starts more than ``GRANT_SECONDS`` after its grant is given back
-too (``rate_grant_expired``, ``give_back_unsent``), which bounds how far sends
-can bunch up behind their grants.  A destination without a limit reads and
-writes no bucket.  If a bucket's statement fails, nothing of the batch is
-sent: the caller gives its places back and the rows return at their lease's
-end.
+destinations that are open, half-open, disabled or slowed, let the probes
+through once per cool-down, kept each suspect destination under its cap of
+rows in flight and each rate-limited one within its tokens, and shared the
+batch across destinations.  What is left here:
 
 **Outcomes** (``record``): the recorder applies an outcome to its
 destination's stored state in the same transaction that writes the row's
@@ -44,25 +32,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
 from outboxkit.breaker import DestinationState, Reading, Signal, Status, signal_of
-from outboxkit.destinations.rate_store import RateStore
 from outboxkit.destinations.recent_keys import RecentKeys
 from outboxkit.destinations.store import DestinationStore
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult
-from outboxkit.rate_limits import GRANT_SECONDS
 from outboxkit.telemetry.log_events import log_fields
 from outboxkit.transports.base import Delivery
 
-__all__ = ["FORGET_AFTER_SECONDS", "Admission", "DestinationGate", "Send"]
+__all__ = ["FORGET_AFTER_SECONDS", "DestinationGate", "Send"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,20 +56,11 @@ FORGET_AFTER_SECONDS = 600.0
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """A row cleared to go: its delivery, its destination, and when its rate-limit token was granted."""
+    """A claimed row on its way: its delivery and its destination."""
 
     row: Outbox
     delivery: Delivery
     destination: str
-    granted_at: datetime | None = None  # when its rate-limit token was granted, if its destination has a limit
-
-
-@dataclass(slots=True)
-class Admission:
-    """What ``admit`` decided for one claimed batch."""
-
-    sends: list[Send] = field(default_factory=list)
-    deferred: int = 0  # rows of rate-limited destinations without a token: given back, attempts kept
 
 
 class DestinationGate:
@@ -107,28 +82,12 @@ class DestinationGate:
         self.options = options
         self.store = DestinationStore(outbox)
         self.breaker = options.breaker
-        self.rate_limit = options.rate_limit
-        self.rates = RateStore(options.job_name)
         self._lock = threading.Lock()
         self.monotonic = monotonic
         self.forget_after = max(FORGET_AFTER_SECONDS, options.lease_seconds)
         self._known: dict[str, DestinationState] = {}  # the latest stored state written here
         self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # the keys of _known
         self._unblocked = False  # an outcome recorded here let a blocked destination's rows go again
-
-    def admit(self, rows: list[tuple[Outbox, Delivery, str]], *, token: uuid.UUID, now: datetime) -> Admission:
-        """Decide which of a claimed batch's rows go out now: all of them, but those without a rate-limit token."""
-        admission = Admission()
-        groups: dict[str, list[tuple[Outbox, Delivery]]] = defaultdict(list)
-        for row, delivery, destination in rows:
-            groups[destination].append((row, delivery))
-        for destination, group in groups.items():
-            granted_at = None
-            if self.rate_limit is not None:
-                group, limited = self._within_rate(destination, group, token=token, now=now, admission=admission)
-                granted_at = now if limited else None  # the bucket's time of the grant
-            admission.sends.extend(Send(row, delivery, destination, granted_at=granted_at) for row, delivery in group)
-        return admission
 
     def needs_record(self, destination: str, attempt: AttemptResult, *, now: datetime) -> Reading | None:
         """The reading to store for this outcome, or None when it cannot change the destination's state."""
@@ -157,6 +116,7 @@ class DestinationGate:
         attempt: AttemptResult,
         error: str | None,
         now: datetime,
+        claimed_until: datetime | None = None,
     ) -> None:
         """Apply an outcome to the destination's stored state, in the caller's transaction."""
         assert self.breaker is not None
@@ -169,6 +129,7 @@ class DestinationGate:
             error=error,
             status_code=attempt.status_code,
             options=self.breaker,
+            claimed_until=claimed_until,
         )
         with self._lock:
             for gone in self._used.use(destination, self.monotonic(), busy=lambda key: False):
@@ -198,41 +159,7 @@ class DestinationGate:
             unblocked, self._unblocked = self._unblocked, False
         return unblocked
 
-    def give_back_unsent(self, row: Outbox, *, token: uuid.UUID, now: datetime) -> None:
-        """A row ``rate_grant_expired`` kept from its send: given back (its attempt taken back), due now."""
-        with self.engine.begin() as connection:
-            self.store.release_claims(connection, [(row.id, token, now)], now=now)
-
-    def rate_grant_expired(self, *, now: datetime, granted_at: datetime | None) -> bool:
-        """Whether a row's rate-limit token is older than ``GRANT_SECONDS`` (asked just before its send)."""
-        return granted_at is not None and (now - granted_at).total_seconds() > GRANT_SECONDS
-
     def remembered(self) -> frozenset[str]:
         """The destinations this drainer keeps a state of in memory now (see the module docstring)."""
         with self._lock:
             return self._used.keys()
-
-    def _within_rate(
-        self,
-        destination: str,
-        group: list[tuple[Outbox, Delivery]],
-        *,
-        token: uuid.UUID,
-        now: datetime,
-        admission: Admission,
-    ) -> tuple[list[tuple[Outbox, Delivery]], bool]:
-        """The rows that got a token of the destination's rate limit, and whether it has one; the others go back."""
-        assert self.rate_limit is not None
-        per_second = self.rate_limit.per_second_of(destination)
-        if per_second is None:
-            return group, False
-        with self.engine.begin() as connection:
-            taken = self.rates.take(
-                connection, destination, len(group), now=now, per_second=per_second, burst=self.rate_limit.burst_of(per_second)
-            )
-            over = group[taken.granted :]
-            if over:
-                due = [(row.id, token, until) for (row, _), until in zip(over, taken.later, strict=True)]
-                self.store.release_claims(connection, due, now=now)
-        admission.deferred += len(over)
-        return group[: taken.granted], True

@@ -20,8 +20,6 @@ and writes the result, which makes every change atomic across processes:
   (healthy, no failure run, no slow-down), untouched for a while: retention
   calls it (``outboxkit.leader.retention``), so the table follows the
   destinations that failed lately, not every one that ever did.
-* ``release_claims`` gives claimed rows back unsent (rows over a cap that
-  cannot wait, rows without a rate-limit token): their attempt is taken back.
 
 A destination with no row is healthy: a state row deleted by hand costs
 nothing but its history.
@@ -30,24 +28,18 @@ nothing but its history.
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
-    DateTime,
     Row,
     Table,
-    Uuid,
     bindparam,
-    column,
     delete,
     select,
     update,
-    values,
 )
 from sqlalchemy.dialects.postgresql import insert
 
@@ -114,41 +106,18 @@ class DestinationStore:
         error: str | None,
         status_code: int | None,
         options: BreakerOptions,
+        claimed_until: datetime | None = None,
     ) -> tuple[DestinationState, DestinationState]:
         """Apply one attempt's outcome to its destination; returns the state before and after."""
         before = self._locked(connection, destination, create=True)
         assert before is not None
         error = error[:LAST_ERROR_LIMIT] if error else error
         after = after_outcome(
-            before, reading, now=now, row_id=row_id, error=error, status_code=status_code, options=options
+            before, reading, now=now, row_id=row_id, error=error, status_code=status_code, options=options,
+            claimed_until=claimed_until,
         )
         self._write(connection, before, after, now=now)
         return before, after
-
-    def release_claims(
-        self, connection: Connection, rows: Sequence[tuple[int, uuid.UUID, datetime]], *, now: datetime
-    ) -> int:
-        """Give claimed rows of any number of claims back unsent, ``(row id, claim token, due time)`` each; one statement.
-
-        The attempt the claim counted is taken back; each row is due again at its due time.
-
-        Each row is guarded by its own claim token: one reset or claimed again
-        meanwhile is left as it is.  Returns how many rows were given back.
-        """
-        if not rows:
-            return 0
-        table = self._rows
-        claims = values(
-            column("id", BigInteger), column("token", Uuid), column("due", DateTime(timezone=True)), name="released_claims"
-        ).data(list(rows))
-        result = connection.execute(
-            update(table)
-            .where(table.c.id == claims.c.id, table.c.claim_token == claims.c.token)
-            .values(
-                attempts=table.c.attempts - 1, next_attempt_at=claims.c.due, claim_token=None, claimed_until=None, updated_at=now
-            )
-        )
-        return int(result.rowcount)
 
     def prune_quiet(self, connection: Connection, *, untouched_since: datetime, now: datetime, limit: int) -> int:
         """Delete up to ``limit`` states that say nothing an absent one does not (healthy, no failure run, no

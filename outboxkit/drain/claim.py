@@ -142,12 +142,15 @@ class Claimer:
             if may_claim is not None and not may_claim():
                 return [], token, 0, False
             lease = timedelta(seconds=self.options.lease_seconds)
+            sent_at = time.monotonic()
             rows, orphaned = self.queries.claim_due_rows(
                 connection, now=now, lease_seconds=lease.total_seconds(), limit=wanted, token=token,
                 cursor=self.walk_cursor, cap=self.options.destination_cap, breaker=self.options.breaker is not None,
+                probes=self.options.breaker.probes if self.options.breaker is not None else 1,
+                rate_limit=self.options.rate_limit,
             )
             if rows and rows[0].claimed_until is not None:
-                self.clock.observe(rows[0].claimed_until - lease)  # the server's time of the claim, for free
+                self.clock.observe(rows[0].claimed_until - lease, sent_at=sent_at)  # the server's time of the claim, for free
             taken = len(rows)
             rows = self._park_exhausted(connection, rows, token=token, now=now, result=result)
         result.batches += 1

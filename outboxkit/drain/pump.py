@@ -6,9 +6,7 @@
 
    The claim took no row of a blocked destination (open, disabled, slowed)
    and no more rows of a suspect one than its cap
-   (``outboxkit.storage.destination_claim``).  Rows of a destination out of
-   rate-limit tokens are given back unsent with their attempts kept
-   (``outboxkit.destinations.gate``).
+   or rate-limit tokens (``outboxkit.storage.destination_claim``).
 
 3. Send (no transaction open).  Deliveries run in a bounded thread pool
    (``concurrency``).  Each send has a total deadline, the outbox's
@@ -80,7 +78,6 @@ DEADLINE_SLACK_SECONDS = 1.0
 RECORD_MARGIN_SECONDS = 5.0
 MINIMUM_SEND_SECONDS = 0.5
 
-_GIVEN_BACK = object()  # a send thread found its row's rate-limit token too old: not sent
 
 
 class SendPump(Generic[ResultT]):
@@ -233,19 +230,12 @@ class SendPump(Generic[ResultT]):
     def _control(
         self, event: object, state: PumpState, background: Background[ResultT] | None, result: ResultT
     ) -> None:
-        """Act on an event that is not an outcome: a wake-up (rows may be due), a row given back unsent (its rate-limit
-        token too old), or a stop
-        (nothing to do: the loop sees its flag)."""
+        """Act on an event that is not an outcome: a wake-up (rows may be due), or a stop (nothing to do: the loop
+        sees its flag)."""
         if event is WAKE:
             assert background is not None
             background.woken()
             state.more_due = True
-        elif isinstance(event, tuple) and event and event[0] is _GIVEN_BACK:
-            _, row, token, destination = event
-            state.in_flight -= 1
-            self.in_flight.give(1)
-            result.claimed -= 1  # not sent, its attempt taken back
-            self.gate.give_back_unsent(row, token=token, now=self.clock.now())
 
     def _record(
         self, group: list[FinishedSend], state: PumpState, outcomes: OutcomeConnection, result: ResultT
@@ -268,9 +258,9 @@ class SendPump(Generic[ResultT]):
         background: Background[ResultT] | None,
         may_claim: Callable[[], bool],
     ) -> None:
-        # The one guard of the places this claim took: until the gate's decision hands them to sends, any error
-        # (the claim, the rate bucket's statement, a killed session) gives every one back, so the drainer keeps
-        # claiming; the rows a failed step held come due again at their lease's end.
+        # The one guard of the places this claim took: until they are handed to sends, any error (the claim, a
+        # killed session, a build that raises) gives every one back, so the drainer keeps claiming; the rows a
+        # failed step held come due again at their lease's end.
         try:
             # A held connection that died while the loop was idle is replaced and the claim made once more:
             # nothing was sent, and rows a lost claim took come due at its lease's end.
@@ -278,7 +268,6 @@ class SendPump(Generic[ResultT]):
                 lambda connection: self.claimer.claim(granted, result, may_claim, connection)
             )
             deliveries, build_failures = self._build(rows)
-            admission = self.gate.admit(deliveries, token=token, now=self.clock.now())
         except BaseException:
             self.in_flight.give(granted)
             raise
@@ -292,11 +281,10 @@ class SendPump(Generic[ResultT]):
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
         state.awaiting_outcome = taken == 0 and state.in_flight > 0
-        self.in_flight.give(granted - len(admission.sends))
-        result.claimed -= admission.deferred  # given back without a token: not counted as claimed
+        self.in_flight.give(granted - len(deliveries))
         submit = self._sender(state, events, result)
-        for send in admission.sends:
-            submit(send, token)
+        for row, delivery, destination in deliveries:
+            submit(Send(row, delivery, destination), token)
         if build_failures:
             failed = [FinishedSend(row, token, failure) for row, failure in build_failures]
             self._record(failed, state, outcomes, result)
@@ -322,7 +310,7 @@ class SendPump(Generic[ResultT]):
             key = str(send.row.idempotency_key)
             self.senders.submit(
                 self._send_one, events, send.row, token, send.delivery, key, self.options.timeout, send.destination,
-                result.telemetry_links, send.granted_at,
+                result.telemetry_links,
             )
             state.in_flight += 1
 
@@ -349,7 +337,7 @@ class SendPump(Generic[ResultT]):
 
     def _earliest_due_on(self, connection: Connection) -> datetime | None:
         self.clock.refresh(connection)  # the loop's sleep is counted by the server's time (storage.database_time)
-        return self.queries.earliest_due(connection, now=self.clock.parameter())
+        return self.queries.earliest_due(connection, now=self.clock.parameter(), rate_limit=self.options.rate_limit)
 
     def _send_one(
         self,
@@ -361,7 +349,6 @@ class SendPump(Generic[ResultT]):
         timeout: float,
         destination: str,
         run_links: dict[int, list[Any]],
-        granted_at: datetime | None = None,
     ) -> None:
         """Runs in the send pool: one delivery, its result handed back to the recording thread.
 
@@ -371,9 +358,6 @@ class SendPump(Generic[ResultT]):
         whose lease is nearly over is not sent at all and is retried.
         """
         started_at = self.clock.now()
-        if self.gate.rate_grant_expired(now=started_at, granted_at=granted_at):
-            finished.put((_GIVEN_BACK, row, token, destination))
-            return
         attempt = None
         started = time.monotonic()
         send_key = (row.id, token)

@@ -250,6 +250,7 @@ class Recorder:
                     self.gate.record(
                         connection, item.finished.destination, reading, row_id=item.finished.row.id,
                         attempt=item.finished.attempt, error=item.outcome.error, now=now,
+                        claimed_until=item.finished.row.claimed_until,
                     )
         except Exception as exc:
             self._raise_if_broken(connection, exc, [item], result)

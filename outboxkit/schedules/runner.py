@@ -266,11 +266,12 @@ class ScheduleRunner:
         jobs_free = held < self.max_workers  # else a run that ends wakes the loop; HTTP targets still fire
         if not jobs_free and not self.outboxes:
             return self.lease_seconds / 3
+        sent_at = time.monotonic()
         with self.engine.connect() as connection:
             due, expiry, database_now = self.claims.nearest(
                 connection, now=self.database_time.now(), jobs_free=jobs_free
             )
-        self.database_time.observe(database_now)
+        self.database_time.observe(database_now, sent_at=sent_at)
         now = self.database_time.now()
         wait = self.max_idle_seconds
         if due is not None:

@@ -106,6 +106,7 @@ class BreakerOverride(BaseModel):
     max_cool_down: float | None = None
     window: float | None = None
     max_slow_down: float | None = None
+    probes: int | None = None
 
 
 _BREAKER_FORMS = '"off", or a JSON object of BreakerOptions\' arguments such as {"failures": 10, "cool_down": 60}'

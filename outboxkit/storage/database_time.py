@@ -27,7 +27,9 @@ decisions use: ``read(connection)`` takes the server's
 ``clock_timestamp()`` (the instant of the reading, not of a transaction that
 may have started earlier), ``observe`` takes a reading a statement returned
 anyway, and ``now()`` is the latest reading advanced by this process's
-monotonic clock, so a step of the host's wall clock changes nothing.
+monotonic clock, counted from when the reading's statement was sent (so it
+errs ahead by at most a round trip, never behind), and a step of the host's
+wall clock changes nothing.
 
 Tests override the server's time with a ``ManualClock``: ``parameter()``
 binds its time to ``:now`` (production binds NULL, and the ``COALESCE``
@@ -98,18 +100,22 @@ class DatabaseTime:
         server, at = reading
         return server + timedelta(seconds=time.monotonic() - at)
 
-    def observe(self, server_now: datetime) -> None:
-        """Take a reading of the server's time that a statement just returned."""
+    def observe(self, server_now: datetime, *, sent_at: float) -> None:
+        """Take a reading of the server's time that a statement returned; ``sent_at`` is ``time.monotonic()`` taken
+        before the statement was sent.  The server read its time after that instant, so counting from it makes
+        ``now()`` err ahead, by at most the round trip, never behind: a time Python decides (a backoff's end, a
+        ``Retry-After``, a cool-down) is never earlier than the server's clock says it should be."""
         if not self.overridden:
             with self._lock:
-                self._reading = (server_now, time.monotonic())
+                self._reading = (server_now, sent_at)
 
     def read(self, connection: Connection) -> datetime:
         """The server's time, read on ``connection`` (in the caller's transaction, if any); the test's time if overridden."""
         if self.overridden:
             return self.clock.now()
+        sent_at = time.monotonic()
         server_now: datetime = connection.execute(_READ).scalar_one()
-        self.observe(server_now)
+        self.observe(server_now, sent_at=sent_at)
         return server_now
 
     def refresh(self, connection: Connection) -> None:

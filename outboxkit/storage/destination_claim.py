@@ -38,6 +38,11 @@ once and nothing claimed has to be given back:
   future), unless it is the only destination with due rows: a receiver that
   hangs holds at most that many send threads of all the drainers together.
 
+* **Rate limits.**  A rate-limited destination offers no more rows than
+  the whole tokens of its bucket (``outboxkit_destination_rates``), taken
+  in the same statement under the bucket row's lock (``_RATES``); rows
+  over the rate are not claimed, and nothing is given back.
+
 A destination's state is read by its key (the table's primary key), only
 for the destinations walked, so the claim's cost follows the destinations
 with pending rows, never the number of states stored.
@@ -45,7 +50,20 @@ with pending rows, never the number of states stored.
 
 from __future__ import annotations
 
-__all__ = ["BLOCKED", "PROBE_DUE", "blocked_wakeups_sql", "destination_claim_sql", "earliest_due_sql", "probe_sql"]
+__all__ = [
+    "ALONE_WALKED_TO",
+    "BLOCKED",
+    "PROBE_DUE",
+    "alone_claim_sql",
+    "blocked_wakeups_sql",
+    "destination_claim_sql",
+    "earliest_due_sql",
+    "look_sql",
+    "probe_sql",
+    "rates_sql",
+    "room_sql",
+    "token_due_sql",
+]
 
 STATES = "outboxkit_destinations"
 
@@ -62,89 +80,89 @@ _NEXT_DESTINATION = """COALESCE(
     (SELECT destination FROM {table} WHERE status = 'pending' AND destination > {current} ORDER BY destination LIMIT 1),
     (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL ORDER BY destination LIMIT 1))"""
 
-# One walk step's view of a destination: whether it is blocked, whether it may probe, whether it has a due row, and
-# its room under the cap (SUSPECT, ROOM).
-_LOOK = """LEFT JOIN LATERAL (
-        SELECT {blocked} AS blocked, {probe_due} AS probe_due, {suspect} AS suspect FROM {states} AS state
-        WHERE state.outbox = :outbox AND state.destination = {current}) AS state ON true
-    LEFT JOIN LATERAL (
-        SELECT next_attempt_at <= :now AS due FROM {table}
-        WHERE status = 'pending' AND destination = {current}
-        ORDER BY destination, next_attempt_at, id LIMIT 1) AS first ON true
-    CROSS JOIN LATERAL ({live}) AS live"""
-
 # The cap.  A destination is *suspect* when its state shows no success yet (or none stored), a failure run, or one of
 # its sends, in any process, has been out longer than a second (a claim older than that still live: every claim of
 # the outbox has the same lease, so its age is its lease end's distance from this claim's).  A suspect destination
 # has at most :cap rows claimed at once across every process, counted from the live claims in the database; its room
 # is what is left.  Without a breaker no state is stored, so a destination without one is suspect only while
 # :unknown_suspect (the breaker is on) says so.  The cap protects the other destinations, so a destination that is
-# alone in the walk is not capped.
+# alone in the walk is not capped.  A proven destination reads one range of the claimed index (its claims older
+# than a second: none while its sends are quick), never all its live claims.
 SUSPECT_STATE = "(state.last_success_at IS NULL OR state.consecutive_failures > 0)"
-_LIVE = """SELECT count(*) AS claimed,
-        COALESCE(bool_or(claimed_until < CAST(:lease_until AS timestamptz) - interval '1 second'), false) AS slow
-        FROM {table} WHERE claimed_until > :now AND status = 'pending' AND destination = {current}"""
-ROOM = (
-    "CASE WHEN COALESCE(state.suspect, CAST(:unknown_suspect AS boolean)) OR live.slow "
-    "THEN greatest(0, :cap - live.claimed) ELSE :limit END"
-)
+_SLOW = """EXISTS (SELECT FROM {table} WHERE claimed_until > :now
+        AND claimed_until < CAST(:lease_until AS timestamptz) - interval '1 second'
+        AND status = 'pending' AND destination = {current})"""
+_LIVE = "(SELECT count(*) FROM {table} WHERE claimed_until > :now AND status = 'pending' AND destination = {current})"
+_ROOM = "CASE WHEN {suspect} OR {slow} THEN greatest(0, :cap - {live}) ELSE :limit END"
 
+# One walk step's view of the destination {current}: its state (by key) and whether it has a due row.
+_LOOK = """CROSS JOIN LATERAL (
+        SELECT COALESCE({blocked}, false) AS blocked, COALESCE({probe_due}, false) AS probe_due,
+               COALESCE({suspect}, CAST(:unknown_suspect AS boolean)) AS suspect,
+               COALESCE((SELECT next_attempt_at <= :now FROM {table} WHERE status = 'pending' AND destination = {current}
+                         ORDER BY destination, next_attempt_at, id LIMIT 1), false)
+               AND NOT COALESCE({blocked}, false) AS may_go
+        FROM (SELECT) AS one LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = {current}
+    ) AS look"""
+
+# The walk: one step per destination with pending rows, from where the previous claim stopped (the seed, step 0,
+# stands for that place); the next destination is one probe of the destination index, fenced (OFFSET 0) so that it
+# runs once per step.  It stops once it has found :limit destinations that may go, back at the one it started from,
+# or after :steps steps.
 _WALK = """
-WITH RECURSIVE walk(destination, blocked, probe_due, due, room, wrapped, start_destination, found, step) AS (
-    SELECT start.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
-           {room}, false, start.destination,
-           CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, 1
-    FROM (SELECT {first_destination} AS destination) AS start
-    {look_start}
-    WHERE start.destination IS NOT NULL
+WITH RECURSIVE walk(destination, probe_due, suspect, may_go, start_destination, found, step) AS (
+    SELECT CAST(:after AS varchar), false, false, false, CAST(NULL AS varchar), 0, 0
   UNION ALL
-    SELECT next.destination, COALESCE(state.blocked, false), COALESCE(state.probe_due, false), COALESCE(first.due, false),
-           {room}, next.wrapped, walk.start_destination,
-           walk.found + CASE WHEN first.due AND NOT COALESCE(state.blocked, false) THEN 1 ELSE 0 END, walk.step + 1
+    SELECT next.destination, look.probe_due, look.suspect, look.may_go, COALESCE(walk.start_destination, next.destination),
+           walk.found + CASE WHEN look.may_go THEN 1 ELSE 0 END, walk.step + 1
     FROM walk
-    CROSS JOIN LATERAL (
-        SELECT candidate.destination, walk.wrapped OR candidate.destination <= walk.destination AS wrapped
-        FROM (SELECT {next_destination} AS destination) AS candidate
-    ) AS next
-    {look_next}
-    WHERE walk.found < :limit AND next.destination IS NOT NULL
-      AND NOT (next.wrapped AND next.destination >= walk.start_destination)
+    CROSS JOIN LATERAL (SELECT {next_destination} AS destination OFFSET 0) AS next
+    {look}
+    WHERE walk.found < :limit AND walk.step < :steps AND next.destination IS NOT NULL
+      AND next.destination IS DISTINCT FROM walk.start_destination
 )"""
 
-# The probes: a row for each destination whose probe is due, named in its state row by a conditional UPDATE
-# (re-checked after the row lock, so one claim wins).  {pick} says which row: (destination, id) pairs.
-_PROBES = """, probes AS (
+# The probes: the destinations whose probe is due and have a due row ({pick}: (destination, id) pairs) turn
+# half-open by a conditional UPDATE of their state row (re-checked after the row lock, so of concurrent claims one
+# wins), which names the first probe; the winner sends up to :probes of the destination's oldest due rows
+# ({probe_rows}; ``BreakerOptions.probes``), and every other claim finds the destination half-open until they end.
+_PROBES = """, opened_probes AS (
     UPDATE {states} AS state
     SET status = 'half_open', probe_row_id = pick.id, probe_until = :lease_until, updated_at = :now
     FROM ({pick}) AS pick
     WHERE state.outbox = :outbox AND state.destination = pick.destination AND pick.id IS NOT NULL AND {probe_due}
-    RETURNING pick.id
-)"""
+    RETURNING state.destination, pick.id
+), probes AS ({probe_rows})"""
 
-# The unordered claim's probe: each walked destination's oldest due row.
+# The unordered claim's probes: each walked destination's oldest due rows.
 _UNORDERED_PICK = """SELECT walk.destination, (
             SELECT id FROM {table} WHERE status = 'pending' AND destination = walk.destination
             AND next_attempt_at <= :now ORDER BY destination, next_attempt_at, id LIMIT 1) AS id
         FROM walk WHERE walk.probe_due"""
+_UNORDERED_PROBE_ROWS = """SELECT rows.id FROM opened_probes CROSS JOIN LATERAL (
+        SELECT id FROM {table} WHERE status = 'pending' AND destination = opened_probes.destination
+        AND next_attempt_at <= :now ORDER BY destination, next_attempt_at, id LIMIT :probes) AS rows"""
 
-# Each destination that may go offers its share of the batch, oldest due first, locked with SKIP LOCKED (so
-# concurrent claims take disjoint rows: a row another claim holds is passed over, not waited for); undecided rows
-# (NULL) offer theirs as one more destination.  The batch takes them in turns, and the rows it leaves are free
-# again when the claim commits.
+# Each destination that may go offers its share of the batch (under its room when it is suspect and not alone),
+# oldest due first, locked with SKIP LOCKED (so concurrent claims take disjoint rows: a row another claim holds is
+# passed over, not waited for); undecided rows (NULL) offer theirs as one more destination.  The batch takes them
+# in turns, and the rows it leaves are free again when the claim commits.
 _TURNS = """, shares AS (
-    SELECT ceil(CAST(:limit AS numeric) / greatest(1, (SELECT max(found) FROM walk)))::int AS rows
-), turns AS (
-    SELECT pick.id, pick.next_attempt_at, pick.claim_token,
-           row_number() OVER (PARTITION BY walk.destination ORDER BY pick.next_attempt_at, pick.id) AS turn
-    FROM walk CROSS JOIN LATERAL (
+    SELECT max(found) AS found, ceil(CAST(:limit AS numeric) / greatest(1, max(found)))::int AS rows FROM walk
+), wants AS MATERIALIZED (
+    SELECT walk.destination, CASE WHEN shares.found > 1 THEN least(shares.rows, {room}) ELSE :limit END AS take
+    FROM walk CROSS JOIN shares WHERE walk.may_go
+){rates}, turns AS (
+    SELECT pick.id, pick.next_attempt_at, pick.claim_token, wants.destination,
+           row_number() OVER (PARTITION BY wants.destination ORDER BY pick.next_attempt_at, pick.id) AS turn
+    FROM wants LEFT JOIN grants ON grants.destination = wants.destination CROSS JOIN LATERAL (
         SELECT id, next_attempt_at, claim_token FROM {table}
-        WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now
+        WHERE status = 'pending' AND destination = wants.destination AND next_attempt_at <= :now
         ORDER BY destination, next_attempt_at, id
-        LIMIT least((SELECT rows FROM shares), CASE WHEN (SELECT max(found) FROM walk) > 1 THEN walk.room ELSE :limit END)
+        LIMIT least(wants.take, COALESCE(grants.granted, wants.take))
         FOR UPDATE SKIP LOCKED) AS pick
-    WHERE walk.due AND NOT walk.blocked
   UNION ALL
-    SELECT id, next_attempt_at, claim_token, row_number() OVER (ORDER BY next_attempt_at, id) FROM (
+    SELECT id, next_attempt_at, claim_token, NULL, row_number() OVER (ORDER BY next_attempt_at, id) FROM (
         SELECT id, next_attempt_at, claim_token FROM {table}
         WHERE status = 'pending' AND destination IS NULL AND next_attempt_at <= :now
         ORDER BY destination, next_attempt_at, id LIMIT :limit
@@ -155,30 +173,151 @@ _TURNS = """, shares AS (
     LIMIT :limit
 )"""
 
-# Where the walk stopped: the next claim starts after it.
-WALKED_TO = "(SELECT destination FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
+# Where the walk stopped: the next claim starts after it; and the destination it found alone, if it visited one only
+# (the next claim tries ``ALONE_CLAIM`` for it first).
+WALKED_TO = """(SELECT destination FROM walk WHERE step > 0 ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to,
+    (SELECT destination FROM walk WHERE step = 1 AND NOT EXISTS (SELECT FROM walk AS more WHERE more.step = 2)
+     AND NOT EXISTS (SELECT FROM turns WHERE turns.destination IS NULL))::text AS outboxkit_alone"""
+
+# The common case, cheap: the destination :alone (found alone by the previous claim) is still the only one with
+# pending rows (two probes of the destination index, one per end), no undecided row is pending, and its state does
+# not block it (so it has no probe due either).  Then its due rows are claimed as the walk would claim them (a
+# destination alone is not capped), by a statement a fraction of the walk's size to plan.  Otherwise the statement
+# claims nothing and the caller runs the walk.
+_ALONE_CANDIDATES = """
+WITH alone AS (
+    SELECT CAST(:alone AS varchar) AS destination
+    WHERE (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL
+           ORDER BY destination LIMIT 1) = :alone
+      AND (SELECT destination FROM {table} WHERE status = 'pending' AND destination IS NOT NULL
+           ORDER BY destination DESC LIMIT 1) = :alone
+      AND NOT EXISTS (SELECT FROM {table} WHERE status = 'pending' AND destination IS NULL)
+      AND NOT EXISTS (SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = :alone AND {blocked})
+), probes AS (
+    SELECT CAST(NULL AS bigint) AS id WHERE false
+), candidates AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+    WHERE status = 'pending' AND destination = (SELECT destination FROM alone) AND next_attempt_at <= :now
+    ORDER BY destination, next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)"""
+ALONE_WALKED_TO = "CAST(:after AS text) AS outboxkit_walked_to, CAST(:alone AS text) AS outboxkit_alone"
 
 
-def _walk(table: str) -> str:
-    look = {"blocked": BLOCKED, "probe_due": PROBE_DUE, "suspect": SUSPECT_STATE, "states": STATES, "table": table}
-    return _WALK.format(
-        first_destination=_NEXT_DESTINATION.format(table=table, current=":after"),
-        next_destination=_NEXT_DESTINATION.format(table=table, current="walk.destination"),
-        look_start=_LOOK.format(current="start.destination", live=_LIVE.format(table=table, current="start.destination"), **look),
-        look_next=_LOOK.format(current="next.destination", live=_LIVE.format(table=table, current="next.destination"), **look),
-        room=ROOM,
+# Rate limits (``OutboxOptions.rate_limit``, ``outboxkit.rate_limits``), in the claim too.  A destination's limit in
+# requests per second, or NULL: its own (:rate_names, :rate_values) or the outbox's for every destination (:rate_default).
+_PER_SECOND = """COALESCE(
+        (SELECT named.per_second FROM unnest(CAST(:rate_names AS text[]), CAST(:rate_values AS float8[]))
+             AS named(destination, per_second) WHERE named.destination = {current}),
+        CAST(:rate_default AS float8))"""
+
+# Each rate-limited destination that would offer rows ({wants}: destination, take; {wanted}: how many of its due rows
+# it would offer) takes its tokens from its bucket in ``outboxkit_destination_rates`` here, in the claim: the bucket
+# row is locked (in destination order), so concurrent claims in any process take turns and see each other's spending;
+# it refills at per_second up to its burst, and the destination offers no more rows than it has whole tokens
+# (``grants``).  A destination seen for the first time gets a full bucket, created here; a claim that lost the race to
+# create it takes none this time.  Rows over the rate are simply not claimed: their attempts and due times are
+# untouched, and the earliest-due read wakes the loop when the next token comes.
+_RATES = """, rate_wants AS MATERIALIZED (
+    SELECT wants.destination, limits.per_second, greatest(1, limits.per_second * :burst_seconds) AS burst,
+           {wanted} AS wanted
+    FROM ({wants}) AS wants CROSS JOIN LATERAL (SELECT {per_second} AS per_second) AS limits
+    WHERE limits.per_second IS NOT NULL
+), buckets AS MATERIALIZED (
+    SELECT rate.destination, rate.tokens, rate.refilled_at FROM {rates} AS rate
+    WHERE rate.outbox = :outbox AND rate.destination IN (SELECT destination FROM rate_wants WHERE wanted > 0)
+    ORDER BY rate.destination FOR UPDATE
+), new_buckets AS (
+    INSERT INTO {rates} AS rate (outbox, destination, tokens, refilled_at, updated_at)
+    SELECT :outbox, destination, burst - least(wanted, floor(burst + 1e-9)), :now, :now FROM rate_wants
+    WHERE wanted > 0 AND destination NOT IN (SELECT destination FROM buckets)
+    ON CONFLICT DO NOTHING RETURNING rate.destination
+), grants AS MATERIALIZED (
+    SELECT rate_wants.destination, buckets.destination IS NOT NULL AS stored, refill.tokens,
+           least(rate_wants.wanted, floor(refill.tokens + 1e-9))::int AS granted
+    FROM rate_wants LEFT JOIN buckets ON buckets.destination = rate_wants.destination
+    CROSS JOIN LATERAL (SELECT CASE
+        WHEN buckets.destination IS NOT NULL THEN least(rate_wants.burst, buckets.tokens + rate_wants.per_second
+             * greatest(0, extract(epoch FROM CAST(:now AS timestamptz) - buckets.refilled_at)))
+        WHEN rate_wants.destination IN (SELECT destination FROM new_buckets) THEN rate_wants.burst
+        ELSE 0 END AS tokens) AS refill
+), spent AS (
+    UPDATE {rates} AS rate SET tokens = grants.tokens - grants.granted, refilled_at = greatest(rate.refilled_at, :now),
+        updated_at = :now
+    FROM grants WHERE rate.outbox = :outbox AND rate.destination = grants.destination AND grants.stored
+      AND grants.granted > 0
+)"""
+RATES = "outboxkit_destination_rates"
+
+# When a rate-limited destination {current} has its next whole token (NULL: it has one now, or no limit).
+_TOKEN_DUE = """(SELECT rate.refilled_at + (1 - rate.tokens) / limits.per_second * interval '1 second'
+        FROM {rates} AS rate CROSS JOIN LATERAL (SELECT {per_second} AS per_second) AS limits
+        WHERE rate.outbox = :outbox AND rate.destination = {current} AND rate.tokens < 1 - 1e-9
+          AND limits.per_second IS NOT NULL)"""
+
+
+# An outbox without a rate limit runs a claim without them: no destination has tokens to count.
+_NO_RATES = ", grants AS (SELECT CAST(NULL AS varchar) AS destination, 0 AS granted WHERE false)"
+
+
+def rates_sql(wants: str, wanted: str, *, rate_limits: bool = True) -> str:
+    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers (none
+    without ``rate_limits``)."""
+    if not rate_limits:
+        return _NO_RATES
+    return _RATES.format(wants=wants, wanted=wanted, per_second=_PER_SECOND.format(current="wants.destination"), rates=RATES)
+
+
+def token_due_sql(current: str) -> str:
+    """When the destination ``current`` has its next rate-limit token (``_TOKEN_DUE``)."""
+    return _TOKEN_DUE.format(rates=RATES, current=current, per_second=_PER_SECOND.format(current=current))
+
+
+def alone_claim_sql(table: str) -> str:
+    """``_ALONE_CANDIDATES`` for a quoted table (parameters: now, limit, outbox, alone)."""
+    return _ALONE_CANDIDATES.format(table=table, states=STATES, blocked=BLOCKED)
+
+
+def look_sql(table: str, current: str) -> str:
+    """``_LOOK`` of the destination ``current`` (a lateral join named ``look``)."""
+    return _LOOK.format(
+        blocked=BLOCKED, probe_due=PROBE_DUE, suspect=SUSPECT_STATE, states=STATES, table=table, current=current
     )
 
 
-def probe_sql(pick: str) -> str:
-    """The probes' CTE (``probes``: the ids of the rows that go as probes); ``pick`` gives (destination, id) pairs."""
-    return _PROBES.format(states=STATES, probe_due=PROBE_DUE, pick=pick)
+def room_sql(table: str, current: str, suspect: str) -> str:
+    """How many more rows of the destination ``current`` may be claimed now (``_ROOM``); ``suspect`` says whether
+    its state makes it suspect."""
+    return _ROOM.format(
+        suspect=suspect, slow=_SLOW.format(table=table, current=current), live=_LIVE.format(table=table, current=current)
+    )
 
 
-def destination_claim_sql(table: str) -> str:
+def probe_sql(pick: str, probe_rows: str) -> str:
+    """The probes' CTEs (``probes``: the ids of the rows that go as probes); ``pick`` gives (destination, id) pairs,
+    ``probe_rows`` the rows sent for the destinations ``opened_probes`` turned half-open."""
+    return _PROBES.format(states=STATES, probe_due=PROBE_DUE, pick=pick, probe_rows=probe_rows)
+
+
+def destination_claim_sql(table: str, *, rate_limits: bool = True) -> str:
     """The unordered claim's first half: the walk, the probes and the candidates it locks (``walk``, ``probes``,
-    ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, outbox, after, cap."""
-    return _walk(table) + probe_sql(_UNORDERED_PICK.format(table=table)) + _TURNS.format(table=table)
+    ``candidates``; ``storage.drain_queries`` adds the rest).  Parameters: now, lease_until, limit, steps, outbox,
+    after, cap, unknown_suspect, probes."""
+    walk = _WALK.format(
+        next_destination=_NEXT_DESTINATION.format(table=table, current="walk.destination"),
+        look=look_sql(table, "next.destination"),
+    )
+    probes = probe_sql(_UNORDERED_PICK.format(table=table), _UNORDERED_PROBE_ROWS.format(table=table))
+    rates = rates_sql("SELECT destination, take FROM wants", _WANTED.format(table=table), rate_limits=rate_limits)
+    return walk + probes + _TURNS.format(
+        table=table, room=room_sql(table, "walk.destination", "walk.suspect"), rates=rates
+    )
+
+
+# How many due rows of a rate-limited destination the unordered claim would offer (at most its share).
+_WANTED = """(SELECT count(*) FROM (SELECT FROM {table} WHERE status = 'pending' AND destination = wants.destination
+                AND next_attempt_at <= :now ORDER BY destination, next_attempt_at, id LIMIT wants.take) AS due)::int"""
 
 
 # The earliest time a claim could take a row: each destination's oldest pending row (a row in flight counts with its
@@ -200,7 +339,7 @@ SELECT min(due) FROM (
         WHEN state.status = 'disabled' THEN NULL
         WHEN state.status = 'open' THEN greatest(first.next_attempt_at, state.next_probe_at, state.slowed_until)
         WHEN state.status = 'half_open' THEN greatest(first.next_attempt_at, state.probe_until, state.slowed_until)
-        ELSE greatest(first.next_attempt_at, state.slowed_until)
+        ELSE greatest(first.next_attempt_at, state.slowed_until, {token_due})
     END
     FROM walk
     CROSS JOIN LATERAL (
@@ -235,4 +374,4 @@ def blocked_wakeups_sql(table: str) -> str:
 
 def earliest_due_sql(table: str) -> str:
     """``EARLIEST_DUE`` for a quoted table (parameter: outbox)."""
-    return EARLIEST_DUE.format(table=table, states=STATES)
+    return EARLIEST_DUE.format(table=table, states=STATES, token_due=token_due_sql("walk.destination"))

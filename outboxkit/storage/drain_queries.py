@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Boolean, Connection, Engine, Executable, Text, TextClause, column, select, text
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
@@ -45,15 +45,20 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import InvalidValueError
 from outboxkit.model import LAST_ERROR_LIMIT, Outbox
+from outboxkit.rate_limits import RateLimit
 from outboxkit.storage.array_literals import integer_array, text_array
 from outboxkit.storage.database_time import database_time_sql
+from outboxkit.storage.destination_claim import ALONE_WALKED_TO, alone_claim_sql, destination_claim_sql, earliest_due_sql
 from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
-from outboxkit.storage.destination_claim import destination_claim_sql, earliest_due_sql
 from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
 from outboxkit.storage.row_instances import RowInstances
 
 __all__ = ["OutboxQueries", "queries_for"]
+
+# A claim walks at most this many destinations (or keys) per row of its batch: one whose destinations are mostly
+# blocked or in backoff stops there with a short batch, and the next claim walks on from where it stopped.
+WALK_STEPS_PER_ROW = 4
 
 # The claim: its candidates come from a walk over destinations (outboxkit.storage.destination_claim: blocked
 # destinations are not claimed, one probe per cool-down, a fair share per destination) or, with an ordering key,
@@ -189,19 +194,32 @@ class Outcome:
     error: str | None
 
 
-def claim_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+def claim_sql(
+    table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*", rate_limits: bool = True
+) -> str:
     """The claim for a quoted table name, in the chosen commit mode (SQLAlchemy ``:name`` parameters: now,
     lease_until, limit, token, outbox, after; ``database_time_sql`` turns now and lease_until into the server's
-    time).  ``columns`` is what it returns of each row."""
-    return destination_claim_sql(table) + _CLAIM_CANDIDATES.format(
+    time).  ``columns`` is what it returns of each row; without ``rate_limits`` it takes no tokens (an outbox
+    without a limit)."""
+    return destination_claim_sql(table, rate_limits=rate_limits) + _CLAIM_CANDIDATES.format(
         table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
         walked_to=DESTINATIONS_WALKED_TO,
     )
 
 
-def ordered_claim_sql(statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+def alone_sql(table: str, *, synchronous_commit: bool = True, columns: str = "outbox.*") -> str:
+    """The claim of the one destination with pending rows (``storage.destination_claim``), or of nothing."""
+    return alone_claim_sql(table) + _CLAIM_CANDIDATES.format(
+        table=table, asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN, columns=columns,
+        walked_to=ALONE_WALKED_TO,
+    )
+
+
+def ordered_claim_sql(
+    statements: OrderedStatements, *, synchronous_commit: bool = True, columns: str = "outbox.*", rate_limits: bool = True
+) -> str:
     """The claim of an outbox with an ordering key: its keys' heads (``storage.ordering``), then the claim's second half."""
-    return statements.candidates_sql() + _CLAIM_CANDIDATES.format(
+    return statements.candidates_sql(rate_limits=rate_limits) + _CLAIM_CANDIDATES.format(
         table=statements.table,
         asynchronous_commit="" if synchronous_commit else _ASYNCHRONOUS_JOIN,
         columns=columns,
@@ -235,29 +253,41 @@ class OutboxQueries:
         quoted = quote_table(table)
         self.table_name = quoted
         self.ordered = ordered_statements(outbox, quoted)
-        # The claim's ORM statement is built once: building it took a visible share of each claim's CPU.  Its
-        # columns are named in the model's order and declared positionally, so the result's metadata is built
-        # once and cached with the compiled statement, instead of matched by name on every claim.
-        returned = [*table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_walked_to", Text)]
+        # The claim's statements are built once: building them took a visible share of each claim's CPU.
+        returned = [
+            *table.c, column("outboxkit_orphaned", Boolean), column("outboxkit_walked_to", Text),
+            column("outboxkit_alone", Text),
+        ]
         columns = ", ".join(f"outbox.{_quote_name(each.name)}" for each in table.c)
+        # Two claims: with the rate limits' tokens, and (an outbox without a limit) without them.
         if self.ordered is None:
-            sql = claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns)
+            sql, unlimited = (
+                database_time_sql(claim_sql(quoted, synchronous_commit=synchronous_commit, columns=columns, rate_limits=limited))
+                for limited in (True, False)
+            )
             earliest_due = text(database_time_sql(earliest_due_sql(quoted)))
         else:  # an ordering key: the claim takes each key's head (outboxkit.storage.ordering)
-            sql = ordered_claim_sql(self.ordered, synchronous_commit=synchronous_commit, columns=columns)
+            sql, unlimited = (
+                database_time_sql(ordered_claim_sql(
+                    self.ordered, synchronous_commit=synchronous_commit, columns=columns, rate_limits=limited
+                ))
+                for limited in (True, False)
+            )
             earliest_due = text(database_time_sql(self.ordered.earliest_due_sql()))
-        self._claim: TextClause = text(database_time_sql(sql))
         # The claim and the earliest-due read as the driver runs them (psycopg's %(name)s parameters), without
         # SQLAlchemy's statement layer, and how the claim's rows become instances.
         dialect = postgresql_psycopg.dialect()  # type: ignore[no-untyped-call]
-        self._claim_driver_sql = str(self._claim.compile(dialect=dialect))
+        self._claim = _ClaimStatement(text(sql), returned, outbox, dialect)
+        self._claim_driver_sql = self._claim.driver_sql
+        self._unlimited_claim = _ClaimStatement(text(unlimited), returned, outbox, dialect)
+        self._alone = _ClaimStatement(
+            text(database_time_sql(alone_sql(quoted, synchronous_commit=synchronous_commit, columns=columns))),
+            returned, outbox, dialect,
+        )
         self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
         self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
         self._instances = RowInstances(outbox)
         self._width = len(table.c)
-        self._claim_statement: Executable = select(outbox, *returned[len(table.c):]).from_statement(
-            self._claim.columns(*returned)
-        )
         self._park: TextClause = text(database_time_sql(PARK_EXHAUSTED.format(table=quoted)))
         self._record = record_outcome_sql(quoted, synchronous_commit=synchronous_commit)
         self._record_group = record_outcomes_sql(quoted, synchronous_commit=synchronous_commit)
@@ -273,6 +303,8 @@ class OutboxQueries:
         cursor: KeyCursor | None = None,
         cap: int | None = None,
         breaker: bool | None = None,
+        probes: int | None = None,
+        rate_limit: RateLimit | None | Literal["class"] = "class",
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
@@ -286,7 +318,11 @@ class OutboxQueries:
         ``cap`` is the most rows of a suspect destination claimed at once
         across processes (default: the class's ``destination_cap``);
         ``breaker`` says whether outcomes are stored (default: the class's),
-        so a destination without a state is not yet proven.
+        so a destination without a state is not yet proven; ``probes`` is
+        how many rows a destination whose cool-down is over sends as its
+        probes (default: the class's ``BreakerOptions.probes``);
+        ``rate_limit`` the destinations' rate limits (default: the class's),
+        whose tokens the claim takes.
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -299,25 +335,45 @@ class OutboxQueries:
             "now": now, "lease_seconds": lease_seconds, "limit": limit, "token": token, "outbox": self.job_name,
             "cap": cap if cap is not None else self.outbox.__outbox__.destination_cap,
             "unknown_suspect": breaker if breaker is not None else self.outbox.__outbox__.breaker is not None,
+            "steps": limit * WALK_STEPS_PER_ROW, "probes": probes if probes is not None else self._probes(),
         }
+        limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
+        params.update(rate_parameters(limits))
         cursor = cursor if cursor is not None else KeyCursor()
         params["after"] = cursor.after
-        if self._instances.plain:
-            result = self._driver_execute(connection, self._claim_driver_sql, params)
-            claimed = result.fetchall()
-            described = result.pgresult
-            codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
-            rows = self._instances.load(connection.dialect, codes, claimed)
-            extras = [tuple(values[self._width:]) for values in claimed]
-        else:  # a mapping the ORM must load (outboxkit.storage.row_instances)
-            with Session(connection, expire_on_commit=False, autoflush=False) as session:
-                loaded = session.execute(self._claim_statement, params).all()
-            rows = [values[0] for values in loaded]
-            extras = [tuple(values[1:]) for values in loaded]
+        rows: list[Outbox] = []
+        extras: list[tuple[Any, ...]] = []
+        if (  # the common case first (storage.destination_claim); a rate-limited destination takes the walk's tokens
+            cursor.alone is not None and self.ordered is None
+            and (limits is None or limits.per_second_of(cursor.alone) is None)
+        ):
+            rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
+        if not rows:
+            rows, extras = self._run(connection, self._claim if limits is not None else self._unlimited_claim, params)
+        cursor.alone = extras[0][2] if extras else None
         if extras:
             cursor.after = extras[0][1]
         order = sorted(range(len(rows)), key=lambda index: (rows[index].next_attempt_at, rows[index].id))
         return [rows[index] for index in order], any(each[0] for each in extras)
+
+    def _run(
+        self, connection: Connection, statement: _ClaimStatement, params: dict[str, Any]
+    ) -> tuple[list[Outbox], list[tuple[Any, ...]]]:
+        """One claim statement: its rows as instances of the model, and each row's extra columns."""
+        if self._instances.plain:
+            result = self._driver_execute(connection, statement.driver_sql, params)
+            claimed = result.fetchall()
+            described = result.pgresult
+            codes = [described.ftype(index) for index in range(self._width)] if described is not None and claimed else []
+            return self._instances.load(connection.dialect, codes, claimed), [tuple(each[self._width:]) for each in claimed]
+        # a mapping the ORM must load (outboxkit.storage.row_instances)
+        with Session(connection, expire_on_commit=False, autoflush=False) as session:
+            loaded = session.execute(statement.orm, params).all()
+        return [values[0] for values in loaded], [tuple(values[1:]) for values in loaded]
+
+    def _probes(self) -> int:
+        breaker = self.outbox.__outbox__.breaker
+        return 1 if breaker is None else breaker.probes
 
     def park_exhausted(
         self, connection: Connection, *, ids: list[int], token: uuid.UUID, now: datetime | None, error: str
@@ -327,14 +383,17 @@ class OutboxQueries:
         )
         return result.rowcount
 
-    def earliest_due(self, connection: Connection, *, now: datetime | None) -> datetime | None:
+    def earliest_due(
+        self, connection: Connection, *, now: datetime | None, rate_limit: RateLimit | None | Literal["class"] = "class"
+    ) -> datetime | None:
         """The earliest time a claim could take a row, or None when there is none.
 
         A row of a blocked destination counts from when its destination may go again (its probe, the end of its
-        slow-down; never while it is disabled); with an ordering key, a row waiting behind its key's head does not
-        count.
+        slow-down; never while it is disabled), a row of a rate-limited one from its next token (``rate_limit``,
+        default: the class's); with an ordering key, a row waiting behind its key's head does not count.
         """
-        params = {"outbox": self.job_name, "now": now}
+        limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
+        params = {"outbox": self.job_name, "now": now, **rate_parameters(limits)}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
         return None if found is None else found[0]
 
@@ -401,6 +460,28 @@ class OutboxQueries:
         }
         cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
         return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def rate_parameters(rate_limit: RateLimit | None) -> dict[str, Any]:
+    """The claim's and the earliest-due read's parameters of the destinations' rate limits (none: ``None``)."""
+    if rate_limit is None:
+        return {"rate_default": None, "rate_names": [], "rate_values": [], "burst_seconds": 1.0}
+    return {
+        "rate_default": rate_limit.per_second, "rate_names": list(rate_limit.destinations),
+        "rate_values": [float(value) for value in rate_limit.destinations.values()],
+        "burst_seconds": float(rate_limit.burst_seconds),
+    }
+
+
+class _ClaimStatement:
+    """A claim statement as the driver runs it (psycopg's ``%(name)s`` parameters) and as the ORM loads it."""
+
+    def __init__(self, statement: TextClause, returned: list[Any], outbox: type[Outbox], dialect: Any) -> None:
+        self.driver_sql = str(statement.compile(dialect=dialect))
+        # Its columns are named in the model's order and declared positionally, so the result's metadata is built
+        # once and cached with the compiled statement, instead of matched by name on every claim.
+        width = len(outbox.__table__.c)  # type: ignore[attr-defined]
+        self.orm: Executable = select(outbox, *returned[width:]).from_statement(statement.columns(*returned))
 
 
 def _autocommit_driver(connection: Connection, method: str) -> Any:

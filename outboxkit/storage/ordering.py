@@ -43,10 +43,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from outboxkit.storage.destination_claim import BLOCKED, PROBE_DUE, STATES, blocked_wakeups_sql, probe_sql
+from outboxkit.storage.destination_claim import (
+    BLOCKED,
+    PROBE_DUE,
+    STATES,
+    SUSPECT_STATE,
+    blocked_wakeups_sql,
+    probe_sql,
+    rates_sql,
+    room_sql,
+    token_due_sql,
+)
 from outboxkit.storage.tables import ordering_skips
 
-__all__ = ["BACKLOG_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
+__all__ = ["BACKLOG_KEY_LIMIT", "DUE_KEY_LIMIT", "KeyCursor", "OrderedStatements", "ordered_statements"]
 
 SKIPS = ordering_skips.name
 
@@ -91,14 +101,27 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
     WHERE status = 'pending' AND next_attempt_at <= :now AND {key} IS NULL AND {may_go}
     ORDER BY next_attempt_at, id
     LIMIT :limit
-){probes}, candidates AS (
-    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned FROM {table}
+){probes}, locked AS (
+    SELECT id, next_attempt_at, claim_token IS NOT NULL AS orphaned, destination FROM {table}
     WHERE id IN (SELECT head_id FROM walk WHERE claimable UNION ALL SELECT id FROM unkeyed)
       AND status = 'pending' AND next_attempt_at <= :now
     ORDER BY next_attempt_at, id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+), turns AS (
+    SELECT locked.*, row_number() OVER (PARTITION BY destination ORDER BY next_attempt_at, id) AS turn,
+           min(destination) OVER () <> max(destination) OVER () AS shared FROM locked
+), capped AS (
+    SELECT turns.* FROM turns
+    LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = turns.destination
+    WHERE turns.destination IS NULL OR NOT turns.shared OR turns.turn <= {room}
+){rates}, candidates AS (
+    SELECT capped.id, capped.next_attempt_at, capped.orphaned FROM capped
+    LEFT JOIN grants ON grants.destination = capped.destination
+    WHERE grants.granted IS NULL OR capped.turn <= grants.granted
 )"""
+# The heads of each rate-limited destination the claim would take, for its tokens (outboxkit.storage.destination_claim).
+_WANTS = "SELECT destination, count(*)::int AS take FROM capped WHERE destination IS NOT NULL GROUP BY destination"
 # A head (or unkeyed row) ``h`` may go unless its destination is blocked (outboxkit.storage.destination_claim).
 _MAY_GO = f"""NOT EXISTS (
         SELECT FROM {STATES} AS state WHERE state.outbox = :outbox AND state.destination = h.destination AND {BLOCKED})"""
@@ -123,25 +146,34 @@ _ORDERED_PICK = """SELECT state.destination, (
 
 # The claim's second half (the orphan rule, the UPDATE) is the unordered claim's: outboxkit.storage.drain_queries adds it,
 # returning as well where the walk stopped (WALKED_TO), where the next claim starts.
-WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to"
+WALKED_TO = "(SELECT key FROM walk ORDER BY step DESC LIMIT 1)::text AS outboxkit_walked_to, NULL::text AS outboxkit_alone"
 
 # The earliest due time of a row that a claim could take: an unkeyed pending row, or a key's head
 # that is pending (a head in flight counts with its lease end).  Rows waiting behind a head are not
-# due, whatever their next_attempt_at says: the background loop must not wake for them.
+# due, whatever their next_attempt_at says: the background loop must not wake for them.  The walk is
+# bounded like the backlog's: it visits the first DUE_KEY_LIMIT keys; past them, the keys not visited
+# stand in with the oldest pending row of all, but never sooner than a second from now (a row waiting
+# behind a head would otherwise wake the loop for nothing, again and again).
+DUE_KEY_LIMIT = 32
 EARLIEST_ORDERED_DUE = """
-WITH RECURSIVE keys(key) AS (
-    (SELECT {key} FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
+WITH RECURSIVE keys(key, step) AS (
+    (SELECT {key}, 1 FROM {table} WHERE {key} IS NOT NULL AND status <> 'done' ORDER BY {key} LIMIT 1)
   UNION ALL
-    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1)
-    FROM keys WHERE keys.key IS NOT NULL
+    SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1), keys.step + 1
+    FROM keys WHERE keys.key IS NOT NULL AND keys.step <= {key_limit}
 )
 SELECT min(due) FROM (
     (SELECT next_attempt_at AS due FROM {table} AS h WHERE status = 'pending' AND {key} IS NULL AND {may_go}
      ORDER BY next_attempt_at, id LIMIT 1)
   UNION ALL
-    SELECT head.next_attempt_at FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
-    WHERE keys.key IS NOT NULL AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
+    SELECT greatest(head.next_attempt_at, {token_due}) FROM keys CROSS JOIN LATERAL ({head_of_keys}) AS head
+    WHERE keys.key IS NOT NULL AND keys.step <= {key_limit} AND head.status = 'pending' AND {keys_free} AND NOT EXISTS (
         SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = head.destination AND {blocked})
+  UNION ALL
+    SELECT greatest(
+        (SELECT next_attempt_at FROM {table} WHERE status = 'pending' ORDER BY next_attempt_at, id LIMIT 1),
+        CAST(:now AS timestamptz) + interval '1 second')
+    FROM keys WHERE keys.step = {key_limit} + 1 AND keys.key IS NOT NULL
   UNION ALL
     {blocked_wakeups}
 ) AS dues
@@ -257,6 +289,7 @@ class KeyCursor:
     """
 
     after: str | None = None
+    alone: str | None = None  # the destination the previous unordered claim found alone (storage.destination_claim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +300,7 @@ class OrderedStatements:
     key: str  # the key column's quoted name
     key_type: str  # its SQL type, to cast the cursor back
 
-    def candidates_sql(self) -> str:
+    def candidates_sql(self, *, rate_limits: bool = True) -> str:
         """The ordered claim's first half: the walk and the candidates it locks (``storage.drain_queries`` adds the rest)."""
         after = f"CAST(:after AS {self.key_type})"
         first_key = _NEXT_KEY.format(key=self.key, table=self.table, current=after)
@@ -286,7 +319,10 @@ class OrderedStatements:
             may_go=_MAY_GO,
             start_free=self._key_free("start.key"),
             next_free=self._key_free("next.key"),
-            probes=probe_sql(pick),
+            probes=probe_sql(pick, "SELECT id FROM opened_probes"),
+            states=STATES,
+            room=room_sql(self.table, "turns.destination", f"COALESCE({SUSPECT_STATE}, CAST(:unknown_suspect AS boolean))"),
+            rates=rates_sql(_WANTS, "wants.take", rate_limits=rate_limits),
         )
 
     def walked_to_column(self) -> str:
@@ -296,6 +332,7 @@ class OrderedStatements:
         return EARLIEST_ORDERED_DUE.format(
             table=self.table, key=self.key, head_of_keys=self._head("keys.key"), may_go=_MAY_GO, states=STATES,
             blocked=BLOCKED, blocked_wakeups=blocked_wakeups_sql(self.table), keys_free=self._key_free("keys.key"),
+            key_limit=DUE_KEY_LIMIT, token_due=token_due_sql("head.destination"),
         )
 
     def backlog_sql(self) -> str:

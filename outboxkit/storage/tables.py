@@ -36,7 +36,7 @@ circuit breaker's status, its failure run, recent outcome counts, when it
 opened, the next probe, the last error (``outboxkit.breaker`` for the
 rules, ``outboxkit.destinations.store`` for the statements).
 ``outboxkit_destination_rates`` holds the token bucket of each destination
-with a rate limit (``outboxkit.rate_limits``, ``outboxkit.destinations.rate_store``):
+with a rate limit (``outboxkit.rate_limits``, ``outboxkit.storage.destination_claim``):
 one row per (outbox, destination), created by its first send.
 
 ``outboxkit_schedules`` holds the schedules as rows (``outboxkit.schedules``):

@@ -26,7 +26,7 @@ from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent, unclaimed_sample_events
 from tests.support.receiver import Receiver, Reply
 
-BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240, probes=1)
 
 
 @pytest.fixture
@@ -89,11 +89,12 @@ def test_an_open_destination_gets_one_probe_per_cool_down_and_its_rows_keep_thei
     attempts_match_requests(read_events, failing_receiver)
 
 
-def test_two_drainers_send_one_probe_between_them(engine, make_drainer, clock, failing_receiver, read_events):
+def test_two_drainers_send_at_most_the_probes_between_them(engine, make_drainer, clock, failing_receiver, read_events):
     failing_receiver.respond = lambda request: Reply(status=503)
     insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3)])
-    first = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
-    second = make_drainer(breaker=BREAKER, destination_concurrency=8, max_attempts=20)
+    breaker = dataclasses.replace(BREAKER, probes=3)
+    first = make_drainer(breaker=breaker, destination_concurrency=8, max_attempts=20)
+    second = make_drainer(breaker=breaker, destination_concurrency=8, max_attempts=20)
     first.drain()
     assert state(engine, failing_receiver.url).status == "open"
     insert_at(engine, failing_receiver.url, [{"n": n} for n in range(3, 40)])
@@ -103,7 +104,8 @@ def test_two_drainers_send_one_probe_between_them(engine, make_drainer, clock, f
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert len(failing_receiver.requests) == 4
+    assert len(failing_receiver.requests) == 3 + 3  # the three that opened it, then three probes between both drainers
+    assert state(engine, failing_receiver.url).status == "open"  # a failed probe re-opened it
     attempts_match_requests(read_events, failing_receiver)
 
 

@@ -30,7 +30,7 @@ from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
-BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240, probes=1)
 TIMEOUT = 1.0  # each send's deadline: a late answer comes after it
 
 FAULTS = {
@@ -196,8 +196,7 @@ def _failing_once(target: object, name: str, monkeypatch) -> list[str]:
 
 
 STEPS_AFTER_THE_CLAIM = {
-    "the claim (its probe and cap)": lambda drainer: (drainer.queries, "claim_due_rows"),
-    "the rate bucket": lambda drainer: (drainer.gate.rates, "take"),
+    "the claim (its probe, cap and rate tokens)": lambda drainer: (drainer.queries, "claim_due_rows"),
     "the outcome write": lambda drainer: (drainer.recorder, "record_group"),
     "the destination state write": lambda drainer: (drainer.gate.store, "record"),
 }

@@ -18,7 +18,7 @@ from outboxkit.model import OutboxOptions
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
 
-BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240)
+BREAKER = BreakerOptions(failures=3, cool_down=60, max_cool_down=240, probes=1)
 
 
 class Ticks:

@@ -17,11 +17,12 @@ from sqlalchemy.orm import Session
 
 from outboxkit.breaker import BreakerOptions, Reading, Signal
 from outboxkit.destinations.store import DestinationStore
-from outboxkit.storage.drain_queries import queries_for
+from outboxkit.rate_limits import RateLimit
+from outboxkit.storage.drain_queries import queries_for, rate_parameters
 from outboxkit.storage.ordering import KeyCursor
 from outboxkit.storage.tables import destinations as destination_table
 from tests.support.database import sqlalchemy_url
-from tests.support.models import SampleEvent
+from tests.support.models import OrderedEvent, SampleEvent
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 DEAD = "http://127.0.0.1:9"
@@ -61,20 +62,40 @@ def insert_rows(engine: Engine, count: int, *, at: str = DEAD, due: datetime = N
 
 
 def claim(
-    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100
+    engine: Engine, *, at: datetime, limit: int = 100, cursor: KeyCursor | None = None, cap: int = 100, probes: int = 1,
+    rate_limit: RateLimit | None = None,
 ) -> list[int]:
-    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination); their ids."""
+    """Claim due rows with the drain's own claim statement (``cap``: the cap of a suspect destination; ``probes``:
+    the rows sent when a cool-down is over; ``rate_limit``: the destinations' rates); their ids."""
     with engine.begin() as connection:
         rows, _ = queries_for(SampleEvent).claim_due_rows(
             connection, now=at, lease_seconds=60, limit=limit, token=uuid.uuid4(), cursor=cursor,
-            cap=cap,
+            cap=cap, probes=probes, rate_limit=rate_limit,
         )
     return [row.id for row in rows]
 
 
-def earliest_due(engine: Engine, *, at: datetime) -> datetime | None:
+def insert_ordered(engine: Engine, keys: list[str], *, at: str) -> list[int]:
+    statement = insert(OrderedEvent).returning(OrderedEvent.id, sort_by_parameter_order=True)
+    rows = [{"target_url": at + "/hook", "stream": key, "payload": {}, "next_attempt_at": NOW - timedelta(minutes=1)}
+            for key in keys]
+    with engine.begin() as connection:
+        return list(connection.scalars(statement, rows))
+
+
+def claim_ordered(engine: Engine, *, at: datetime, cap: int = 100, rate_limit: RateLimit | None = None) -> list[int]:
+    """Claim due heads with the ordered claim statement, as a drainer of its own would (its own cursor)."""
+    with engine.begin() as connection:
+        rows, _ = queries_for(OrderedEvent).claim_due_rows(
+            connection, now=at, lease_seconds=60, limit=20, token=uuid.uuid4(), cap=cap,
+            rate_limit=rate_limit,
+        )
+    return [row.id for row in rows]
+
+
+def earliest_due(engine: Engine, *, at: datetime, rate_limit: RateLimit | None = None) -> datetime | None:
     with engine.connect() as connection:
-        return queries_for(SampleEvent).earliest_due(connection, now=at)
+        return queries_for(SampleEvent).earliest_due(connection, now=at, rate_limit=rate_limit)
 
 
 def rows_by_id(engine: Engine) -> dict[int, SampleEvent]:
@@ -107,17 +128,17 @@ def test_an_open_destinations_rows_are_not_claimed_and_keep_their_attempts(engin
     assert earliest_due(engine, at=NOW + timedelta(seconds=1)) == NOW + timedelta(seconds=10)  # its probe, not its rows
 
 
-def test_exactly_one_probe_per_cool_down_and_its_success_lets_the_rest_flow(engine, store):
+def test_a_few_probes_per_cool_down_and_a_success_lets_the_rest_flow(engine, store):
     open_breaker(engine, store)
     dead = insert_rows(engine, 5)
     probe_at = NOW + timedelta(seconds=10)
-    assert claim(engine, at=probe_at) == [dead[0]]  # the oldest due row, alone
+    assert claim(engine, at=probe_at, probes=3) == dead[:3]  # the oldest due rows, as many as BreakerOptions.probes
     state = state_of(engine, store)
     assert (state.status, state.probe_row_id) == ("half_open", dead[0])
-    assert claim(engine, at=probe_at + timedelta(seconds=1)) == []  # nothing more while it is out
+    assert claim(engine, at=probe_at + timedelta(seconds=1), probes=3) == []  # nothing more while they are out
     record(engine, store, SUCCEEDED, at=probe_at + timedelta(seconds=2), row_id=dead[0])
     assert state_of(engine, store).status == "healthy"
-    assert sorted(claim(engine, at=probe_at + timedelta(seconds=2))) == dead[1:]
+    assert sorted(claim(engine, at=probe_at + timedelta(seconds=2))) == dead[3:]
 
 
 def test_a_failed_probe_reopens_with_a_longer_cool_down(engine, store):
@@ -212,7 +233,8 @@ def test_the_claim_reads_the_state_of_the_destinations_it_walks_not_every_state_
     insert_rows(engine, 5, at=LIVE)
     claim_sql = queries_for(SampleEvent)._claim_driver_sql
     parameters = {"now": NOW, "lease_seconds": 60, "limit": 50, "token": uuid.uuid4(),
-                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True}
+                  "outbox": "sample-events", "after": None, "cap": 8, "unknown_suspect": True, "steps": 200, "probes": 3,
+                  **rate_parameters(None)}
     with engine.connect() as connection:
         driver = connection.connection.driver_connection
         plan = driver.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql, parameters).fetchone()[0][0]["Plan"]
@@ -336,3 +358,84 @@ def test_a_destination_alone_is_not_capped(engine, store):
     record(engine, store, FAILED, row_id=1)
     dead = insert_rows(engine, 6)
     assert sorted(claim(engine, at=NOW, limit=20, cap=2)) == dead
+
+
+def test_an_ordered_suspect_destinations_heads_stay_under_its_cap_across_two_drainers(engine):
+    """The ordered claim keeps the heads of a suspect destination under its room, counted from the live claims of
+    every drainer; a proven destination's heads are not capped."""
+    store = DestinationStore(OrderedEvent)
+    with engine.begin() as connection:  # DEAD has a failure run (suspect), LIVE a success (proven)
+        store.record(connection, DEAD, FAILED, now=NOW, row_id=1, error="down", status_code=None, options=OPTIONS)
+        store.record(connection, LIVE, SUCCEEDED, now=NOW, row_id=2, error=None, status_code=200, options=OPTIONS)
+    dead = insert_ordered(engine, [f"dead-{n}" for n in range(6)], at=DEAD)
+    live = insert_ordered(engine, [f"live-{n}" for n in range(4)], at=LIVE)
+    first = claim_ordered(engine, at=NOW, cap=2)
+    assert len(set(first) & set(dead)) == 2 and set(live) <= set(first)
+    more_live = insert_ordered(engine, [f"live-{n}" for n in range(4, 6)], at=LIVE)
+    second = claim_ordered(engine, at=NOW + timedelta(seconds=1), cap=2)  # another drainer: the cap is full
+    assert sorted(second) == more_live
+
+
+# -- the one-destination shortcut (outboxkit.storage.destination_claim, ``alone``) --------------
+
+
+@pytest.fixture
+def statements_run(monkeypatch):
+    """The claim statements each claim ran, in order: "alone" (the shortcut) or "walk"."""
+    queries = queries_for(SampleEvent)
+    ran: list[str] = []
+    run = queries._run
+
+    def spy(connection, statement, params):
+        ran.append("alone" if statement is queries._alone else "walk")
+        return run(connection, statement, params)
+
+    monkeypatch.setattr(queries, "_run", spy)
+    return ran
+
+
+def test_a_destination_found_alone_is_claimed_by_the_shortcut(engine, statements_run):
+    dead = insert_rows(engine, 6)
+    cursor = KeyCursor()
+    assert claim(engine, at=NOW, limit=2, cursor=cursor) == dead[:2]
+    assert cursor.alone == "http://127.0.0.1:9"
+    assert claim(engine, at=NOW, limit=2, cursor=cursor) == dead[2:4]
+    assert statements_run == ["walk", "alone"]  # the second claim needed no walk
+
+
+@pytest.mark.parametrize("other", [LIVE, "http://127.0.0.1:99"], ids=["sorts-before", "sorts-after"])
+def test_a_second_destinations_row_ends_the_shortcut_and_shares_the_batch(engine, statements_run, other):
+    backlog = insert_rows(engine, 200, due=NOW - timedelta(hours=1))
+    cursor = KeyCursor()
+    claim(engine, at=NOW, limit=10, cursor=cursor)
+    assert cursor.alone is not None
+    [new] = insert_rows(engine, 1, at=other, due=NOW)
+    second = claim(engine, at=NOW, limit=10, cursor=cursor)
+    assert new in second and set(second) - {new} <= set(backlog)  # no starvation behind the backlog
+    assert statements_run == ["walk", "alone", "walk"] and cursor.alone is None
+
+
+def test_an_undecided_row_ends_the_shortcut(engine):
+    insert_rows(engine, 20)
+    cursor = KeyCursor()
+    claim(engine, at=NOW, limit=5, cursor=cursor)
+    [undecided] = insert_rows(engine, 1, at=LIVE, due=NOW)
+    with engine.begin() as connection:  # a row whose destination could not be decided at insert
+        connection.execute(text("UPDATE sample_event_outbox SET destination = NULL WHERE id = :id"), {"id": undecided})
+    assert undecided in claim(engine, at=NOW, limit=5, cursor=cursor)
+
+
+def test_a_blocked_destinations_rows_are_not_claimed_through_the_shortcut(engine, store):
+    dead = insert_rows(engine, 6)
+    cursor = KeyCursor()
+    claim(engine, at=NOW, limit=2, cursor=cursor)
+    assert cursor.alone == "http://127.0.0.1:9"
+    open_breaker(engine, store)
+    assert claim(engine, at=NOW + timedelta(seconds=1), limit=2, cursor=cursor) == []
+    rows = rows_by_id(engine)
+    assert {(rows[row_id].attempts, rows[row_id].claim_token) for row_id in dead[2:]} == {(0, None)}
+    with engine.begin() as connection:  # healthy again, but slowed by a receiver's Retry-After
+        connection.execute(text("UPDATE outboxkit_destinations SET status = 'healthy', slowed_until = :until"),
+                           {"until": NOW + timedelta(minutes=1)})
+    cursor.alone = "http://127.0.0.1:9"
+    assert claim(engine, at=NOW + timedelta(seconds=3), limit=2, cursor=cursor) == []

@@ -128,7 +128,7 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
     # One INSERT ... SELECT gives every row the same now(): the shape of a
     # bulk enqueue or a bulk reset.  With the due index on next_attempt_at
     # alone, the claim read and sorted all 20,000 of them.
-    from outboxkit.storage.drain_queries import claim_sql
+    from outboxkit.storage.drain_queries import claim_sql, rate_parameters
 
     with outbox_engine.begin() as connection:
         connection.execute(
@@ -143,7 +143,8 @@ def test_the_claim_reads_one_batch_of_index_entries_when_every_row_shares_one_du
         "now": datetime(2100, 1, 1, tzinfo=timezone.utc),
         "lease_until": datetime(2100, 1, 1, 0, 1, tzinfo=timezone.utc),
     }
-    parameters.update(limit=50, token=uuid.uuid4(), outbox="sample-events", after=None, cap=8, unknown_suspect=True)
+    parameters.update(limit=50, token=uuid.uuid4(), outbox="sample-events", after=None, cap=8, unknown_suspect=True,
+                      steps=200, probes=1, **rate_parameters(None))
     connection = outbox_engine.connect()
     try:  # EXPLAIN ANALYZE runs the claim: roll it back
         plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + claim), parameters).scalar_one()[0]["Plan"]

@@ -17,8 +17,9 @@ from sqlalchemy import create_engine, insert, text
 from outboxkit import ManualClock
 from outboxkit.metrics.prometheus import OutboxMetrics
 from outboxkit.storage.attempts import AttemptLog
+from outboxkit.storage.drain_queries import rate_parameters
 from outboxkit.storage.operator_queries import admin_queries_for
-from outboxkit.storage.ordering import ordered_statements
+from outboxkit.storage.ordering import DUE_KEY_LIMIT, ordered_statements
 from tests.integration.test_model import plan_nodes
 from tests.support.admin import AdminHarness
 from tests.support.database import sqlalchemy_url
@@ -178,3 +179,23 @@ def test_the_backlog_reads_keys_not_the_rows_waiting_behind_their_heads(ordered_
     assert on_the_outbox and not [node for node in on_the_outbox if node["Node Type"] == "Seq Scan"]
     assert sum(node["Actual Rows"] * node["Actual Loops"] for node in on_the_outbox) < 2_000  # 21,001 rows in the table
     assert (counts.held_by_order, counts.held_by_order_estimated) == (20_000 + 800, False)
+
+
+def test_the_earliest_due_read_walks_a_bounded_number_of_keys(ordered_admin):
+    # 2,000 keys of one row each: the read visits DUE_KEY_LIMIT of them (and one more to know there are more), and
+    # the keys past them stand in with the oldest pending row, no sooner than a second from now.
+    with ordered_admin.engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO ordered_event_outbox (target_url, stream, payload, next_attempt_at) "
+            "SELECT :url, 'k' || lpad(g::text, 5, '0'), '{}', :due FROM generate_series(1, 2000) AS g"
+        ), {"url": URL, "due": NOW + timedelta(minutes=5)})
+        connection.execute(text("ANALYZE ordered_event_outbox"))
+    earliest = ordered_statements(OrderedEvent, "ordered_event_outbox").earliest_due_sql()
+    with ordered_admin.engine.connect() as connection:
+        plan = connection.execute(
+            text("EXPLAIN (ANALYZE, FORMAT JSON) " + earliest), {"now": NOW, "outbox": "ordered-events", **rate_parameters(None)}
+        ).scalar_one()[0]["Plan"]
+        due = connection.execute(text(earliest), {"now": NOW, "outbox": "ordered-events", **rate_parameters(None)}).scalar_one()
+    walks = [node for node, _ in plan_nodes(plan) if node["Node Type"] == "Recursive Union"]
+    assert walks and all(node["Actual Rows"] <= DUE_KEY_LIMIT + 2 for node in walks)  # 2,000 keys in the table
+    assert due == NOW + timedelta(minutes=5)

@@ -217,7 +217,7 @@ def test_a_bad_ordering_key_is_refused_when_the_class_is_defined():
 def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(engine):
     # One key with 10,000 rows behind a head in flight, and 1,000 keys of 10 rows each, all due.  The claim steps
     # over the busy key once, as it steps over any key, and reads a batch's worth of heads from the order index.
-    from outboxkit.storage.drain_queries import ordered_claim_sql, queries_for
+    from outboxkit.storage.drain_queries import ordered_claim_sql, queries_for, rate_parameters
 
     with engine.begin() as connection:
         connection.execute(text(
@@ -237,7 +237,8 @@ def test_the_ordered_claim_reads_keys_not_the_rows_waiting_behind_their_heads(en
     claim = ordered_claim_sql(queries.ordered)
     now = datetime.now(timezone.utc) + timedelta(minutes=1)  # every row due, the busy key's head still in flight
     parameters = {"now": now, "lease_until": now + timedelta(minutes=1), "limit": 50,
-                  "token": "00000000-0000-0000-0000-000000000001", "after": None, "outbox": "ordered-events"}
+                  "token": "00000000-0000-0000-0000-000000000001", "after": None, "outbox": "ordered-events",
+                  "cap": 8, "unknown_suspect": True, **rate_parameters(None)}
     connection = engine.connect()
     try:  # EXPLAIN ANALYZE runs the claim: roll it back
         plan = connection.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + claim), parameters).scalar_one()[0]["Plan"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from time import monotonic
 
 import pytest
 
@@ -32,14 +33,22 @@ def test_a_manual_clock_is_the_time_everywhere():
     manual = ManualClock(NOON)
     time = DatabaseTime(manual)
     assert time.overridden and time.parameter() == NOON and time.now() == NOON
-    time.observe(NOON + timedelta(hours=1))  # a reading changes nothing: the test's time rules
+    time.observe(NOON + timedelta(hours=1), sent_at=0.0)  # a reading changes nothing: the test's time rules
     assert time.now() == NOON
     assert DatabaseTime(time).clock is manual  # wrapping a DatabaseTime wraps its clock
 
 
 def test_between_readings_the_servers_time_moves_with_the_monotonic_clock(monkeypatch):
-    ticks = iter([100.0, 107.5])
-    monkeypatch.setattr(database_time.time, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(database_time.time, "monotonic", lambda: 107.5)
     time = DatabaseTime(OffsetClock(timedelta(hours=3)))  # the host's clock, three hours off, is not consulted
-    time.observe(NOON)
+    time.observe(NOON, sent_at=100.0)
     assert time.now() == NOON + timedelta(seconds=7.5)
+
+
+def test_a_reading_counts_from_when_its_statement_was_sent_so_the_estimate_is_never_behind():
+    """A retry's due time (a backoff, a Retry-After) is decided from this estimate: behind, it would come early."""
+    server_time = DatabaseTime()
+    took = 0.5  # the statement's round trip: the server read its time somewhere inside it
+    reading = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    server_time.observe(reading, sent_at=monotonic() - took)
+    assert server_time.now() - reading >= timedelta(seconds=took)

@@ -144,6 +144,23 @@ def test_a_failure_of_another_row_while_half_open_does_not_reopen():
     assert after.status == "half_open" and after.probe_row_id == 7
 
 
+def test_any_of_the_probes_failing_reopens_but_a_row_sent_before_the_opening_does_not():
+    probing = _probing(apply(apply(apply(fresh(), FAILED), FAILED), FAILED), row_id=7, at=NOW + timedelta(seconds=10))
+    at = NOW + timedelta(seconds=11)
+    before_opening = after_outcome(probing, FAILED, now=at, row_id=3, error="boom", status_code=None, options=OPTIONS,
+                                   claimed_until=probing.probe_until - timedelta(seconds=9))
+    assert before_opening.status == "half_open"
+    another_probe = after_outcome(probing, FAILED, now=at, row_id=8, error="boom", status_code=None, options=OPTIONS,
+                                  claimed_until=probing.probe_until)  # claimed with the first probe, row 7
+    assert another_probe.status == "open" and another_probe.cool_down == 2 * OPTIONS.cool_down
+
+
+def test_breaker_options_refuse_a_number_of_probes_out_of_range():
+    with pytest.raises(ConfigurationError, match="probes"):
+        BreakerOptions(probes=0)
+    assert BreakerOptions().probes == 3
+
+
 def test_a_success_closes_the_breaker_and_unblocks_its_rows():
     state = _probing(apply(apply(apply(fresh(), FAILED), FAILED), FAILED), row_id=7, at=NOW + timedelta(seconds=10))
     state = apply(state, SUCCEEDED, at=NOW + timedelta(seconds=11), row_id=7)

@@ -21,9 +21,12 @@ from tests.support.models import SampleEvent
 def test_claim_statement_skips_locked_rows_takes_oldest_first_and_stamps_the_claim():
     statement = " ".join(queries.claim_sql("{table}").split())
     assert "FOR UPDATE SKIP LOCKED" in statement
-    assert "WHERE status = 'pending' AND destination = walk.destination AND next_attempt_at <= :now" in statement
-    assert "ORDER BY destination, next_attempt_at, id LIMIT least((SELECT rows FROM shares)," in statement
-    assert "greatest(0, :cap - live.claimed)" in statement  # a suspect destination's room under its cap
+    assert "WHERE status = 'pending' AND destination = wants.destination AND next_attempt_at <= :now" in statement
+    assert "CASE WHEN shares.found > 1 THEN least(shares.rows," in statement  # a share of the batch each
+    assert "ORDER BY destination, next_attempt_at, id LIMIT least(wants.take, COALESCE(grants.granted, wants.take))" in (
+        statement  # within the destination's rate-limit tokens
+    )
+    assert "greatest(0, :cap - (SELECT count(*) FROM {table} WHERE claimed_until > :now" in statement  # room under the cap
     assert "ORDER BY turn, next_attempt_at, id LIMIT :limit" in statement  # in turns across destinations
     assert "claim_token = :token" in statement
     assert "claimed_until = :lease_until" in statement

@@ -3,7 +3,7 @@
 ``outboxkit_destination_rates`` holds one row per (outbox, destination) with
 a rate limit (``OutboxOptions.rate_limit``): the tokens left, when they were
 counted, and how far the rows given back for want of a token are spread
-(``outboxkit.rate_limits``, ``outboxkit.destinations.rate_store``).
+(``outboxkit.rate_limits``, ``outboxkit.storage.destination_claim``).
 
 Revision ID: outboxkit_0009
 Revises: outboxkit_0008
