@@ -278,6 +278,11 @@ class OutboxKitSettings(BaseSettings):
     # The drain loops LISTEN for inserts and resets and claim at once; without
     # it they still claim at due times and every drain_interval_seconds.
     listen_enabled: bool = True
+    # The drain's own pool (outboxkit.storage.drain_pool), built with the engine's connection factory: its
+    # claims, outcomes and LISTEN never take one of the application's connections.  0: two per outbox plus one,
+    # with as many again as overflow for drains beside the loops.  A drain waits this long for a connection.
+    drain_pool_size: int = Field(default=0, ge=0, le=1000)
+    drain_pool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     # Whether the claim and the outcome commits wait for the WAL flush.  On
     # (the default): a PostgreSQL crash forgets nothing the kit committed, and
     # every attempt sent is counted, at the cost of a WAL flush per claim and
