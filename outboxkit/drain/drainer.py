@@ -92,7 +92,9 @@ from outboxkit.results import DrainResult
 from outboxkit.storage.attempts import AttemptLog
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries, queries_for
+from outboxkit.storage.notify import channel_for
 from outboxkit.storage.pauses import PauseCheck
+from outboxkit.storage.wakeups import Wakeups
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 from outboxkit.transports.base import Transport
 from outboxkit.transports.guarded import GuardedTransport
@@ -186,6 +188,7 @@ class Drainer:
             claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
             end_spell=self._end_spell,
             grouping=outcome_grouping,
+            wakeups=Wakeups(channel_for(outbox)),
         )
 
     @property
