@@ -275,11 +275,11 @@ class SendPump(Generic[ResultT]):
         # (the claim, the rate bucket's statement, a killed session) gives every one back, so the drainer keeps
         # claiming; the rows a failed step held come due again at their lease's end.
         try:
-            # A held connection that died while the loop was idle is replaced and the claim made once more:
-            # nothing was sent, and rows a lost claim took come due at its lease's end.
             cleared: bool | None = None  # the pending wake-up, cleared before a loop's claim once it caught up
             if background is not None and state.clear_first and self.wakeups is not None:
                 cleared = outcomes.run_reconnecting(self.wakeups.clear)
+            # A held connection that died while the loop was idle is replaced and the claim made once more:
+            # nothing was sent, and rows a lost claim took come due at its lease's end.
             rows, token, taken, orphaned = outcomes.run_reconnecting(
                 lambda connection: self.claimer.claim(granted, result, may_claim, connection)
             )
