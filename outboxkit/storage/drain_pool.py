@@ -63,6 +63,10 @@ def drain_pool_size(settings: OutboxKitSettings, outboxes: Iterable[OutboxOption
 class _CountingQueuePool(QueuePool):
     """A ``QueuePool`` that counts the threads waiting for one of its connections."""
 
+    # SQLAlchemy names a pool's logger after its class's module: keep its lines ("Pool disposed") under
+    # sqlalchemy.pool, beside every other pool's, not among the kit's own log events.
+    __module__ = "sqlalchemy.pool.impl"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting_lock = threading.Lock()
