@@ -14,7 +14,7 @@ rest.
 from outboxkit.clock import Clock, ManualClock, SystemClock
 from outboxkit.drain.drainer import Drainer
 from outboxkit.drain.worker import DrainWorker
-from outboxkit.enqueue import enqueue, enqueue_many
+from outboxkit.enqueue import enqueue, enqueue_async, enqueue_many
 from outboxkit.errors import (  # the errors an application meets; the whole tree is drawn in outboxkit.errors
     ConfigurationError,
     DeliveryBuildError,
@@ -54,6 +54,7 @@ __all__ = [
     "outbox_table_args",
     # writing rows (besides session.add)
     "enqueue",
+    "enqueue_async",
     "enqueue_many",
     # what to send, and how it is sent
     "AttemptResult",

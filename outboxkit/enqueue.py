@@ -35,8 +35,9 @@ a key that is not a UUID or a naive due time raises ``InvalidValueError`` or
 the database.
 
 NOTIFY: the insert trigger (``outboxkit.storage.notify.install_trigger_sql``) fires
-for these inserts as for any other, COPY included, once per statement and
-only when the caller commits.  Without the trigger, pass ``notify=True``: the
+for these inserts as for any other, COPY included, once per statement, and
+notifies when the caller commits unless a wake-up is pending already
+(``outboxkit.storage.wakeups``).  Without the trigger, pass ``notify=True``: the
 same ``pg_notify`` the trigger sends runs in the caller's transaction, so a
 rollback sends nothing.  (PostgreSQL folds identical notifications of one
 transaction into one, so ``notify=True`` with the trigger installed is
@@ -47,8 +48,13 @@ Large batches: ``enqueue_many`` writes ``copy_threshold`` rows or more (default
 connection, still in its transaction, and fewer with one executemany INSERT.
 Both write the same rows.  COPY needs a sync psycopg 3 connection: on any
 other driver, or when an omitted column has a SQL-expression ``default=``
-that only an INSERT can evaluate, the INSERT is used.  From an
-``AsyncSession``, call either function through ``await session.run_sync(...)``.
+that only an INSERT can evaluate, the INSERT is used.
+
+An async application awaits ``enqueue_async(session, CreditGrantOutbox, {...})``
+with its ``AsyncSession`` (or ``AsyncConnection``): the same row, inserted on
+the session's own async connection on the event loop, with no thread between.
+For a batch, ``await session.run_sync(lambda session: enqueue_many(session, ...))``
+(a greenlet on the same thread, not a thread either).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -68,7 +74,10 @@ from outboxkit.errors import InvalidTypeError, InvalidValueError
 from outboxkit.model import KIT_COLUMNS, Outbox, destination_of_values
 from outboxkit.storage.notify import notify_statement
 
-__all__ = ["COPY_THRESHOLD", "enqueue", "enqueue_many"]
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+__all__ = ["COPY_THRESHOLD", "enqueue", "enqueue_async", "enqueue_many"]
 
 # From this many rows on, enqueue_many writes with COPY: below it an
 # executemany INSERT is as fast (bench/enqueue.py).
@@ -92,6 +101,24 @@ def enqueue(target: Session | Connection, outbox: type[Outbox], values: Mapping[
     connection.execute(plan.statement, row)
     if notify:
         connection.execute(notify_statement(outbox))
+    return row["idempotency_key"]  # type: ignore[no-any-return]
+
+
+async def enqueue_async(
+    target: AsyncSession | AsyncConnection, outbox: type[Outbox], values: Mapping[str, Any], *, notify: bool = False
+) -> uuid.UUID:
+    """``enqueue`` for an async application: one row in the ``AsyncSession``'s (or ``AsyncConnection``'s) transaction.
+
+    The insert is awaited on the caller's event loop, on the session's own
+    async connection (psycopg's or asyncpg's): no thread and no ``run_sync``.
+    The row, its checks and ``notify`` are those of ``enqueue``.
+    """
+    plan = _plan_for(outbox)
+    row = plan.complete(values, position=None)
+    connection = await _async_connection_of(target, outbox)
+    await connection.execute(plan.statement, row)
+    if notify:
+        await connection.execute(notify_statement(outbox))
     return row["idempotency_key"]  # type: ignore[no-any-return]
 
 
@@ -138,7 +165,21 @@ def _connection_of(target: Session | Connection, outbox: type[Outbox]) -> Connec
         return target
     raise InvalidTypeError(
         f"enqueue needs the caller's sqlalchemy Session or Connection, got {type(target).__name__}; "
-        "from an AsyncSession, call it through `await session.run_sync(lambda session: enqueue(session, ...))`"
+        "from an AsyncSession, await enqueue_async(session, ...)"
+    )
+
+
+async def _async_connection_of(target: AsyncSession | AsyncConnection, outbox: type[Outbox]) -> AsyncConnection:
+    # Imported here: sqlalchemy.ext.asyncio needs greenlet, which a sync application may not have.
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    if isinstance(target, AsyncSession):
+        return await target.connection(bind_arguments={"mapper": outbox})
+    if isinstance(target, AsyncConnection):
+        return target
+    raise InvalidTypeError(
+        f"enqueue_async needs the caller's AsyncSession or AsyncConnection, got {type(target).__name__}; "
+        "with a sync Session or Connection call enqueue()"
     )
 
 

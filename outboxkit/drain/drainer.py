@@ -55,8 +55,11 @@ Two ways to run it:
   (``wake()``: a NOTIFY, a reset) and whenever a row comes due: after an
   empty claim it asks for the earliest ``next_attempt_at`` of the outbox and
   sleeps until then (a timer, not a poll loop), and a retry it records moves
-  that time earlier.  It polls anyway every ``poll_seconds`` (the safety
-  net for a lost notification).  A database error is logged once and
+  that time earlier.  Before it waits, a loop that caught up clears its
+  outbox's pending wake-up and claims once more (``outboxkit.storage.wakeups``):
+  an insert meanwhile may have relied on it rather than notify; while such an
+  insert's transaction is still open, it claims again within 50 ms.  It polls
+  anyway every ``poll_seconds`` (the safety net for a lost notification).  A database error is logged once and
   retried with backoff.  ``stop()`` stops claiming and records what is in
   flight, each send ending by its deadline.
 
@@ -93,7 +96,9 @@ from outboxkit.storage.attempts import AttemptLog
 from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries, queries_for
+from outboxkit.storage.notify import channel_for
 from outboxkit.storage.pauses import PauseCheck
+from outboxkit.storage.wakeups import Wakeups
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 from outboxkit.transports.base import Transport
 from outboxkit.transports.guarded import GuardedTransport
@@ -189,6 +194,7 @@ class Drainer:
             claimer=self.claimer, recorder=self.recorder, gate=self.gate, schema_problems=self._schema_problems,
             end_spell=self._end_spell,
             grouping=outcome_grouping,
+            wakeups=Wakeups(channel_for(outbox)),
         )
 
     @property

@@ -30,6 +30,7 @@ from outboxkit.results import DrainResult
 from outboxkit.settings import OutboxKitSettings
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.database import kit_engine
+from outboxkit.storage.drain_pool import DrainDatabase, drain_pool_size
 from outboxkit.storage.operator_pool import OperatorDatabase
 from outboxkit.storage.pooler_verdict import PoolerVerdict
 from outboxkit.telemetry.hooks import Telemetry
@@ -93,6 +94,7 @@ class KitCore:
             )
         self._drainers: dict[str, Drainer] = {}
         self._operator_database: OperatorDatabase | None = None
+        self._drain_database: DrainDatabase | None = None
         self.telemetry = Telemetry()  # metrics and tracing attach here (outboxkit.metrics, outboxkit.telemetry.tracing)
         # The one guard of URLs that do not come from code: schedules' HTTP targets at save and at send.
         self.url_guard = UrlGuard(allow=self.settings.allow_list)
@@ -190,7 +192,7 @@ class KitCore:
             drainer = self._drainers.get(job_name)
             if drainer is None:
                 drainer = Drainer(
-                    self.engine,
+                    self._drain_engine_holder().engine,
                     outbox,
                     transport=transport,
                     clock=self.clock,
@@ -237,10 +239,12 @@ class KitCore:
         """Opens the dedicated lock and LISTEN connections (``outboxkit.storage.connections``).
 
         From ``lock_database_url`` when set (a direct DSN), else from the
-        engine, so its ``connect_args``, ``creator`` and connect hooks apply.
+        drain's pool, which connects as the engine does (its ``connect_args``,
+        ``creator`` and ``do_connect`` hooks apply); detached from that pool, so
+        they take none of its slots and none of the application's.
         """
         return session_connector(
-            engine=None if self.settings.lock_database_url else self.engine,
+            engine=None if self.settings.lock_database_url else self.drain_database.engine,
             dsn=self.lock_dsn if self.settings.lock_database_url else None,
             application_name=application_name,
             keepalive_seconds=keepalive_seconds or self.settings.leader_tick_seconds,
@@ -267,6 +271,22 @@ class KitCore:
             return self._operator_database
 
     @property
+    def drain_database(self) -> DrainDatabase:
+        """The drain's own pool (``outboxkit.storage.drain_pool``): claims, outcomes, LISTEN and the leader lock.
+
+        Built on first use with the engine's connection factory; the drain never takes one of the
+        application's connections.
+        """
+        with self._lock:
+            return self._drain_engine_holder()
+
+    def _drain_engine_holder(self) -> DrainDatabase:
+        if self._drain_database is None:
+            size = drain_pool_size(self.settings, self._options.values())
+            self._drain_database = DrainDatabase(self.engine, self.settings, size=size)
+        return self._drain_database
+
+    @property
     def lock_dsn(self) -> str:
         """A libpq URL of the lock database: ``lock_database_url``, else the engine's (the admin's and CLI's view)."""
         # libpq wants "postgresql://"; a SQLAlchemy-style "postgresql+psycopg://" is accepted too.
@@ -274,7 +294,7 @@ class KitCore:
         return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     def close(self) -> None:
-        """Close the drainers (sends in flight finish first), the own transport, the operator's pool and a derived engine.
+        """Close the drainers (sends in flight finish first), the own transport, the kit's pools and a derived engine.
 
         Like ``Engine.dispose()``, it leaves the kit usable: the next drain
         builds fresh drainers and a fresh transport.
@@ -285,11 +305,14 @@ class KitCore:
             if self._own_transport:
                 self._transport = None
             operator_database = self._operator_database
+            drain_database = self._drain_database
         for drainer in drainers:
             drainer.close()
         if transport is not None:
             transport.close()
         if operator_database is not None:
             operator_database.dispose()
+        if drain_database is not None:
+            drain_database.dispose()
         if self._derived_engine is not None:  # dispose() leaves it usable, like the rest of the kit
             self._derived_engine.dispose()

@@ -21,6 +21,7 @@ from typing import Generic, Literal, TypeVar
 from outboxkit.drain.claim import DrainCounts
 from outboxkit.drain.hung_sends import HungSends
 from outboxkit.drain.send_pool import InFlightLimit
+from outboxkit.storage.wakeups import RECHECK_MAX_SECONDS, RECHECK_SECONDS
 
 __all__ = [
     "DUE_READ_DELAY_SECONDS",
@@ -71,6 +72,12 @@ class PumpState:
     # DUE_READ_DELAY_SECONDS have passed, so the read does not run beside the start of the claim's
     # sends (``drain_pump.SendPump``).
     due_read: Literal["short", "empty"] | None = None
+    # The outbox's pending wake-up (outboxkit.storage.wakeups): the next claim clears it first (a loop that
+    # caught up claims again to clear it before it waits), and while an inserting transaction keeps the clear
+    # from its lock the loop claims again within RECHECK_MAX_SECONDS.
+    clear_first: bool = True
+    wakeup_held: bool = False
+    recheck_wait: float = RECHECK_SECONDS
 
     def hung_check_in(self, hung_sends: HungSends, *, now: float | None = None) -> float | None:
         """Seconds until the pump's sends out are next looked at for hung ones (0: now; ``now`` is
@@ -152,6 +159,9 @@ class Background(Generic[ResultT]):
             return RETRY_CLAIM_SECONDS
         if state.more_due or self.stopping.is_set():
             return None  # in-flight outcomes come first
+        if state.wakeup_held:  # an insert that did not notify may commit any moment: claim again soon
+            wait, state.recheck_wait = state.recheck_wait, min(state.recheck_wait * 2, RECHECK_MAX_SECONDS)
+            return min(wait, self.poll_seconds)
         if state.next_due is None:
             return self.poll_seconds
         until_due = (state.next_due - now).total_seconds()

@@ -142,7 +142,7 @@ def _engine_problem(kit: OutboxKit) -> tuple[bool, str | None]:
     """Whether the check could tell, and why the engine is not fit to drain or schedule through its pooler (or None)."""
     if kit.settings.prepared_statements:
         return True, None  # the operator says the pooler keeps prepared statements (PgBouncer 1.21+), or there is none
-    engine = kit.engine
+    engine = kit.drain_database.engine  # connects as the application's engine does (outboxkit.storage.drain_pool)
     try:
         answer = _within_time(  # None only when the check did not finish in time; (threshold,) when it did
             lambda: (automatic_prepares_through_a_pool(engine, application_name="outboxkit-engine-check"),),
@@ -183,7 +183,7 @@ def check_outbox_tables(kit: OutboxKit, outboxes: list[type[Outbox]]) -> None:
 
     def read() -> list[str]:
         try:
-            with kit.engine.connect() as connection:
+            with kit.drain_database.engine.connect() as connection:
                 return list(connection.execute(_TABLES_WITHOUT_DESTINATION, {"names": sorted(names)}).scalars())
         except OperationalError:  # the database does not answer: the drains say so, and check the table when it does
             return []

@@ -63,6 +63,7 @@ from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.diagnostics import SchemaProblemLog
 from outboxkit.storage.drain_queries import OutboxQueries
+from outboxkit.storage.wakeups import RECHECK_SECONDS, Wakeups
 from outboxkit.telemetry.hooks import Telemetry, log_fields, outcome_name
 from outboxkit.transports.base import Delivery, Transport
 
@@ -102,6 +103,7 @@ class SendPump(Generic[ResultT]):
         schema_problems: SchemaProblemLog,
         end_spell: Callable[[ResultT], ResultT],
         grouping: OutcomeGrouping | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self.engine = engine
         self.queries = queries
@@ -115,6 +117,7 @@ class SendPump(Generic[ResultT]):
         self._schema_problems = schema_problems
         self._end_spell = end_spell
         self.grouping = grouping or OutcomeGrouping()
+        self.wakeups = wakeups  # the outbox's pending wake-up, cleared by the background loop
         self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
         self.in_flight = InFlightLimit(self.options.batch_size)
         # Sends out past their threshold stop counting against concurrency (outboxkit.drain.hung_sends): the pool runs
@@ -262,6 +265,9 @@ class SendPump(Generic[ResultT]):
         # killed session, a build that raises) gives every one back, so the drainer keeps claiming; the rows a
         # failed step held come due again at their lease's end.
         try:
+            cleared: bool | None = None  # the pending wake-up, cleared before a loop's claim once it caught up
+            if background is not None and state.clear_first and self.wakeups is not None:
+                cleared = outcomes.run_reconnecting(self.wakeups.clear)
             # A held connection that died while the loop was idle is replaced and the claim made once more:
             # nothing was sent, and rows a lost claim took come due at its lease's end.
             rows, token, taken, orphaned = outcomes.run_reconnecting(
@@ -280,6 +286,8 @@ class SendPump(Generic[ResultT]):
         if taken:
             state.retry_wait = RETRY_CLAIM_SECONDS
         short = 0 < taken < granted and not orphaned
+        if background is not None and self.wakeups is not None:
+            short = self._follow_wakeup(state, cleared, caught_up=short or not state.more_due) and short
         state.awaiting_outcome = taken == 0 and state.in_flight > 0
         self.in_flight.give(granted - len(deliveries))
         submit = self._sender(state, events, result)
@@ -300,6 +308,22 @@ class SendPump(Generic[ResultT]):
             state.due_read = "short" if short else "empty"
             if not state.in_flight:
                 self._read_due(state, outcomes)
+
+    @staticmethod
+    def _follow_wakeup(state: PumpState, cleared: bool | None, *, caught_up: bool) -> bool:
+        """After a loop's claim: what the pending wake-up (``outboxkit.storage.wakeups``) asks of the loop.
+
+        A loop that caught up without clearing it claims once more, clearing it first: an insert meanwhile may
+        have relied on it rather than notify.  False when that extra claim is due (the claim's due read waits).
+        """
+        state.wakeup_held = cleared is False
+        if cleared:
+            state.recheck_wait = RECHECK_SECONDS
+        if caught_up and cleared is None:
+            state.clear_first = state.more_due = True
+            return False
+        state.clear_first = caught_up
+        return True
 
     def _sender(
         self, state: PumpState, events: queue.SimpleQueue[object], result: ResultT

@@ -174,7 +174,7 @@ class DrainWorker:
         stopped = [drainer.job_name for drainer in drainers if not drainer.loop_alive]
         if stopped:
             return f"the drain loop of {', '.join(stopped)} has stopped"
-        return database_readiness(self.kit.engine)
+        return database_readiness(self.kit.drain_database.engine)
 
     def wake(self) -> None:
         """Wake every loop now (as a notification would)."""

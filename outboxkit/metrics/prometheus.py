@@ -24,8 +24,9 @@ Two kinds of figure, with different costs:
   duration, drain run duration, database errors, leadership changes, job
   runs and each job's last success, the NOTIFY listener's connection and
   reconnections, dropped attempt-history records.  They count what *this process* did; sum them across processes.
-  So does ``outboxkit_hung_sends``, a gauge read from this process's drainers at each scrape
-  (``outboxkit.drain.hung_sends``).
+  So do ``outboxkit_hung_sends``, a gauge read from this process's drainers at each scrape
+  (``outboxkit.drain.hung_sends``), and ``outboxkit_drain_pool_checked_out`` and ``outboxkit_drain_pool_waiting``,
+  read from the drain's own pool (``outboxkit.storage.drain_pool``).
 * The row gauges (pending, in flight, stuck, oldest due age, held by order) describe the
   *table*, so every process reports the same values; aggregate them with
   ``max``.  A background thread reads them every ``refresh_seconds`` (15 s by
@@ -235,6 +236,18 @@ class OutboxMetrics(Observer):
             "outbox's concurrency, each beside a replacement (at most concurrency at once; sum across processes)",
             outbox, registry=registry,
         )
+        # The drain's own pool (outboxkit.storage.drain_pool), read at each scrape (no database).
+        self.drain_pool_checked_out = gauge(
+            "outboxkit_drain_pool_checked_out", "Connections of this process's drain pool in use now", registry=registry
+        )
+        self.drain_pool_checked_out.set_function(lambda: self.kit.drain_database.checked_out)
+        self.drain_pool_waiting = gauge(
+            "outboxkit_drain_pool_waiting",
+            "Drain threads of this process waiting for a connection of the drain pool now (above 0 for long: raise "
+            "OUTBOXKIT_DRAIN_POOL_SIZE)",
+            registry=registry,
+        )
+        self.drain_pool_waiting.set_function(lambda: self.kit.drain_database.waiting)
         for change in ("elected", "demoted"):
             self.leadership_changes.labels(change=change)
 

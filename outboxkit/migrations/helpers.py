@@ -30,7 +30,12 @@ on insert goes into a revision of the application's own::
 
 The statements are those of ``outboxkit.storage.notify.install_trigger_sql`` and
 ``drop_trigger_sql``; both functions also work in offline mode
-(``alembic upgrade heads --sql``), where they print the SQL.
+(``alembic upgrade heads --sql``), where they print the SQL.  An insert
+notifies only when no wake-up of its outbox is pending
+(``outboxkit.storage.wakeups``, table ``outboxkit_wakeups`` from the kit's
+``outboxkit_0019``).  Triggers installed by an older version notify on every
+insert: a revision of the application's that runs ``install_notify_triggers``
+again, after ``outboxkit_0019``, replaces their functions.
 
 Each row carries its ``destination``, decided when it is inserted.  A table
 made before the column existed gets it from autogenerate (the column and the
@@ -121,10 +126,12 @@ def include_object(object_: Any, name: str | None, type_: str, reflected: bool, 
 
 
 def install_notify_triggers(*outboxes: type[Outbox], operations: Operations | None = None) -> None:
-    """In a revision's ``upgrade()``: make every insert into each outbox wake its drain (NOTIFY).
+    """In a revision's ``upgrade()``: make inserts into each outbox wake its drain (NOTIFY, only when no wake-up
+    is pending: ``outboxkit.storage.wakeups``).
 
     Re-running it is harmless (the function is replaced, the trigger dropped
-    and created again).  ``operations`` defaults to Alembic's ``op``.
+    and created again), and upgrades a trigger installed by an older version.
+    ``operations`` defaults to Alembic's ``op``.
     """
     execute_all(operations, (statement for outbox in checked_outboxes(outboxes) for statement in install_trigger_sql(outbox)))
 

@@ -159,6 +159,16 @@ class OutboxKitSettings(BaseSettings):
     # The drain loops LISTEN for inserts and resets and claim at once; without
     # it they still claim at due times and every drain_interval_seconds.
     listen_enabled: bool = Field(default=True, description="the drain loops LISTEN for inserts and resets and claim at once")
+    drain_pool_size: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="connections of the drain's own pool (its claims, outcomes and LISTEN never take one of the "
+        "application's); 0: two per outbox plus one, with as many again as overflow for drains beside the loops",
+    )
+    drain_pool_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=3600, allow_inf_nan=False, description="how long a drain waits for a connection of its pool"
+    )
     # Whether the claim and the outcome commits wait for the WAL flush.  On
     # (the default): a PostgreSQL crash forgets nothing the kit committed, and
     # every attempt sent is counted, at the cost of a WAL flush per claim and

@@ -5,8 +5,10 @@ Connections:
 * ``connections`` and ``sessions``: the long-lived session connections (leader lock, LISTEN) and the
   proof that one is a session of its own, not a transaction pooler's shared server connection;
 * ``operator_pool``: the admin's and CLI's own small pool, with a time budget per transaction;
+* ``drain_pool``: the drain's own pool (claims, outcomes, LISTEN, the leader lock), never the application's;
 * ``embedded``: the embedded PostgreSQL of the demo and of tests without a server;
 * ``notify``: NOTIFY on insert and reset, the LISTEN connection of every draining process;
+* ``wakeups``: pending wake-ups, so inserts notify only when none is pending (the insert trigger's body);
 * ``diagnostics``: a database error turned into the one line that says how to fix it.
 
 Tables and statements:

@@ -2,7 +2,8 @@
 
 An insert into an outbox issues ``NOTIFY <channel>`` when its transaction
 commits (PostgreSQL delivers notifications only on commit, so the drain
-never wakes for a row it cannot see yet); the admin's resets notify too.
+never wakes for a row it cannot see yet), unless a wake-up of its outbox is
+pending already (``outboxkit.storage.wakeups``); the admin's resets notify too.
 Every process that drains (``outboxkit.drain.worker``) holds one
 ``NotifyListener`` connection with ``LISTEN`` and wakes that outbox's drain
 loop at once.  A notification can be lost (the listener's connection drops);
@@ -41,6 +42,7 @@ from outboxkit.errors import InvalidValueError
 from outboxkit.model import Outbox
 from outboxkit.storage.connections import SessionConnector, session_connector
 from outboxkit.storage.sessions import NotASessionError, SessionIdentity, not_a_session, on_own_backend, prove_session
+from outboxkit.storage.wakeups import trigger_body
 from outboxkit.telemetry.log_events import log_fields
 
 __all__ = [
@@ -82,20 +84,20 @@ def _table_reference(outbox: type[Outbox]) -> str:
 
 
 def install_trigger_sql(outbox: type[Outbox]) -> list[str]:
-    """The statements that make every insert into ``outbox`` notify its channel; run each with ``op.execute``.
+    """The statements that make inserts into ``outbox`` wake its drain; run each with ``op.execute``.
 
     A statement-level trigger: a bulk insert of 1,000 rows sends one
-    notification, not 1,000.  Re-running the statements is harmless.
+    notification, not 1,000; and an insert notifies only when no wake-up of
+    the outbox is pending already (``outboxkit.storage.wakeups``), so
+    producers that commit at once do not queue behind the server's
+    notification lock.  Re-running the statements is harmless, and replaces
+    the function of a trigger installed by an older version.
     """
     function = _quote(_function_name(outbox))
     trigger = _quote(_short_identifier(f"{_function_name(outbox)}_insert"))
-    channel = channel_for(outbox).replace("'", "''")
     return [
         f"""CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('{channel}', '');
-    RETURN NULL;
-END
+{trigger_body(channel_for(outbox))}
 $$""",
         f"DROP TRIGGER IF EXISTS {trigger} ON {_table_reference(outbox)}",
         f"CREATE TRIGGER {trigger} AFTER INSERT ON {_table_reference(outbox)} "

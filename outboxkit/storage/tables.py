@@ -70,6 +70,9 @@ published event, delivered to anybody or not; ``outboxkit_event_types`` the
 catalog of event types and their optional JSON Schemas.  The deliveries
 themselves are an outbox of the kit's, ``outboxkit_event_deliveries``
 (``outboxkit.events.deliveries``).
+
+``outboxkit_wakeups`` holds a row per outbox channel while a wake-up is
+pending, so inserts meanwhile do not notify (``outboxkit.storage.wakeups``).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ __all__ = [
     "kit_metadata",
     "outbox_minutes",
     "outbox_pauses",
+    "outbox_wakeups",
     "ordering_skips",
     "reset_audit",
     "schedule_audit",
@@ -213,6 +217,16 @@ outbox_pauses = Table(
     Column("outbox", String(100), primary_key=True),
     Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("paused_by", String(300), nullable=False),
+)
+
+# Pending wake-ups (``outboxkit.storage.wakeups``): a row per channel while an insert's NOTIFY is pending, so
+# further inserts do not notify; the drain loop deletes them before it claims.  No primary key on the channel:
+# two inserts that find none at once each add one, and neither waits for the other.
+outbox_wakeups = Table(
+    "outboxkit_wakeups",
+    kit_metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("channel", String(63), nullable=False, index=True),
 )
 
 # The rows a person skipped at the head of their ordering key (``outboxkit.storage.ordering``): each stays

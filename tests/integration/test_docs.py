@@ -238,9 +238,9 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
-            "outboxkit_event_deliveries",
+            "outboxkit_event_deliveries", "outboxkit_wakeups",
         }
-        assert "outboxkit_0017" in heads and len(heads) == 2
+        assert "outboxkit_0019" in heads and len(heads) == 2
         assert sorted(triggers_installed) == [
             "outboxkit_notify_grant_outbox_insert", "outboxkit_notify_outboxkit_event_deliveries_insert",
         ]
@@ -260,7 +260,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
             "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
-            "outboxkit_event_deliveries",
+            "outboxkit_event_deliveries", "outboxkit_wakeups",
         } and functions == ["outboxkit_notify_outboxkit_event_deliveries"]  # the kit's own outbox's, in the kit's branch
     finally:
         database_factory.drop(url)

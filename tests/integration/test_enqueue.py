@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit import InvalidTypeError, InvalidValueError, enqueue, enqueue_many
 from outboxkit.storage.notify import channel_for, drop_trigger_sql
+from tests.support.database import sqlalchemy_url
 from tests.support.models import SampleEvent
 
 TARGET = "http://127.0.0.1:9/events"
@@ -262,3 +263,36 @@ def test_an_async_session_enqueues_through_run_sync(engine, database_url):
 
     keys = asyncio.run(place())
     assert list(rows_by_key(engine)) == keys and len(keys) == 251
+
+
+def test_enqueue_async_inserts_in_the_async_sessions_transaction_on_the_event_loops_thread(engine, database_url):
+    import asyncio
+    import threading
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from outboxkit import enqueue_async
+
+    async_engine = create_async_engine(sqlalchemy_url(database_url))
+    threads: list[str] = []
+    event.listen(
+        async_engine.sync_engine, "before_cursor_execute", lambda *args: threads.append(threading.current_thread().name)
+    )
+
+    async def run() -> tuple[uuid.UUID, str]:
+        async with AsyncSession(async_engine) as session:
+            async with session.begin():
+                key = await enqueue_async(session, SampleEvent, {"target_url": "http://127.0.0.1:9/x", "payload": {"n": 1}})
+            async with session.begin():  # rolled back: leaves no row
+                await enqueue_async(session, SampleEvent, {"target_url": "http://127.0.0.1:9/x", "payload": {"n": 2}})
+                await session.rollback()
+        await async_engine.dispose()
+        return key, threading.current_thread().name
+
+    key, loop_thread = asyncio.run(run())
+    assert threads and set(threads) == {loop_thread}  # every statement ran on the event loop's thread
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT idempotency_key, payload FROM sample_event_outbox")).all()
+    assert rows == [(key, {"n": 1})]
+    with pytest.raises(InvalidTypeError, match="AsyncSession or AsyncConnection"):
+        asyncio.run(enqueue_async(Session(engine), SampleEvent, {"target_url": "http://127.0.0.1:9/x"}))  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ ATTEMPT_INSERT = "INSERT INTO outboxkit_attempts"
 
 
 def prepared_in_pool(engine) -> list[str]:
-    """The prepared statements on every connection of the engine's pool (all checked out at once)."""
+    """The prepared statements on the connections of an engine's pool (``POOL_SIZE``, all checked out at once)."""
     connections = [engine.connect() for _ in range(POOL_SIZE)]
     try:
         query = text("SELECT statement FROM pg_prepared_statements")
@@ -52,7 +52,9 @@ def drain_rows(
         insert_events([{"n": n} for n in range(30)])
         result = kit.drain(SampleEvent)
         assert result.delivered == 30
-        prepared = prepared_in_pool(engine)  # first: a rollback (a pool's reset) makes psycopg deallocate them all
+        # The drain's own pool (outboxkit.storage.drain_pool), built with the engine's connect_args; read first: a
+        # rollback (a pool's reset) makes psycopg deallocate them all.
+        prepared = prepared_in_pool(kit.drain_database.engine)
         with engine.connect() as connection:  # the attempt history was written too, on the same pool
             assert connection.execute(text("SELECT count(*) FROM outboxkit_attempts")).scalar_one() == 30
         return prepared

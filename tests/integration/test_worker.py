@@ -293,7 +293,9 @@ def test_the_lock_and_listen_connections_come_from_the_engine_and_its_hooks(data
         # claims, outcomes and due-time reads run on it) and the leader's first drain borrows one now and then,
         # so wait for a moment when only the loop's is out; the two session connections, held for the kit's
         # life, would keep the count above one for good.
-        wait_until(lambda: engine.pool.checkedout() == 1, timeout=30, message="only the drain loop's pool slot held")
+        # Those slots are the drain's own pool's (outboxkit.storage.drain_pool), never the application engine's.
+        drain_pool = kit.drain_database.engine.pool
+        wait_until(lambda: drain_pool.checkedout() == 1, timeout=30, message="only the drain loop's pool slot held")
     finally:
         kit.close()
         engine.dispose()
@@ -455,6 +457,7 @@ def test_a_loop_whose_held_connection_died_while_idle_claims_on_a_fresh_one(engi
             admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({others}) AS other")
             wait_until(lambda: not admin.execute(others).fetchall(), message="every other backend is gone")
         engine.dispose()  # the test's own inserts connect afresh; the loop still holds its dead connection
+        kit.drain_database.dispose()  # and so do the drain's short reads: only the loop's held connection is dead
         with caplog.at_level("ERROR", logger="outboxkit.drain"):
             enqueue(engine, url, [{"n": 1}])
             drainer.wake()

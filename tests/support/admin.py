@@ -42,6 +42,7 @@ TABLES = (
     "outboxkit_outbox_minutes",
     "outboxkit_destinations",
     "outboxkit_secrets",
+    "outboxkit_wakeups",
 )
 
 

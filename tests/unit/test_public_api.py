@@ -16,7 +16,7 @@ from outboxkit import errors
 # Written out on its own, not derived from the package: a name added or dropped there must be a decision here too.
 PUBLIC_API = {
     "Outbox", "OutboxOptions", "outbox_table_args",                                     # the model
-    "enqueue", "enqueue_many",                                                          # the enqueue fast path
+    "enqueue", "enqueue_async", "enqueue_many",                                         # the enqueue fast path
     "Delivery", "Transport", "HttpTransport", "CallableTransport", "AttemptResult", "FailureKind",  # sending
     "OutboxKit", "OutboxKitSettings", "OutboxOverride", "Drainer", "DrainResult", "DrainWorker", "database_url",  # the kit
     "Clock", "SystemClock", "ManualClock",                                              # time

@@ -181,6 +181,7 @@ def test_the_include_filters_leave_out_exactly_the_kits_tables():
         "outboxkit_events",
         "outboxkit_event_types",
         "outboxkit_event_deliveries",
+        "outboxkit_wakeups",
     }
     assert not include_name("outboxkit_job_runs", "table", {"schema_name": None})
     assert include_name("sample_event_outbox", "table", {"schema_name": None})
