@@ -33,9 +33,9 @@ The statements are those of ``outboxkit.storage.notify.install_trigger_sql`` and
 (``alembic upgrade heads --sql``), where they print the SQL.  An insert
 notifies only when no wake-up of its outbox is pending
 (``outboxkit.storage.wakeups``, table ``outboxkit_wakeups`` from the kit's
-``outboxkit_0019``).  Triggers installed by an older version notify on every
+``outboxkit_0018``).  Triggers installed by an older version notify on every
 insert: a revision of the application's that runs ``install_notify_triggers``
-again, after ``outboxkit_0019``, replaces their functions.
+again, after ``outboxkit_0018``, replaces their functions.
 
 Each row carries its ``destination``, decided when it is inserted.  A table
 made before the column existed gets it from autogenerate (the column and the

@@ -26,7 +26,7 @@ when its outbox has no wake-up pending, and never loses one:
 
 A row left by an insert the clear did not see (it committed after the clear's
 snapshot) was notified by that insert, so it wakes the loop, which clears it.
-Without the table (migration ``outboxkit_0019`` not yet run) the trigger
+Without the table (migration ``outboxkit_0018`` not yet run) the trigger
 notifies on every insert, as before, and the loop clears nothing.
 """
 
@@ -67,7 +67,7 @@ def trigger_body(channel: str) -> str:
     quoted = channel.replace("'", "''")
     return f"""BEGIN
     IF to_regclass('{_TABLE}') IS NULL THEN
-        PERFORM pg_notify('{quoted}', '');  -- migration outboxkit_0019 not run yet: every insert notifies
+        PERFORM pg_notify('{quoted}', '');  -- migration outboxkit_0018 not run yet: every insert notifies
         RETURN NULL;
     END IF;
     -- Held until this transaction ends: the drain clears a pending wake-up only when no insert that
@@ -110,6 +110,6 @@ class Wakeups:
                 self._warned = True
                 logger.warning(
                     "%s is missing: every insert into an outbox notifies (run `alembic upgrade heads` for migration "
-                    "outboxkit_0019)", _TABLE, extra=log_fields("notify.wakeups_table_missing"),
+                    "outboxkit_0018)", _TABLE, extra=log_fields("notify.wakeups_table_missing"),
                 )
             return True

@@ -8,7 +8,7 @@ outboxes, which replaces each trigger's function.  Until then the old
 triggers notify on every insert, as before; the kit's own outbox's trigger is
 replaced here.
 
-Revision ID: outboxkit_0019
+Revision ID: outboxkit_0018
 Revises: outboxkit_0014
 Create Date: 2026-12-05
 """
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 from outboxkit.storage.wakeups import trigger_body
 
-revision = "outboxkit_0019"
+revision = "outboxkit_0018"
 down_revision = "outboxkit_0017"
 branch_labels = None
 depends_on = None
