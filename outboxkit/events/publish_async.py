@@ -15,11 +15,12 @@ roll back with the caller's change.  ``publish_async_with`` takes an
 
 from __future__ import annotations
 
-from typing import Any, Unpack
-
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from typing import TYPE_CHECKING, Any, Unpack
 
 from outboxkit.events.publish import CATALOG, PUBLISH, PublishCall, Published, PublishOptions
+
+if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a sync application may not have
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 __all__ = ["publish_async", "publish_async_with"]
 
