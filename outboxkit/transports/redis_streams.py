@@ -13,9 +13,9 @@ A row goes to ``redis://host:port/<db>/<stream>`` (``rediss://`` for TLS): one
 Redis does not de-duplicate.  A send whose answer is lost (a timeout, a
 connection cut after the command left) is retried, and the stream then holds
 the entry twice, with the same ``idempotency_key``.  A consumer drops the
-second copy itself: for example ``SET seen:<idempotency_key> 1 NX EX <window>``
-before handling an entry, skipping it when the ``SET`` answers nil, or an inbox
-table with the key as its primary key in the consumer's own database.
+second copy itself, recording the key in the same transaction as the entry's
+effect: ``outboxkit.inbox.redis_streams`` does (a marker set in Redis before
+the effect commits would lose the entry if the consumer died between the two).
 
 The outcome rules:
 
