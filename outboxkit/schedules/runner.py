@@ -44,6 +44,9 @@ decided, read in each deciding transaction (``outboxkit.storage.database_time``)
 so hosts need no synchronised clocks; tests drive every step with a
 ``ManualClock`` (``run_pending``, ``run_job``), which stands in for it.  What the claim writes inside its transaction is in
 ``outboxkit.schedules.claims``; the lease rows in ``outboxkit.schedules.leases``.
+
+One module, past 400 lines: the loop's wake, claim, run and sleep share the runner's state (its reading of the
+server's time, the runs it holds), which a split would have to pass around.
 """
 
 from __future__ import annotations
