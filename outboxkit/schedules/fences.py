@@ -27,11 +27,38 @@ lock before it touches a run row, so the two never wait for each other
 statements: the take in ``outboxkit.schedules.claims`` and
 ``outboxkit.schedules.jobs``, the trim in ``outboxkit.schedules.runs`` and
 ``outboxkit.schedules.jobs``.
+
+A process stopped inside one of those transactions (SIGSTOP, a paused VM, a
+debugger) would hold the fence row, and every other runner of the job would
+wait on it for as long as the process stays stopped.  So each transaction
+that may take or lock a fence first calls ``bound_idle``: the server ends a
+session that sits idle inside it for ``FROZEN_HOLDER_SECONDS`` (PostgreSQL's
+``idle_in_transaction_session_timeout``, set for that transaction only), the
+lock goes with it and the others go on.  The stopped process finds its
+transaction gone when it resumes: a take it had not committed was never
+taken, a record it had not committed is reported as a failed record.
 """
 
 from __future__ import annotations
 
-__all__ = ["LOCK_FENCE", "TAKE_FENCE", "TRIM_HISTORY", "lock_fence_sql", "take_fence_sql", "trim_history_sql"]
+from sqlalchemy import Connection, text
+
+__all__ = [
+    "FROZEN_HOLDER_SECONDS",
+    "LOCK_FENCE",
+    "TAKE_FENCE",
+    "TRIM_HISTORY",
+    "bound_idle",
+    "lock_fence_sql",
+    "take_fence_sql",
+    "trim_history_sql",
+]
+
+# How long a session may sit idle inside a fence transaction before the server ends it.  Those transactions send
+# their few statements back to back, so only a stopped process idles there this long.
+FROZEN_HOLDER_SECONDS = 5.0
+
+_BOUND_IDLE = text("SELECT set_config('idle_in_transaction_session_timeout', :timeout, true)")
 
 # Lock (or create) the job's fence row and read its mark; the take's INSERT selects FROM fence WHERE it is before
 # the occurrence.  The no-op DO UPDATE takes the row lock and returns the mark as the lock holder committed it.
@@ -79,3 +106,9 @@ def trim_history_sql(job_id: str, *, kept: str = "outcome <> 'running'", also: s
     """The trim's CTEs (without ``WITH``, after ``lock_fence_sql``): ``kept`` says which runs count toward the :keep
     newest, ``also`` adds to the DELETE's condition."""
     return TRIM_HISTORY.format(job_id=job_id, kept=kept, also=also)
+
+
+def bound_idle(connection: Connection) -> None:
+    """Let the server end this transaction's session if it sits idle in it for ``FROZEN_HOLDER_SECONDS``; call it
+    first in every transaction that takes or locks a fence."""
+    connection.execute(_BOUND_IDLE, {"timeout": f"{int(FROZEN_HOLDER_SECONDS * 1000)}ms"})

@@ -55,7 +55,7 @@ from sqlalchemy.orm import Session
 
 from outboxkit.errors import ConfigurationError, JobFailed
 from outboxkit.results import RunRecord
-from outboxkit.schedules.fences import lock_fence_sql, take_fence_sql, trim_history_sql
+from outboxkit.schedules.fences import bound_idle, lock_fence_sql, take_fence_sql, trim_history_sql
 from outboxkit.schedules.triggers import INTERVAL_ANCHOR, calendar_interval, cron, every, once
 from outboxkit.telemetry.hooks import Telemetry, log_fields
 
@@ -245,6 +245,7 @@ class JobRunner:
             run_id = None
             if job.fenced:
                 with self.engine.begin() as connection:
+                    bound_idle(connection)
                     run_id = connection.execute(
                         _TAKE_FENCE,
                         {"job_id": job.id, "job_name": job.name, "scheduled_for": scheduled_for, "leader": leader},
@@ -265,6 +266,7 @@ class JobRunner:
                 "error": record.error,
             }
             with self.engine.begin() as connection:
+                bound_idle(connection)
                 connection.execute(_LOCK_FENCE, {"job_id": job.id})
                 if run_id is not None:
                     connection.execute(_FINISH, {**values, "run_id": run_id})

@@ -70,6 +70,7 @@ from outboxkit.schedules import leases
 from outboxkit.schedules.alarm import LoopAlarm
 from outboxkit.schedules.claims import Firing, ScheduleClaims
 from outboxkit.schedules.definitions import HttpTarget
+from outboxkit.schedules.fences import bound_idle
 from outboxkit.schedules.jobs import JobFunction, JobRunner, check_job_function
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.schedules.requests import ScheduledRequestOutbox
@@ -213,6 +214,7 @@ class ScheduleRunner:
         """Fire the due rows of each target kind, up to its limit; whether a kind filled a whole batch."""
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
+            bound_idle(connection)  # it may take fences (outboxkit.schedules.fences)
             now = self.database_time.read(connection)
             rows: list[RowMapping] = []
             full = False
@@ -249,6 +251,7 @@ class ScheduleRunner:
         firing = Firing()
         grants: list[LeaseGrant] = []
         with self.engine.begin() as connection:
+            bound_idle(connection)  # it may take fences (outboxkit.schedules.fences)
             now = self.database_time.read(connection)
             for lease in leases.take_expired(connection, now=now):
                 grant = self.claims.abandon(connection, lease, now=now, firing=firing)
@@ -316,6 +319,7 @@ class ScheduleRunner:
         """
         firing = Firing()
         with self.engine.begin() as connection:
+            bound_idle(connection)  # it may take fences (outboxkit.schedules.fences)
             now = self.database_time.read(connection)
             occurrence = scheduled_for or now
             row = self.claims.one(connection, name)

@@ -36,7 +36,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from outboxkit.results import RunRecord
 from outboxkit.schedules import leases
 from outboxkit.schedules.claims import Firing
-from outboxkit.schedules.fences import lock_fence_sql, trim_history_sql
+from outboxkit.schedules.fences import bound_idle, lock_fence_sql, trim_history_sql
 from outboxkit.schedules.jobs import JobFunction, JobRunner
 from outboxkit.schedules.leases import LeaseGrant
 from outboxkit.storage.database_time import DatabaseTime
@@ -165,6 +165,7 @@ class HeldRuns:
             "error": record.error or grant.note,
         }
         with self.engine.begin() as connection:
+            bound_idle(connection)
             released, _ = connection.execute(_RECORD_OUTCOME, values).one()
         if not released:
             logger.warning(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, text
 
 from tests.faults.arrivals import Arrival, ArrivalLog
 from tests.faults.figures import ScenarioFigures
@@ -161,8 +161,31 @@ class FaultScenario:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
-                raise AssertionError(f"not reached within {timeout:g}s: {what} ({self.context})")
+                raise AssertionError(f"not reached within {timeout:g}s: {what} ({self.context}){self.lock_waits()}")
             time.sleep(every)
+
+    def lock_waits(self) -> str:
+        """The sessions of this database waiting on a lock and what their blockers run, for a failure message."""
+        query = text(
+            """
+            SELECT waiting.application_name, left(waiting.query, 160), blocker.application_name, blocker.state,
+                   left(blocker.query, 160)
+            FROM pg_stat_activity waiting
+            LEFT JOIN pg_stat_activity blocker ON blocker.pid = (pg_blocking_pids(waiting.pid))[1]
+            WHERE waiting.datname = current_database() AND waiting.wait_event_type = 'Lock'
+            """
+        )
+        try:
+            with self.engine.connect() as connection:
+                rows = connection.execute(query).all()
+        except Exception as exc:  # the server may be the fault: the message says so instead
+            return f"; lock waits unknown ({type(exc).__name__})"
+        if not rows:
+            return "; no session waits on a lock"
+        return "; lock waits: " + "; ".join(
+            f"{name} running {statement!r} waits on {blocker} ({state}: {held!r})"
+            for name, statement, blocker, state, held in rows
+        )
 
     def wait_settled(self, *, timeout: float) -> None:
         """Wait until no row is pending (every row done or stuck)."""

@@ -193,12 +193,6 @@ def fence_skips(fleet: WorkerFleet) -> int:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent since the schedules' fence table: after a frozen leader's lock session is ended, the new "
-    "leader sometimes runs no heartbeat within 10 s. Suspected (not proven): the frozen process holds its job's fence "
-    "row (locked FOR UPDATE before every take and run write)",
-)
 @pytest.mark.parametrize("size", SIZES)
 def test_leader_chaos_keeps_one_holder_and_runs_no_occurrence_twice(
     fault_scenario: FaultScenario, size: ChaosSize
