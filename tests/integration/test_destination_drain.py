@@ -257,6 +257,9 @@ def test_a_hanging_destination_costs_the_others_no_give_back_and_holds_at_most_i
             with Blackhole() as blackhole:
                 for n in range(60):  # every third row to the blackhole
                     insert_at(engine, blackhole.url if n % 3 == 0 else receiver.url, [{"n": n}])
+                # More healthy rows than it waits for, so the blackhole is never the only destination due (its cap
+                # lifts then) however late this thread wakes.
+                insert_at(engine, receiver.url, [{"n": n} for n in range(60, 460)])
                 drainer.start(poll_seconds=1)
                 receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
                 while_running = list(statements)
@@ -290,8 +293,10 @@ def test_one_drain_call_delivers_every_healthy_row_while_another_destination_hol
             insert_at(engine, blackhole.url, [{"n": n} for n in range(4)])
             healthy = insert_at(engine, receiver.url, [{"n": n} for n in range(20)])
             call.start()
-            receiver.wait_for(lambda r: len(r.requests) >= 20, timeout=25)  # well inside one 30 s deadline
-            assert blackhole.most_open <= 2  # its cap
+            # Well inside one 30 s deadline.  How many sends the blackhole holds is not asserted here: the cap
+            # lifts once its rows are the only ones due (the healthy ones all claimed), which under load may come
+            # before the last healthy arrival; the test above holds it to its cap.
+            receiver.wait_for(lambda r: len(r.requests) >= 20, timeout=25)
         # The blackhole closed its connections: the hanging sends end, and the call returns.
     finally:
         call.join(timeout=60)
