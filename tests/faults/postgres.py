@@ -63,3 +63,12 @@ class SessionTerminator(_Connection):
         )
         assert isinstance(terminated, int)
         return terminated
+
+    def terminate_pid(self, pid: int, *, timeout: float = 10.0) -> bool:
+        """Terminate one session by its backend pid and wait until it has exited; whether it was there."""
+        (terminated,) = self.fetch_one(
+            "SELECT coalesce(bool_or(pg_terminate_backend(pid, %(wait)s)), false) FROM pg_stat_activity "
+            "WHERE pid = %(pid)s AND datname = current_database()",
+            {"wait": int(timeout * 1000), "pid": pid},
+        )
+        return bool(terminated)
