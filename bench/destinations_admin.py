@@ -33,7 +33,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from bench.ceilings import scratch_database  # noqa: E402
 from outboxkit.breaker import BreakerOptions, Reading, Signal  # noqa: E402
-from outboxkit.destinations.store import DestinationStore  # noqa: E402
+from outboxkit.destinations.store import DestinationStore, Observation  # noqa: E402
 from outboxkit.destinations.views import destination_views  # noqa: E402
 from outboxkit.storage.tables import kit_metadata  # noqa: E402
 
@@ -60,8 +60,9 @@ def main() -> None:
         with engine.begin() as connection:
             for index in range(arguments.destinations):
                 at = now + timedelta(microseconds=index + 1)  # distinct hold instants, none on a whole second
-                store.record(connection, f"http://partner-{index}.example:80", Reading(Signal.FAILURE), now=at, row_id=1,
-                             error="timeout", status_code=None, options=BreakerOptions(failures=1))
+                store.record(connection, f"http://partner-{index}.example:80",
+                             [Observation(Reading(Signal.FAILURE), 1, None, "timeout")], now=at,
+                             options=BreakerOptions(failures=1))
             connection.execute(
                 text("INSERT INTO webhook_outbox (event, target_url, payload, next_attempt_at) "
                      "SELECT 'e', 'http://other.example/', '{}', :now + (g % 86400) * interval '1 second' "

@@ -7,9 +7,9 @@ through once per cool-down, kept each suspect destination under its cap of
 rows in flight and each rate-limited one within its tokens, and shared the
 batch across destinations.  What is left here:
 
-**Outcomes** (``record``): the recorder applies an outcome to its
-destination's stored state in the same transaction that writes the row's
-outcome (``outboxkit.drain.record``), only when it can change that state
+**Outcomes** (``record``): the recorder applies a group's outcomes to their
+destinations' stored states in the same transaction that writes the rows'
+outcomes (``outboxkit.drain.record``), only those that can change a state
 (``needs_record``): a success at a destination this drainer knows to be
 healthy and proven writes nothing more than the row.  The first success this
 drainer sees at a destination it does not know is stored, which proves the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,7 +40,7 @@ from sqlalchemy import Connection, Engine
 
 from outboxkit.breaker import DestinationState, Reading, Signal, Status, signal_of
 from outboxkit.destinations.recent_keys import RecentKeys
-from outboxkit.destinations.store import DestinationStore
+from outboxkit.destinations.store import DestinationStore, Observation
 from outboxkit.model import Outbox, OutboxOptions
 from outboxkit.policy import AttemptResult
 from outboxkit.telemetry.log_events import log_fields
@@ -89,13 +89,19 @@ class DestinationGate:
         self._used: RecentKeys[str] = RecentKeys(self.forget_after)  # the keys of _known
         self._unblocked = False  # an outcome recorded here let a blocked destination's rows go again
 
-    def needs_record(self, destination: str, attempt: AttemptResult, *, now: datetime) -> Reading | None:
-        """The reading to store for this outcome, or None when it cannot change the destination's state."""
+    def needs_record(
+        self, destination: str, attempt: AttemptResult, *, now: datetime, after_changes: bool = False
+    ) -> Reading | None:
+        """The reading to store for this outcome, or None when it cannot change the destination's state.
+
+        ``after_changes``: an earlier outcome of the same group changes this destination's state, so what is
+        known of it here is not its state when this outcome is applied (a success after a failure is stored).
+        """
         if self.breaker is None:
             return None
         reading = signal_of(attempt, now=now)
-        if reading is None:
-            return None
+        if reading is None or after_changes:
+            return reading
         with self._lock:
             known = self._known.get(destination)
         quiet = known is not None and (
@@ -107,30 +113,11 @@ class DestinationGate:
         return reading
 
     def record(
-        self,
-        connection: Connection,
-        destination: str,
-        reading: Reading,
-        *,
-        row_id: int,
-        attempt: AttemptResult,
-        error: str | None,
-        now: datetime,
-        claimed_until: datetime | None = None,
+        self, connection: Connection, destination: str, observations: Sequence[Observation], *, now: datetime
     ) -> None:
-        """Apply an outcome to the destination's stored state, in the caller's transaction."""
+        """Apply outcomes, in their order, to the destination's stored state, in the caller's transaction."""
         assert self.breaker is not None
-        before, after = self.store.record(
-            connection,
-            destination,
-            reading,
-            now=now,
-            row_id=row_id,
-            error=error,
-            status_code=attempt.status_code,
-            options=self.breaker,
-            claimed_until=claimed_until,
-        )
+        before, after = self.store.record(connection, destination, observations, now=now, options=self.breaker)
         with self._lock:
             for gone in self._used.use(destination, self.monotonic(), busy=lambda key: False):
                 self._known.pop(gone, None)

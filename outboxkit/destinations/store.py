@@ -8,7 +8,8 @@ and writes the result, which makes every change atomic across processes:
 
 * ``record`` locks the destination's row (``FOR UPDATE``, creating it on the
   first outcome), so two processes recording failures at once count both,
-  and the breaker opens once.
+  and the breaker opens once.  It applies the outcomes of a group in their
+  order to the state read once, and writes the result once.
 * The claim reads the states of the destinations it walks and decides the
   probe itself (``outboxkit.storage.destination_claim``): nothing here holds
   rows back or gives them back for a state.
@@ -28,7 +29,8 @@ nothing but its history.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -57,9 +59,21 @@ from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.tables import destinations as destination_table
 
-__all__ = ["DestinationStore"]
+__all__ = ["DestinationStore", "Observation"]
 
 _FIELDS = tuple(field.name for field in dataclasses.fields(DestinationState))
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One attempt's outcome as its destination's state sees it."""
+
+    reading: Reading
+    row_id: int
+    status_code: int | None = None
+    error: str | None = None
+    claimed_until: datetime | None = None  # the row's claim, which a probe's outcome is matched on
+
 
 class DestinationStore:
     """The destination statements for one outbox class (its job name keys its rows in the table)."""
@@ -99,23 +113,21 @@ class DestinationStore:
         self,
         connection: Connection,
         destination: str,
-        reading: Reading,
+        observations: Sequence[Observation],
         *,
         now: datetime,
-        row_id: int,
-        error: str | None,
-        status_code: int | None,
         options: BreakerOptions,
-        claimed_until: datetime | None = None,
     ) -> tuple[DestinationState, DestinationState]:
-        """Apply one attempt's outcome to its destination; returns the state before and after."""
+        """Apply attempts' outcomes, in their order, to their destination; returns the state before and after."""
         before = self._locked(connection, destination, create=True)
         assert before is not None
-        error = error[:LAST_ERROR_LIMIT] if error else error
-        after = after_outcome(
-            before, reading, now=now, row_id=row_id, error=error, status_code=status_code, options=options,
-            claimed_until=claimed_until,
-        )
+        after = before
+        for seen in observations:
+            after = after_outcome(
+                after, seen.reading, now=now, row_id=seen.row_id,
+                error=seen.error[:LAST_ERROR_LIMIT] if seen.error else seen.error, status_code=seen.status_code,
+                options=options, claimed_until=seen.claimed_until,
+            )
         self._write(connection, before, after, now=now)
         return before, after
 

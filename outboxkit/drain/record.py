@@ -8,12 +8,16 @@ so one round trip, one transaction and, with synchronous commit, one WAL
 flush for the group instead of one per row.  The flush was what made
 synchronous commit expensive (docs/performance.md).
 
-*An outcome that can change its destination's state* (an outbox with the
+*Outcomes that can change their destination's state* (an outbox with the
 circuit breaker on, ``outboxkit.destinations.gate``: a failure, a
-``Retry-After``, the first success after failures) is written on its own,
-together with the destination's state, in one transaction: both or
-neither.  The rest of the group is written as above; with the breaker off
-(the default) every outcome can be grouped.
+``Retry-After``, the first success after failures) are written with the
+destination states they change, in one transaction: the group's statement,
+then each destination's state read once under its row lock, the group's
+readings applied in order, written once (destinations in name order, so two
+drainers lock them in one order).  Both or neither.  If that transaction
+fails, each such outcome is written on its own with its destination's
+state, and the rest as a group.  With the breaker off (the default) no
+state is written.
 
 *Each row stays guarded by its claim token*: the statement updates a row
 only where its token still matches, so a row that was reset or claimed
@@ -66,6 +70,7 @@ from sqlalchemy import Connection, Engine
 from outboxkit.breaker import Reading
 from outboxkit.clock import Clock
 from outboxkit.destinations.gate import DestinationGate
+from outboxkit.destinations.store import Observation
 from outboxkit.drain.claim import DrainCounts
 from outboxkit.errors import ConfigurationError
 from outboxkit.model import Outbox
@@ -218,10 +223,23 @@ class Recorder:
         """
         now = self.clock.now()
         decided = [self._decide(item, now) for item in finished]
+        readings: dict[int, Reading] = {}
+        changed: set[str] = set()  # destinations an earlier outcome of the group changes
+        for item in decided:
+            reading = self._destination_reading(item, now, after_changes=item.finished.destination in changed)
+            if reading is not None:
+                readings[item.outcome.row_id] = reading
+                changed.add(item.finished.destination or "")
+        if not readings:
+            return self._write_group(connection, decided, result, now=now)
+        written = self._write_group_with_destinations(connection, decided, readings, result, now=now)
+        if written is not None:
+            return [item.decision for item in decided
+                    if self._finish(item, item.outcome.row_id in written, result, now=now)]
         decisions: list[Decision] = []
         grouped: list[_Decided] = []
         for item in decided:
-            reading = self._destination_reading(item, now)
+            reading = readings.get(item.outcome.row_id)
             if reading is None:
                 grouped.append(item)
             elif self._write_with_destination(connection, item, reading, result, now=now):
@@ -230,11 +248,39 @@ class Recorder:
             decisions += self._write_group(connection, grouped, result, now=now)
         return decisions
 
-    def _destination_reading(self, item: _Decided, now: datetime) -> Reading | None:
+    def _destination_reading(self, item: _Decided, now: datetime, *, after_changes: bool) -> Reading | None:
         destination = item.finished.destination
         if self.gate is None or destination is None:
             return None
-        return self.gate.needs_record(destination, item.finished.attempt, now=now)
+        return self.gate.needs_record(destination, item.finished.attempt, now=now, after_changes=after_changes)
+
+    def _write_group_with_destinations(
+        self, connection: Connection, decided: list[_Decided], readings: dict[int, Reading], result: DrainCounts,
+        *, now: datetime,
+    ) -> set[int] | None:
+        """The group's outcomes and the destination states they change in one transaction (BEGIN ... COMMIT on the
+        autocommit connection); the ids written, or None when it failed and nothing of it was written."""
+        assert self.gate is not None
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        try:
+            with driver.transaction():  # every write or none
+                written = self.queries.record_outcomes(connection, [item.outcome for item in decided], now=now)
+                observed: dict[str, list[Observation]] = {}
+                for item in decided:
+                    reading = readings.get(item.outcome.row_id)
+                    if reading is not None and item.outcome.row_id in written:
+                        assert item.finished.destination is not None
+                        observed.setdefault(item.finished.destination, []).append(_observation(item, reading))
+                for destination in sorted(observed):
+                    self.gate.record(connection, destination, observed[destination], now=now)
+        except Exception as exc:
+            self._raise_if_broken(connection, exc, decided, result)
+            logger.warning("%s: could not record a group of %d outcomes with their destinations' states (%s: %s); "
+                           "writing each on its own", self.job_name, len(decided), type(exc).__name__, exc,
+                           extra=log_fields("drain.group_failed", self.job_name, rows=len(decided)))
+            return None
+        return written
 
     def _write_with_destination(
         self, connection: Connection, item: _Decided, reading: Reading, result: DrainCounts, *, now: datetime
@@ -247,11 +293,7 @@ class Recorder:
             with driver.transaction():  # both writes or neither
                 written = self.queries.record_outcome(connection, item.outcome, now=now)
                 if written:
-                    self.gate.record(
-                        connection, item.finished.destination, reading, row_id=item.finished.row.id,
-                        attempt=item.finished.attempt, error=item.outcome.error, now=now,
-                        claimed_until=item.finished.row.claimed_until,
-                    )
+                    self.gate.record(connection, item.finished.destination, [_observation(item, reading)], now=now)
         except Exception as exc:
             self._raise_if_broken(connection, exc, [item], result)
             self._write_failed(exc, item, result)
@@ -396,3 +438,8 @@ class Recorder:
                 f", lost claims {result.lost_claims}" if result.lost_claims else "",
                 extra=log_fields("drain.summary", self.job_name, None, **result.as_counts()),
             )
+
+
+def _observation(item: _Decided, reading: Reading) -> Observation:
+    row = item.finished.row
+    return Observation(reading, row.id, item.finished.attempt.status_code, item.outcome.error, row.claimed_until)

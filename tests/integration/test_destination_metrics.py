@@ -11,7 +11,7 @@ from sqlalchemy import delete, insert
 
 from outboxkit import ManualClock, OutboxKit, OutboxKitSettings
 from outboxkit.breaker import BreakerOptions, Reading, Signal
-from outboxkit.destinations.store import DestinationStore
+from outboxkit.destinations.store import DestinationStore, Observation
 from outboxkit.errors import ConfigurationError
 from outboxkit.metrics.prometheus import OutboxMetrics
 from outboxkit.storage.tables import destinations as destination_table
@@ -33,7 +33,7 @@ def kit(engine):
 def record(engine, destination: str, signal: Signal, *, at: datetime, code: int) -> None:
     with engine.begin() as connection:
         DestinationStore(SampleEvent).record(
-            connection, destination, Reading(signal), now=at, row_id=1, error="x", status_code=code, options=BREAKER
+            connection, destination, [Observation(Reading(signal), 1, code, "x")], now=at, options=BREAKER
         )
 
 

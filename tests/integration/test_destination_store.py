@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, delete, insert, select, text
 from sqlalchemy.orm import Session
 
 from outboxkit.breaker import BreakerOptions, Reading, Signal
-from outboxkit.destinations.store import DestinationStore
+from outboxkit.destinations.store import DestinationStore, Observation
 from outboxkit.rate_limits import RateLimit
 from outboxkit.storage.drain_queries import queries_for, rate_parameters
 from outboxkit.storage.ordering import KeyCursor
@@ -40,7 +40,7 @@ def store() -> DestinationStore:
 def record(engine: Engine, store: DestinationStore, reading: Reading, *, at: datetime = NOW, row_id: int = 1, code=None):
     with engine.begin() as connection:
         return store.record(
-            connection, DEAD, reading, now=at, row_id=row_id, error=f"attempt of row {row_id}", status_code=code, options=OPTIONS
+            connection, DEAD, [Observation(reading, row_id, code, f"attempt of row {row_id}")], now=at, options=OPTIONS
         )
 
 
@@ -275,7 +275,7 @@ def _record_failures(url: str, barrier, results, failures: int, worker: int) -> 
     for attempt in range(failures):
         with engine.begin() as connection:
             before, after = store.record(
-                connection, DEAD, FAILED, now=NOW, row_id=worker * 1000 + attempt, error="down", status_code=None, options=OPTIONS
+                connection, DEAD, [Observation(FAILED, worker * 1000 + attempt, None, "down")], now=NOW, options=OPTIONS
             )
         opened += before.status == "healthy" and after.status == "open"
     engine.dispose()
@@ -329,7 +329,7 @@ def test_a_suspect_destination_has_at_most_its_cap_claimed_across_claims(engine,
     a recorded outcome frees a place; a destination proven healthy is not capped."""
     record(engine, store, FAILED, row_id=1)  # a failure run: suspect
     with engine.begin() as connection:  # the other one has answered with a success: proven
-        store.record(connection, LIVE, SUCCEEDED, now=NOW, row_id=2, error=None, status_code=200, options=OPTIONS)
+        store.record(connection, LIVE, [Observation(SUCCEEDED, 2, 200)], now=NOW, options=OPTIONS)
     dead = insert_rows(engine, 6)
     live = insert_rows(engine, 4, at=LIVE)
     first = claim(engine, at=NOW, limit=20, cap=2)
@@ -365,8 +365,8 @@ def test_an_ordered_suspect_destinations_heads_stay_under_its_cap_across_two_dra
     every drainer; a proven destination's heads are not capped."""
     store = DestinationStore(OrderedEvent)
     with engine.begin() as connection:  # DEAD has a failure run (suspect), LIVE a success (proven)
-        store.record(connection, DEAD, FAILED, now=NOW, row_id=1, error="down", status_code=None, options=OPTIONS)
-        store.record(connection, LIVE, SUCCEEDED, now=NOW, row_id=2, error=None, status_code=200, options=OPTIONS)
+        store.record(connection, DEAD, [Observation(FAILED, 1, None, "down")], now=NOW, options=OPTIONS)
+        store.record(connection, LIVE, [Observation(SUCCEEDED, 2, 200)], now=NOW, options=OPTIONS)
     dead = insert_ordered(engine, [f"dead-{n}" for n in range(6)], at=DEAD)
     live = insert_ordered(engine, [f"live-{n}" for n in range(4)], at=LIVE)
     first = claim_ordered(engine, at=NOW, cap=2)

@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from outboxkit import Drainer, DrainResult, HttpTransport
+from outboxkit.breaker import BreakerOptions
+from outboxkit.destinations.store import DestinationStore
 from outboxkit.drain.record import MAX_GROUP_DELAY_SECONDS, FinishedSend, OutcomeGrouping
 from outboxkit.policy import AttemptResult
 from tests.support.models import SampleEvent
@@ -312,3 +314,85 @@ def test_a_group_whose_write_fails_is_written_again_row_by_row(
     assert {row_id: rows[row_id].status for row_id in ids if row_id != rejected_id} == dict.fromkeys(
         set(ids) - {rejected_id}, "done"
     )
+
+
+def claimed_group(engine: Engine, clock, read_events, ids: list[int]) -> tuple[uuid.UUID, dict]:
+    """Every row claimed under one token, as one claim leaves them; the rows as claimed."""
+    token = uuid.uuid4()
+    with engine.begin() as connection:
+        connection.execute(
+            text("UPDATE sample_event_outbox SET claim_token = :token, claimed_until = :until, attempts = 1"),
+            {"token": token, "until": clock.now() + timedelta(hours=1)},
+        )
+    return token, read_events()
+
+
+def state_writes(engine: Engine) -> list[str]:
+    """The UPDATE statements on destination state this engine runs from now on (the drain's own connections)."""
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *rest: statements.append(statement)
+                 if statement.lstrip().startswith("UPDATE outboxkit_destinations") else None)
+    return statements
+
+
+def test_a_groups_outcomes_change_their_destinations_state_once_in_their_order(
+    engine, insert_events, read_events, clock, transport
+):
+    """Failures and a success of one destination in one group: one state write, as if applied one by one."""
+    ids = insert_events([{"n": n} for n in range(4)])
+    token, claimed = claimed_group(engine, clock, read_events, ids)
+    options = dataclasses.replace(SampleEvent.__outbox__, breaker=BreakerOptions(failures=10))
+    drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock, options=options)
+    answers = [503, 503, 200, 503]
+    finished = [
+        FinishedSend(row=claimed[row_id], token=token, attempt=AttemptResult(status_code=code),
+                     destination=claimed[row_id].destination)
+        for row_id, code in zip(ids, answers, strict=True)
+    ]
+    writes = state_writes(engine)
+    result = DrainResult(job_name=drainer.job_name)
+    try:
+        with drainer.queries.outcome_connection(engine) as connection:
+            decisions = drainer.recorder.record_group(connection, finished, result)
+    finally:
+        drainer.close()
+
+    assert len(decisions) == 4 and result.delivered == 1 and result.retried == 3 and not result.errors
+    assert len(writes) == 1  # the state read once, the four outcomes applied, written once
+    with engine.connect() as connection:
+        (state,) = DestinationStore(SampleEvent).all_states(connection)
+    # In order: two failures, a success that ends the run, one failure: a run of one.
+    assert state.consecutive_failures == 1 and state.status == "healthy" and state.last_success_at is not None
+
+
+def test_a_group_with_destination_states_whose_write_fails_is_written_again_row_by_row(
+    engine, insert_events, read_events, clock, transport, caplog
+):
+    ids = insert_events([{"n": n} for n in range(4)])
+    token, claimed = claimed_group(engine, clock, read_events, ids)
+    reject_done_outcome(engine, ids[1])
+    options = dataclasses.replace(SampleEvent.__outbox__, breaker=BreakerOptions(failures=10))
+    drainer = Drainer(engine, SampleEvent, transport=transport, clock=clock, options=options)
+    answers = [503, 200, 503, 503]  # the success is the row whose write is rejected
+    finished = [
+        FinishedSend(row=claimed[row_id], token=token, attempt=AttemptResult(status_code=code),
+                     destination=claimed[row_id].destination)
+        for row_id, code in zip(ids, answers, strict=True)
+    ]
+    result = DrainResult(job_name=drainer.job_name)
+    try:
+        with caplog.at_level(logging.WARNING, logger="outboxkit.drain"), \
+                drainer.queries.outcome_connection(engine) as connection:
+            decisions = drainer.recorder.record_group(connection, finished, result)
+    finally:
+        drainer.close()
+
+    assert any("with their destinations' states" in record.getMessage() for record in caplog.records)
+    assert len(decisions) == 3 and result.retried == 3 and len(result.errors) == 1
+    rows = read_events()
+    assert rows[ids[1]].status == "pending" and rows[ids[1]].claim_token == token  # keeps its lease
+    assert all(rows[row_id].claim_token is None for row_id in (ids[0], ids[2], ids[3]))
+    with engine.connect() as connection:
+        (state,) = DestinationStore(SampleEvent).all_states(connection)
+    assert state.consecutive_failures == 3  # each failure written with its state; the rejected success not at all

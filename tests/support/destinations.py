@@ -8,7 +8,7 @@ from exampleapp.models import WebhookOutbox
 from sqlalchemy import Engine, text
 
 from outboxkit.breaker import BreakerOptions, DestinationState, Reading, Signal
-from outboxkit.destinations.store import DestinationStore
+from outboxkit.destinations.store import DestinationStore, Observation
 
 DEAD = "http://127.0.0.1:9"  # the destination of add_webhooks' default target_url
 BREAKER = BreakerOptions(failures=3, cool_down=30, max_cool_down=600)
@@ -18,10 +18,8 @@ def record(engine: Engine, signal: Signal, *, at: datetime, destination: str = D
            status_code: int | None = 503, slow_down: float | None = None) -> DestinationState:
     """One attempt's outcome recorded against ``destination`` of the webhooks outbox, as the drain records it."""
     with engine.begin() as connection:
-        _, after = DestinationStore(WebhookOutbox).record(
-            connection, destination, Reading(signal, slow_down), now=at, row_id=row_id,
-            error=f"receiver answered {status_code}", status_code=status_code, options=BREAKER,
-        )
+        seen = Observation(Reading(signal, slow_down), row_id, status_code, f"receiver answered {status_code}")
+        _, after = DestinationStore(WebhookOutbox).record(connection, destination, [seen], now=at, options=BREAKER)
     return after
 
 
