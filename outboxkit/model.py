@@ -78,6 +78,8 @@ LAST_ERROR_LIMIT = 2000
 # The default of OutboxOptions.hung_send_seconds: a send out this long stops counting against concurrency
 # (outboxkit.drain.hung_sends holds the rule).
 DEFAULT_HUNG_SEND_SECONDS = 1.0
+# The default of OutboxOptions.hung_send_limit, per send thread (concurrency): how many sends may hang at once.
+HUNG_SENDS_PER_THREAD = 4
 # Default lease time beyond the slowest possible batch, for recording outcomes
 # and scheduling jitter (``OutboxOptions.lease_margin``).
 LEASE_MARGIN_SECONDS = 30.0
@@ -141,9 +143,15 @@ class OutboxOptions:
     is *hung* and stops counting against
     ``concurrency``: it keeps its thread and its place under its
     destination's cap, and the drain claims and sends others beside it, on
-    at most ``concurrency`` more threads (``outboxkit.drain.hung_sends``).  It may
-    be replaced per environment (``OUTBOXKIT_OUTBOXES__<KEY>__HUNG_SEND_SECONDS``:
-    seconds, or ``off``).
+    more threads (``outboxkit.drain.hung_sends``).  It may be replaced per
+    environment (``OUTBOXKIT_OUTBOXES__<KEY>__HUNG_SEND_SECONDS``: seconds,
+    or ``off``).
+    ``hung_send_limit`` (default None: four times ``concurrency``): how many
+    sends of one drainer may be hung at once, each on a thread beyond
+    ``concurrency``; a send overdue beyond that keeps counting.  Many dead
+    destinations at once, one row each, need as many hung sends before the
+    healthy destinations lose a send thread to them.  Per environment:
+    ``OUTBOXKIT_OUTBOXES__<KEY>__HUNG_SEND_LIMIT``.
     ``rate_limit`` (default None: none) limits the requests per second each
     destination gets, across every process (``RateLimit(per_second=...)``,
     or limits for named destinations; ``outboxkit.rate_limits`` says how
@@ -204,6 +212,7 @@ class OutboxOptions:
     breaker: BreakerOptions | None = BreakerOptions()  # None: off
     destination_concurrency: int | None = None
     hung_send_seconds: float | None = DEFAULT_HUNG_SEND_SECONDS
+    hung_send_limit: int | None = None
     rate_limit: RateLimit | None = None
     sign_webhooks: bool = False
     webhook_secrets: WebhookSecrets | Sequence[str] | None = field(default=None, repr=False, compare=False)
@@ -281,6 +290,12 @@ class OutboxOptions:
                 f"outbox {self.job_name!r}: hung_send_seconds must be None (off) or a positive number of seconds, "
                 f"got {hung!r}"
             )
+        limit = self.hung_send_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ConfigurationError(
+                f"outbox {self.job_name!r}: hung_send_limit must be None (four times concurrency) or a positive "
+                f"integer, got {limit!r}"
+            )
         if self.lease is not None:
             if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not math.isfinite(self.lease):
                 raise ConfigurationError(
@@ -343,6 +358,11 @@ class OutboxOptions:
     def destination_cap(self) -> int:
         """Sends in flight to one suspect destination: ``destination_concurrency``, or a quarter of ``concurrency``."""
         return self.destination_concurrency or max(1, self.concurrency // 4)
+
+    @property
+    def hung_sends_allowed(self) -> int:
+        """Sends of one drainer that may be hung at once: ``hung_send_limit``, or four times ``concurrency``."""
+        return self.hung_send_limit or HUNG_SENDS_PER_THREAD * self.concurrency
 
     @property
     def minimum_lease(self) -> float:

@@ -12,10 +12,14 @@ cap), but it no longer counts against the outbox's concurrency: the pump
 gives its in-flight place back and claims a replacement, and the send pool
 runs that replacement on a thread beyond ``concurrency``.
 
-**The bound.** At most ``limit`` sends of one drainer (its ``concurrency``)
-are hung at once; a send that becomes overdue beyond that keeps counting as
-before.  So a drainer runs at most ``2 x concurrency`` send threads, at most
-``concurrency`` of them on sends that are not hung, and at most ``batch_size``
+**The bound.** At most ``limit`` sends of one drainer
+(``OutboxOptions.hung_send_limit``, by default ``HUNG_SENDS_PER_THREAD`` times
+``concurrency``) are hung at once; a send that becomes overdue beyond that
+keeps counting as before.  So a drainer runs at most ``concurrency + limit``
+send threads, at most ``concurrency`` of them on sends that are not hung (a
+hung one waits on its socket: it costs a thread and a connection, no CPU;
+many dead destinations at once, one row each, need that many hung sends
+before the healthy ones lose a thread), and at most ``batch_size``
 rows that are not hung are in flight: a row waits for a send thread exactly as
 long as before, and the lease (``OutboxOptions.minimum_lease``) needs nothing
 more.  A hung send still ends by its deadline and its outcome is recorded as
@@ -58,7 +62,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from outboxkit.destinations.recent_keys import RecentKeys
-from outboxkit.model import DEFAULT_HUNG_SEND_SECONDS
+from outboxkit.model import DEFAULT_HUNG_SEND_SECONDS, HUNG_SENDS_PER_THREAD
 
 __all__ = [
     "ANSWERS_FORGOTTEN_AFTER_SECONDS",
@@ -66,6 +70,7 @@ __all__ = [
     "ANSWER_MULTIPLE",
     "DEFAULT_HUNG_SEND_SECONDS",
     "FIRST_ANSWER_FLOOR_SECONDS",
+    "HUNG_SENDS_PER_THREAD",
     "HungSends",
 ]
 

@@ -118,12 +118,13 @@ class SendPump(Generic[ResultT]):
         self._end_spell = end_spell
         self.grouping = grouping or OutcomeGrouping()
         self.wakeups = wakeups  # the outbox's pending wake-up, cleared by the background loop
-        self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}")
+        self.senders = SendPool(self.options.concurrency, name=f"outboxkit-send-{self.options.job_name}",
+                                max_extra=self.options.hung_sends_allowed)
         self.in_flight = InFlightLimit(self.options.batch_size)
         # Sends out past their threshold stop counting against concurrency (outboxkit.drain.hung_sends): the pool runs
         # that many threads beyond its size, and their in-flight places are given back.
         self.hung = HungSends(
-            after=self.options.hung_send_seconds, limit=self.options.concurrency, on_change=self.senders.allow_extra
+            after=self.options.hung_send_seconds, limit=self.options.hung_sends_allowed, on_change=self.senders.allow_extra
         )
         self._refill_at = refill_threshold(self.options.batch_size, self.options.concurrency)
         self._overrun_reported = False

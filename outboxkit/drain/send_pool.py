@@ -16,9 +16,9 @@ Two small pieces the drain (``outboxkit.drain``) builds on:
   (a connect, and a TLS handshake for ``https://``, on the idle-latency
   path; docs/performance.md).
   Sends that have hung (``outboxkit.drain.hung_sends``) stop counting against
-  ``size``: ``allow_extra(n)`` lets ``n`` more threads run (at most ``size``
-  more), so at most ``size`` threads run sends that are not hung and at most
-  ``2 x size`` threads run at all.
+  ``size``: ``allow_extra(n)`` lets ``n`` more threads run (at most
+  ``max_extra`` more), so at most ``size`` threads run sends that are not hung
+  and at most ``size + max_extra`` threads run at all.
 * ``InFlightLimit``: how many rows one drainer holds between their claim and
   their recorded outcome, summed over every drain of that drainer running at
   once in the process (the background loop, the leader's safety-net drain, a
@@ -66,8 +66,9 @@ class SendPool:
     threads.
     """
 
-    def __init__(self, size: int, *, name: str) -> None:
+    def __init__(self, size: int, *, name: str, max_extra: int | None = None) -> None:
         self._size = size
+        self._max_extra = size if max_extra is None else max_extra  # threads beyond size allow_extra may allow
         self._name = name
         self._lock = threading.Lock()
         self._idle: list[_Idle] = []  # the thread that went idle last is at the end
@@ -103,10 +104,10 @@ class SendPool:
                 self._queued.append(job)
 
     def allow_extra(self, count: int) -> None:
-        """Let ``count`` threads beyond ``size`` run (as many as sends have hung; at most ``size``); queued jobs
+        """Let ``count`` threads beyond ``size`` run (as many as sends have hung; at most ``max_extra``); queued jobs
         start at once on the room it makes.  A lower count takes effect as running jobs end."""
         with self._lock:
-            self._extra = max(0, min(count, self._size))
+            self._extra = max(0, min(count, self._max_extra))
             while self._queued and self._start(self._queued[0]):
                 self._queued.popleft()
 

@@ -195,6 +195,12 @@ class OutboxOverride(BaseModel):
         "counts every send until it ends (see [destinations](destinations.md#hung-sends-no-longer-count-against-"
         "concurrency))",
     )
+    hung_send_limit: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None,
+        description="how many sends of one process may be hung at once, each on a thread beyond `concurrency` "
+        "(a send overdue beyond that keeps counting); as many as the destinations that may be dead at once; "
+        "`auto`: four times `concurrency`",
+    )
     # Requests per second per destination (outboxkit.rate_limits), replacing the class's rate_limit: a number
     # for every destination, a JSON object of RateLimit's arguments, or "off" to lift the class's limit.
     rate_limit: RateLimitOverride | Literal["off"] | None = Field(
@@ -259,7 +265,7 @@ class OutboxOverride(BaseModel):
         for name in ("retain_done_for", "rate_limit", "hung_send_seconds", "breaker"):
             if values.get(name) == "off":
                 values[name] = None
-        for name in ("lease", "destination_concurrency"):
+        for name in ("lease", "destination_concurrency", "hung_send_limit"):
             if values.get(name) == "auto":
                 values[name] = None
         return values

@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import pytest
+from sqlalchemy import text
+
 from outboxkit import Drainer, HttpTransport
 from outboxkit.breaker import BreakerOptions
 from tests.integration.test_destination_drain import Blackhole, insert_at
@@ -43,7 +46,7 @@ def test_hung_sends_to_a_blackhole_leave_the_healthy_destination_every_send_thre
                 receiver.wait_for(lambda r: r.in_flight == 4, timeout=25)  # all of concurrency, well inside 30 s
                 assert blackhole.open_now == 2  # its sends are still out: they hang, they were not replaced
                 assert drainer.pump.hung.by_destination().get(blackhole.url, 0) == 2
-                assert drainer.pump.senders.threads <= 8  # at most 2 x concurrency
+                assert drainer.pump.senders.threads <= 4 + 16  # at most concurrency + four times it
                 receiver.respond = lambda request: Reply()
                 receiver.release()
                 wait_until(
@@ -64,26 +67,57 @@ def test_hung_sends_to_a_blackhole_leave_the_healthy_destination_every_send_thre
     assert drainer.pump.hung.count == 0 and drainer.in_flight == 0
 
 
-def test_no_more_sends_hang_than_concurrency_so_at_most_twice_its_threads_run(engine, read_events):
-    """A lone blackhole (uncapped: nobody to protect) with more rows than a batch: concurrency 2, batch 4.  Two
-    sends hang, two more start on the extra threads, and there it stops: those two pass the threshold too but the
-    bound (concurrency hung at once) is reached, so at most twice concurrency threads run.  Nothing is lost."""
-    drainer_options = options(concurrency=2, batch_size=4)
+@pytest.mark.parametrize(("limit", "hung"), [(None, 8), (3, 3)], ids=["default", "set"])
+def test_no_more_sends_hang_than_the_limit_so_at_most_concurrency_plus_it_threads_run(
+    engine, read_events, limit: int | None, hung: int
+) -> None:
+    """A lone blackhole (uncapped: nobody to protect) with more rows than can hang: concurrency 2, batch 4.  Sends
+    hang and others start beside them on extra threads until ``hung_send_limit`` sends are hung (by default four
+    times concurrency); there it stops: two more are out and count, so concurrency plus the limit threads run."""
+    drainer_options = options(concurrency=2, batch_size=4, hung_send_limit=limit)
     with HttpTransport() as transport:
         drainer = Drainer(engine, SampleEvent, transport=transport, options=drainer_options)
         try:
             with Blackhole() as blackhole:
-                ids = insert_at(engine, blackhole.url, [{"n": n} for n in range(10)])
+                ids = insert_at(engine, blackhole.url, [{"n": n} for n in range(hung + 6)])
                 drainer.start(poll_seconds=1)
-                wait_until(lambda: blackhole.open_now == 4 and drainer.pump.hung.count == 2, timeout=25,
-                           message="four sends out, two of them hung")
-                assert drainer.pump.senders.threads == 4  # 2 x concurrency, never more
-                assert blackhole.accepted == 4
+                wait_until(lambda: blackhole.open_now == hung + 2 and drainer.pump.hung.count == hung, timeout=25,
+                           message=f"{hung + 2} sends out, {hung} of them hung")
+                assert drainer.pump.senders.threads == hung + 2  # concurrency + the limit, never more
+                assert blackhole.accepted == hung + 2
                 drainer.stop(wait=False)
         finally:
             drainer.close()
     rows = read_events()
     assert len(rows) == len(ids) and all(row.status == "pending" for row in rows.values())  # nothing lost
+
+
+def test_more_dead_destinations_than_send_threads_leave_the_healthy_one_flowing(engine, receiver, read_events):
+    """Six destinations that never answer, one row each, against two send threads: each of their sends hangs, and
+    the healthy destination's rows are all delivered while the six are still out."""
+    drainer_options = options(concurrency=2, batch_size=4)
+    with HttpTransport() as transport:
+        drainer = Drainer(engine, SampleEvent, transport=transport, options=drainer_options)
+        try:
+            with Blackhole() as blackhole:
+                dead = insert_at(engine, blackhole.url, [{"n": n} for n in range(6)])  # claimed first
+                with engine.begin() as connection:  # six destinations, as Outbox.destination_for could name them
+                    connection.execute(
+                        text("UPDATE sample_event_outbox SET destination = 'dead-' || id WHERE id = ANY(:ids)"),
+                        {"ids": dead},
+                    )
+                healthy = insert_at(engine, receiver.url, [{"n": n} for n in range(10)])
+                drainer.start(poll_seconds=1)
+                wait_until(
+                    lambda: sum(row.status == "done" for row in read_events().values()) == len(healthy),
+                    timeout=25, message="every healthy row delivered, well inside the dead sends' 30 s",
+                )
+                assert blackhole.open_now == 6  # the dead sends are all still out
+                drainer.stop(wait=False)
+        finally:
+            drainer.close()
+    rows = read_events()
+    assert all(rows[row_id].status == "pending" for row_id in dead)  # nothing lost
 
 
 def test_close_waits_for_hung_sends_and_records_their_outcomes(engine, receiver, read_events):

@@ -37,6 +37,7 @@ UNSET_MEANS = {
     "lease": "the slowest batch: `ceil(batch_size / concurrency) * timeout + lease_margin`",
     "retain_done_for": "off: delivered rows are kept",
     "destination_concurrency": "`max(1, concurrency // 4)`",
+    "hung_send_limit": "`4 * concurrency`",
     "rate_limit": "off",
     "webhook_secrets": "unset",
     "transport": "the kit's",

@@ -107,6 +107,14 @@ def test_a_lease_that_is_not_finite_seconds_is_refused(lease):
         OutboxOptions(job_name="grants", lease=lease)
 
 
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "4"])
+def test_hung_send_limit_must_be_a_positive_integer_or_none(limit):
+    with pytest.raises(ConfigurationError, match="hung_send_limit must be None"):
+        OutboxOptions(job_name="grants", hung_send_limit=limit)
+    assert OutboxOptions(job_name="grants", concurrency=8).hung_sends_allowed == 32  # four times concurrency
+    assert OutboxOptions(job_name="grants", hung_send_limit=100).hung_sends_allowed == 100
+
+
 @pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), True, "1"])
 def test_hung_send_seconds_must_be_positive_seconds_or_none(seconds):
     with pytest.raises(ConfigurationError, match="hung_send_seconds must be None"):

@@ -81,8 +81,8 @@ def test_shutdown_ends_idle_threads_and_refuses_new_jobs():
         pool.submit(done.set)
 
 
-def test_allow_extra_runs_queued_jobs_beyond_size_and_never_more_than_twice_size():
-    pool = SendPool(2, name="test-send")
+def test_allow_extra_runs_queued_jobs_beyond_size_and_never_more_than_max_extra():
+    pool = SendPool(2, name="test-send", max_extra=2)
     release = threading.Event()
     running: list[int] = []
     lock = threading.Lock()
@@ -98,7 +98,7 @@ def test_allow_extra_runs_queued_jobs_beyond_size_and_never_more_than_twice_size
         wait_until(lambda: len(running) == 2, message="two jobs run, five wait")
         pool.allow_extra(1)  # one send hung: one more runs
         wait_until(lambda: len(running) == 3, message="a third job runs")
-        pool.allow_extra(10)  # never beyond size more
+        pool.allow_extra(10)  # never beyond max_extra more
         wait_until(lambda: len(running) == 4, message="a fourth job runs")
         assert pool.threads == 4 and pool.extra == 2
         pool.allow_extra(0)  # the hung sends ended: the busy threads drain back to size before more start

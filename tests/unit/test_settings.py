@@ -159,6 +159,13 @@ def test_the_hung_send_seconds_variable_replaces_the_class_option(offline_engine
     assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).hung_send_seconds == expected
 
 
+@pytest.mark.parametrize(("value", "expected"), [(None, None), ("200", 200), ("auto", None)])
+def test_the_hung_send_limit_variable_replaces_the_class_option(offline_engine, monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("OUTBOXKIT_OUTBOXES__SAMPLE_EVENTS__HUNG_SEND_LIMIT", value)
+    assert OutboxKit(offline_engine, [SampleEvent]).options(SampleEvent).hung_send_limit == expected
+
+
 @pytest.mark.parametrize(
     ("value", "expected"), [(None, 604800), ("86400", 86400), ("off", None), ("OFF", None), (" Off ", None)]
 )
