@@ -138,6 +138,7 @@ class Drainer:
         synchronous_commit: bool = True,
         telemetry: Telemetry | None = None,
         attempt_history_days: float = 7.0,
+        attempt_body_bytes: int = 0,
         prepared_statements: bool = False,
         outcome_grouping: OutcomeGrouping | None = None,
         guard_transport: Callable[[Transport], Transport] | None = None,
@@ -176,6 +177,7 @@ class Drainer:
             ordered=self.queries.ordered,
             prepared_statements=prepared_statements,
             on_dropped=lambda records: self.telemetry.attempts_dropped(self.job_name, records),
+            body_bytes=attempt_body_bytes,
         )
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.

@@ -352,6 +352,7 @@ class Recorder:
                 outcome=("retry" if decision.status == "pending" else decision.status) if written else "lost",
                 status_code=attempt.status_code,
                 error=error,
+                exchange=attempt.exchange,
             )
         )
         if not written:
