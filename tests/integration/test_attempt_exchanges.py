@@ -134,3 +134,17 @@ def test_a_refused_connection_keeps_what_was_sent_and_no_answer(admin):
     [entry] = history(admin.engine, row_id)
     assert entry["outcome"] == "retry" and entry["response"] is None
     assert entry["request"]["url"] == "http://127.0.0.1:9/hook"
+
+
+def test_a_replay_is_marked_like_a_reset_and_the_numbers_count_on(admin, receiver):
+    (row_id,) = add_webhooks(
+        admin.engine, 1, status="pending", attempts=0, error=None, status_code=None, target_url=receiver.url + "/hook"
+    )
+    admin.kit.drain_once("webhooks")  # 1: done
+    replay = admin.client.post("/admin/api/outboxes/webhooks/replay", json={"dry_run": False})
+    assert replay.status_code == 200 and replay.json()["replayed"] == 1
+    admin.clock.advance(timedelta(seconds=1))
+    admin.kit.drain_once("webhooks")  # 2: done again
+
+    entries = admin.client.get(f"/admin/api/outboxes/webhooks/rows/{row_id}").json()["attempt_history"]
+    assert [(entry["attempt"], entry["outcome"]) for entry in entries] == [(2, "done"), (1, "reset"), (1, "done")]
