@@ -69,6 +69,8 @@ FLUSH_SECONDS = 1.0
 TRIM_INTERVAL_SECONDS = 60.0
 TRIM_BATCH_ROWS = 5_000
 TRIM_MAX_BATCHES = 20
+# A history table the kit's migrations have not reached: the migration to run, by SQLSTATE.
+_MIGRATIONS = {"42P01": "outboxkit_0003", "42703": "outboxkit_0019"}  # undefined table; undefined column
 
 # One statement, one round trip: the attempts, and their per-minute counts
 # for the overview's charts (every drainer adds its own to the same row).
@@ -305,13 +307,13 @@ class AttemptLog:
             message = error_summary(exc)
             if message != self._failing:
                 self._failing = message
-                missing = getattr(exc, "sqlstate", None) == "42P01"  # undefined table
+                migration = _MIGRATIONS.get(getattr(exc, "sqlstate", None) or "")
                 logger.warning(
                     "%s: could not write the attempt history (%d record(s) dropped; delivery goes on): %s%s",
                     self.outbox_name,
                     len(records),
                     message,
-                    "; run the kit's migration outboxkit_0003 (`alembic upgrade heads`)" if missing else "",
+                    f"; run the kit's migration {migration} (`alembic upgrade heads`)" if migration else "",
                     extra=log_fields("attempts.dropped", self.outbox_name, records=len(records)),
                 )
         else:
