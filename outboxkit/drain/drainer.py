@@ -79,6 +79,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from sqlalchemy import Engine
 
@@ -189,6 +190,7 @@ class Drainer:
         self.recorder = Recorder(
             engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.database_time,
             telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
+            lease=timedelta(seconds=self.options.lease_seconds),
         )
         self.pump: SendPump[DrainResult] = SendPump(
             engine, self.queries, options=self.options, transport=self._sending(transport),

@@ -75,7 +75,9 @@ _MIGRATIONS = {"42P01": "outboxkit_0003", "42703": "outboxkit_0019"}  # undefine
 # One statement, one round trip: the attempts, and their per-minute counts
 # for the overview's charts (every drainer adds its own to the same row).
 # The attempt number counts on across resets: the row's own count since its last reset, plus the number its
-# latest reset marker (outboxkit.storage.reset_markers) carries, when that reset came before this attempt started.
+# latest reset marker (outboxkit.storage.reset_markers) carries, when that reset came before this attempt's claim.
+# Both times are the database server's: the marker's is the reset's, the claim's is its lease's end less the lease
+# (a host clock could differ by more than the few milliseconds between a reset and the claim its NOTIFY wakes).
 _INSERT = """
 WITH logged AS (
     INSERT INTO outboxkit_attempts
@@ -84,15 +86,16 @@ WITH logged AS (
            record.attempt + COALESCE((
                SELECT marker.attempt FROM outboxkit_attempts AS marker
                WHERE marker.outbox = CAST(%(outbox)s AS text) AND marker.row_id = record.row_id
-                 AND marker.outcome = 'reset' AND marker.finished_at <= record.started_at
+                 AND marker.outcome = 'reset' AND marker.finished_at <= record.claimed_at
                ORDER BY marker.finished_at DESC, marker.id DESC LIMIT 1
            ), 0),
            record.started_at, record.finished_at, record.outcome, record.code, record.error,
            CAST(record.request AS jsonb), CAST(record.response AS jsonb), CAST(%(sender)s AS text)
     FROM unnest(
         %(row_ids)s::bigint[], %(attempts)s::integer[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
-        %(outcomes)s::text[], %(codes)s::smallint[], %(errors)s::text[], %(requests)s::text[], %(responses)s::text[]
-    ) AS record(row_id, attempt, started_at, finished_at, outcome, code, error, request, response)
+        %(outcomes)s::text[], %(codes)s::smallint[], %(errors)s::text[], %(requests)s::text[], %(responses)s::text[],
+        %(claimed)s::timestamptz[]
+    ) AS record(row_id, attempt, started_at, finished_at, outcome, code, error, request, response, claimed_at)
     RETURNING finished_at, outcome
 )
 INSERT INTO outboxkit_outbox_minutes AS minutes (outbox, minute, delivered, failed, stuck)
@@ -221,6 +224,7 @@ class AttemptRecord:
     status_code: int | None
     error: str | None
     exchange: Exchange | None = None  # what an HTTP attempt sent and got back, redacted (outboxkit.transports.exchange)
+    claimed_at: datetime | None = None  # the server's time of the claim (None: started_at stands for it)
 
 
 class AttemptLog:
@@ -333,6 +337,7 @@ class AttemptLog:
             "errors": text_array(record.error[:ERROR_EXCERPT_CHARS] if record.error else None for record in records),
             "requests": text_array(request_json(record.exchange, self.body_bytes) for record in records),
             "responses": text_array(response_json(record.exchange) for record in records),
+            "claimed": text_array(record.claimed_at or record.started_at for record in records),
         }
 
     def _maintain(self, driver: Any, *, now: datetime) -> None:

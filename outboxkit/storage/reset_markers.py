@@ -6,7 +6,8 @@ that resets rows also writes, for each row it reset, a marker (outcome
 ``reset``, ``sender`` the person or tool that reset it, ``attempt`` the
 number the row's attempts had reached: the previous marker's number plus
 the attempts made since).  The drain numbers each later attempt from the
-latest marker that came before it started (``outboxkit.storage.attempts``),
+latest marker that came before its claim, both by the
+database server's clock (``outboxkit.storage.attempts``),
 so no round trip is added anywhere and the number survives retention as
 long as the marker does.  The row page shows the marker in the attempt list.
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 from sqlalchemy import text
 
 from outboxkit import ManualClock, OutboxKitSettings
+from outboxkit.storage.attempts import AttemptLog, AttemptRecord
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import HttpTransport
 from tests.support.admin import (  # noqa: F401  (fixtures)
@@ -148,3 +149,25 @@ def test_a_replay_is_marked_like_a_reset_and_the_numbers_count_on(admin, receive
 
     entries = admin.client.get(f"/admin/api/outboxes/webhooks/rows/{row_id}").json()["attempt_history"]
     assert [(entry["attempt"], entry["outcome"]) for entry in entries] == [(2, "done"), (1, "reset"), (1, "done")]
+
+
+def test_a_reset_counts_for_the_attempts_claimed_after_it_by_the_servers_time_not_the_senders_clock(admin):
+    now = admin.clock.now()
+    with admin.engine.begin() as connection:  # a reset of row 7 at now + 5 s, after its attempts 1 and 2
+        connection.execute(
+            text("INSERT INTO outboxkit_attempts (outbox, row_id, attempt, started_at, finished_at, outcome, sender) "
+                 "VALUES ('webhooks', 7, 2, :at, :at, 'reset', 'admin')"),
+            {"at": now + timedelta(seconds=5)},
+        )
+    log = AttemptLog("webhooks", keep_days=7)
+    second = timedelta(seconds=1)
+    # Claimed before the reset (the reset came while its outcome waited to be written), by a host whose clock is ahead.
+    log.add(AttemptRecord(row_id=7, attempt=3, started_at=now + 10 * second, finished_at=now + 11 * second,
+                          outcome="stuck", status_code=422, error=None, claimed_at=now))
+    # Claimed after the reset, by a host whose clock is behind the server's.
+    log.add(AttemptRecord(row_id=7, attempt=1, started_at=now + 4 * second, finished_at=now + 4 * second,
+                          outcome="done", status_code=200, error=None, claimed_at=now + 6 * second))
+    with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        log.flush(connection, now=now)
+    numbers = [(entry["attempt"], entry["outcome"]) for entry in history(admin.engine, 7)]
+    assert numbers == [(2, "reset"), (3, "stuck"), (3, "done")]
