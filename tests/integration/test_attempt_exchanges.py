@@ -171,3 +171,27 @@ def test_a_reset_counts_for_the_attempts_claimed_after_it_by_the_servers_time_no
         log.flush(connection, now=now)
     numbers = [(entry["attempt"], entry["outcome"]) for entry in history(admin.engine, 7)]
     assert numbers == [(2, "reset"), (3, "stuck"), (3, "done")]
+
+
+def test_without_migration_outboxkit_0019_a_reset_says_which_migration_to_run_and_changes_nothing(admin):
+    (row_id,) = add_webhooks(admin.engine, 1, status="stuck", attempts=3)
+    constraint = "ck_outboxkit_attempts_outcome"
+
+    def set_check(outcomes: str) -> None:
+        with admin.engine.begin() as connection:
+            connection.execute(text(f"ALTER TABLE outboxkit_attempts DROP CONSTRAINT {constraint}"))
+            check = f"CHECK (outcome IN ({outcomes}))"
+            connection.execute(text(f"ALTER TABLE outboxkit_attempts ADD CONSTRAINT {constraint} {check}"))
+
+    set_check("'done', 'retry', 'stuck', 'lost'")
+    try:
+        one = admin.client.post("/admin/api/outboxes/webhooks/reset", json={"ids": [row_id]})
+        matching = admin.client.post("/admin/api/outboxes/webhooks/reset-matching", json={"dry_run": False})
+        for answer in (one, matching):
+            assert answer.status_code == 503 and "outboxkit_0019" in answer.text  # a clear refusal, not a 500
+        with admin.engine.connect() as connection:
+            row = connection.execute(text("SELECT status, attempts FROM webhook_outbox WHERE id = :id"), {"id": row_id}).one()
+        assert tuple(row) == ("stuck", 3)
+        assert history(admin.engine, row_id) == []
+    finally:
+        set_check("'done', 'retry', 'stuck', 'lost', 'reset'")
