@@ -78,18 +78,18 @@ _SENSITIVE_PARAMETER = re.compile(
 )
 
 
-def _secret_header(lowered: str, extra: Collection[str]) -> bool:
-    if lowered in _ALWAYS_SECRET or lowered in extra:
+def _secret_header(lowered: str) -> bool:
+    if lowered in _ALWAYS_SECRET:
         return True
     return lowered not in _SHOWN_ANYWAY and _SENSITIVE_HEADER.search(lowered) is not None
 
 
-def _headers(headers: Iterable[tuple[str, str]], extra: Collection[str]) -> tuple[tuple[str, str], ...]:
+def _headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     kept: list[tuple[str, str]] = []
     for name, value in headers:
         if len(kept) >= MAX_HEADERS:
             break
-        shown = REDACTED if _secret_header(name.lower(), extra) else value[:HEADER_VALUE_CHARS]
+        shown = REDACTED if _secret_header(name.lower()) else value[:HEADER_VALUE_CHARS]
         kept.append((name, shown))
     return tuple(kept)
 
@@ -116,7 +116,7 @@ def capture_request(method: str, url: str, headers: Iterable[tuple[str, str]], b
     return Exchange(
         method=method,
         url=redact_query(url)[:URL_CHARS],
-        request_headers=_headers(headers, ()),
+        request_headers=_headers(headers),
         body=body,
         body_size=len(body) if body is not None else 0,
         body_sha256=hashlib.sha256(body).hexdigest() if body is not None else None,
