@@ -32,6 +32,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 
 from outboxkit.errors import InvalidValueError
+from outboxkit.results import Exchange
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -73,6 +74,9 @@ class AttemptResult:
     error: str | None = None
     retry_after: str | None = None
     acknowledgement: str | None = None
+    # What an HTTP attempt sent and got back, redacted, for the attempt history (None from other transports).
+    # Not part of the result's value: two results that say the same are equal whatever was captured.
+    exchange: Exchange | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         given = (self.status_code is not None) + (self.failure is not None) + (self.acknowledgement is not None)

@@ -2,8 +2,10 @@
 
 ``DrainResult`` comes back from ``drain_once``/``drain`` (and from each busy
 spell of the background loop); ``RunRecord`` comes back from one scheduled
-job run.  They live here, not beside their producers, so the telemetry that
-observes them (``outboxkit.telemetry``, ``outboxkit.metrics``,
+job run; ``Exchange`` is what one HTTP attempt sent and what came back, as the
+attempt history keeps it (built, redacted, by
+``outboxkit.transports.exchange``).  They live here, not beside their
+producers, so the telemetry that observes them (``outboxkit.telemetry``, ``outboxkit.metrics``,
 ``outboxkit.telemetry.tracing``) imports no drain or scheduler code.
 """
 
@@ -13,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_RUN_LINKS", "DrainResult", "RunRecord"]
+__all__ = ["MAX_RUN_LINKS", "DrainResult", "Exchange", "RunRecord"]
 
 # How many attempt spans a drain run's span links to, at most (the OpenTelemetry SDK's default link limit).
 MAX_RUN_LINKS = 128
@@ -76,3 +78,25 @@ class RunRecord:
     outcome: str  # "ok", "error" or "skipped" (an "abandoned" run is one that never returned)
     counts: dict[str, int]
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exchange:
+    """What one HTTP attempt sent and what came back, already redacted (``outboxkit.transports.exchange``).
+
+    ``body`` is the request body as sent (the transport's own bytes, not a
+    copy); the attempt history keeps at most ``attempt_body_bytes`` of it,
+    none by default.  ``status`` is None when no answer came (a timeout, a
+    refused connection): the request part still says what was sent.
+    """
+
+    method: str
+    url: str
+    request_headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+    body_size: int
+    body_sha256: str | None
+    status: int | None = None
+    response_headers: tuple[tuple[str, str], ...] = ()
+    response_excerpt: bytes = b""
+    response_size: int | None = None  # bytes of the answer's body read (all of it; the excerpt is its first bytes)

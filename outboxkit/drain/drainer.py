@@ -79,6 +79,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from sqlalchemy import Engine
 
@@ -138,6 +139,7 @@ class Drainer:
         synchronous_commit: bool = True,
         telemetry: Telemetry | None = None,
         attempt_history_days: float = 7.0,
+        attempt_body_bytes: int = 0,
         prepared_statements: bool = False,
         outcome_grouping: OutcomeGrouping | None = None,
         guard_transport: Callable[[Transport], Transport] | None = None,
@@ -176,6 +178,7 @@ class Drainer:
             ordered=self.queries.ordered,
             prepared_statements=prepared_statements,
             on_dropped=lambda records: self.telemetry.attempts_dropped(self.job_name, records),
+            body_bytes=attempt_body_bytes,
         )
         self.pause_check = PauseCheck(engine, self.job_name)
         # The steps: claim, then build, send and record, run by the pump.
@@ -187,6 +190,7 @@ class Drainer:
         self.recorder = Recorder(
             engine, self.queries, job_name=self.job_name, policy=self.policy, clock=self.database_time,
             telemetry=self.telemetry, attempt_log=self.attempt_log, gate=self.gate,
+            lease=timedelta(seconds=self.options.lease_seconds),
         )
         self.pump: SendPump[DrainResult] = SendPump(
             engine, self.queries, options=self.options, transport=self._sending(transport),

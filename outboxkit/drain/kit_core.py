@@ -200,6 +200,7 @@ class KitCore:
                     synchronous_commit=self.settings.synchronous_commit,
                     telemetry=self.telemetry,
                     attempt_history_days=self.settings.attempt_history_days,
+                    attempt_body_bytes=self.settings.attempt_body_bytes,
                     prepared_statements=self.settings.prepared_statements,
                     guard_transport=self._guard_transport if outbox.__runtime_requests__ is not None else None,
                 )

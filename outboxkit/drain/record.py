@@ -62,7 +62,7 @@ import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -203,8 +203,10 @@ class Recorder:
         telemetry: Telemetry,
         attempt_log: AttemptLog,
         gate: DestinationGate | None = None,
+        lease: timedelta = timedelta(0),
     ) -> None:
         self.engine = engine
+        self.lease = lease  # the claim's lease: a row's claimed_until less it is the server's time of its claim
         self.queries = queries
         self.job_name = job_name
         self.policy = policy
@@ -394,6 +396,8 @@ class Recorder:
                 outcome=("retry" if decision.status == "pending" else decision.status) if written else "lost",
                 status_code=attempt.status_code,
                 error=error,
+                exchange=attempt.exchange,
+                claimed_at=row.claimed_until - self.lease if row.claimed_until is not None else None,
             )
         )
         if not written:

@@ -39,6 +39,7 @@ from outboxkit.operations.schemas import MatchOutcome
 from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.operator_queries import admin_queries_for
+from outboxkit.storage.reset_markers import marker_parameters
 from outboxkit.storage.row_filter import RowFilter
 
 __all__ = ["BATCH_SIZE", "MATCH_COUNT_CAP", "REQUEST_SECONDS", "BulkReset", "discard_migrations_checked"]
@@ -58,6 +59,10 @@ def discard_migrations_checked(outbox_name: str) -> Iterator[None]:
         yield
     except IntegrityError as exc:
         refused = str(exc.orig)
+        if "ck_outboxkit_attempts_outcome" in refused:
+            raise MigrationRequired(
+                "the attempt history cannot mark resets yet: run the kit's migration outboxkit_0019 (`alembic upgrade heads`)"
+            ) from None
         if "ck_outboxkit_reset_audit_action" in refused:
             raise MigrationRequired(
                 "the reset audit cannot record discards yet: run the kit's migration outboxkit_0016 (`alembic upgrade heads`)"
@@ -113,6 +118,7 @@ class BulkReset:
                         limit=self.batch_size,
                         now=DatabaseTime(self.kit.clock).read(connection),  # due now by the server's clock
                         discard=discard,
+                        marker=marker_parameters(outbox_name, actor, history=self.kit.settings.attempt_history_days > 0),
                     )
                     if batch:
                         audit_ids.append(

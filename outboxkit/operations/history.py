@@ -1,8 +1,10 @@
 """What happened, read from the kit's history tables: attempts of a row, runs of a job.
 
 * ``row_attempts``: a row's attempts from ``outboxkit_attempts``, newest
-  first (one probe of the (outbox, row_id, attempt) index).  They outlive a
-  reset, so the reason a row got stuck is still there after it was reset.
+  first (one probe of the (outbox, row_id, attempt) index), each with what it
+  sent and got back (redacted when recorded), and the markers its resets
+  left.  They outlive a reset, so the reason a row got stuck is still there
+  after it was reset; the numbers count on across resets.
 * ``job_run_history``: a job's last runs from ``outboxkit_job_runs``, newest
   first, and ``job_failure_counts``: how many of each job's kept runs failed
   (error or abandoned), over the history the scheduler keeps
@@ -31,6 +33,8 @@ class AttemptEntry:
     status_code: int | None
     error: str | None
     sender: str
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
 
     @property
     def duration_ms(self) -> float:
@@ -38,7 +42,7 @@ class AttemptEntry:
 
 
 ROW_ATTEMPTS = """
-SELECT attempt, started_at, finished_at, outcome, status_code, error, sender FROM outboxkit_attempts
+SELECT attempt, started_at, finished_at, outcome, status_code, error, sender, request, response FROM outboxkit_attempts
 WHERE outbox = :outbox AND row_id = :row_id
 ORDER BY finished_at DESC, id DESC LIMIT :limit
 """
@@ -59,7 +63,7 @@ FROM unnest(CAST(:job_ids AS text[])) AS wanted(job_id)
 
 
 def row_attempts(connection: Connection, outbox: str, row_id: int, *, limit: int = ROW_ATTEMPTS_LIMIT) -> list[AttemptEntry]:
-    """A row's recorded attempts, newest first (a reset row starts again at attempt 1: both series are kept)."""
+    """A row's recorded attempts and reset markers, newest first."""
     rows = connection.execute(text(ROW_ATTEMPTS), {"outbox": outbox, "row_id": row_id, "limit": limit})
     return [AttemptEntry(**row._mapping) for row in rows]
 

@@ -23,8 +23,8 @@ What a replayed row is, and why:
   with the whole retry budget, not a continuation of the old one (a row
   delivered on its last allowed attempt would otherwise be parked as stuck
   by the claim without being sent).  The attempt history keeps the first
-  series and records the replay's attempts from 1 again, written by the
-  drain as for any attempt.
+  series, marks the replay as it marks a reset, and numbers the replay's
+  attempts on from there (``outboxkit.storage.reset_markers``).
 * It keeps its ``idempotency_key``, so it is sent with the same
   ``Idempotency-Key`` header as before: a replay is the same event sent
   again, not a new event.  A receiver that still remembers the key drops
@@ -54,11 +54,13 @@ from sqlalchemy.exc import IntegrityError
 
 from outboxkit.errors import InvalidValueError, MigrationRequired
 from outboxkit.kit import OutboxKit
+from outboxkit.operations.bulk_reset import discard_migrations_checked
 from outboxkit.operations.controls import record_audit
 from outboxkit.operations.schemas import FilterText, RowFilter
 from outboxkit.storage.database_time import DatabaseTime
 from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.replay_queries import replay_queries_for
+from outboxkit.storage.reset_markers import marker_parameters
 from outboxkit.telemetry.hooks import log_fields
 
 __all__ = [
@@ -182,10 +184,11 @@ class Replayer:
         replay_id = str(uuid.uuid4())
         replayed, audit_ids, after_id = 0, list[int](), 0
         while True:
-            with self.kit.operator_database.begin() as connection:
+            with discard_migrations_checked(outbox_name), self.kit.operator_database.begin() as connection:
                 batch = queries.replay_batch(
                     connection, row_filter, after_id=after_id, limit=batch_size,
                     now=DatabaseTime(self.kit.clock).read(connection),  # due now by the server's clock
+                    marker=marker_parameters(outbox_name, actor, history=self.kit.settings.attempt_history_days > 0),
                 )
                 if batch.ids:
                     audit_filter = {**row_filter.as_dict(), "replay": replay_id, "batch": len(audit_ids) + 1}

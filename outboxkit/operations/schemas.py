@@ -304,19 +304,54 @@ class PayloadFieldModel(_Model):
     truncated: bool
 
 
-class AttemptModel(_Model):
-    """One delivery attempt of a row (``outboxkit_attempts``)."""
+class AttemptRequestModel(_Model):
+    """What an HTTP attempt sent, redacted: signatures, credentials and secrets' values as ``[redacted]``."""
 
-    attempt: int = Field(description="The row's attempt number (a reset starts again at 1).")
+    method: str
+    url: str = Field(description="The URL sent to: user information as ***, credential-looking query values redacted.")
+    headers: list[tuple[str, str]] = Field(description="The request headers as sent (at most 64), secrets redacted.")
+    body_size: int = Field(description="Bytes of the request body.")
+    body_sha256: str | None = Field(description="SHA-256 of the request body, hex; null without a body.")
+    body: str | None = Field(
+        description="The body's first attempt_body_bytes as text; null unless that setting is above 0 (off by default)."
+    )
+    body_truncated: bool = Field(description="Whether the body kept is shorter than the body sent.")
+
+
+class AttemptResponseModel(_Model):
+    """What came back: the status, a few headers, the first bytes of the body."""
+
+    status: int
+    headers: list[tuple[str, str]] = Field(
+        description="Selected headers: content-type, content-length, retry-after, location and request ids."
+    )
+    body: str = Field(description="The body's first 1024 bytes as text (none for an HTTP target unless it asks).")
+    body_size: int | None = Field(description="Bytes of the whole body read.")
+    body_truncated: bool
+
+
+class AttemptModel(_Model):
+    """One delivery attempt of a row (``outboxkit_attempts``), or the marker a reset left."""
+
+    attempt: int = Field(
+        description="The attempt's number, counted across resets; for a reset marker, the number reached before it."
+    )
     started_at: datetime
     finished_at: datetime
     duration_ms: float
-    outcome: Literal["done", "retry", "stuck", "lost"] = Field(
-        description="What the attempt decided; lost: the row was reset or claimed again while it was sent."
+    outcome: Literal["done", "retry", "stuck", "lost", "reset"] = Field(
+        description=(
+            "What the attempt decided; lost: the row was reset or claimed again while it was sent; "
+            "reset: not an attempt, the marker of a reset (or replay) of the row."
+        )
     )
     status_code: int | None
     error: str | None = Field(description="The first 500 characters of the attempt's error.")
-    sender: str = Field(description="host:pid of the process that sent it.")
+    sender: str = Field(description="host:pid of the process that sent it; for a reset marker, who reset the row.")
+    request: AttemptRequestModel | None = Field(
+        default=None, description="What was sent (HTTP attempts recorded since the kit's migration outboxkit_0019)."
+    )
+    response: AttemptResponseModel | None = Field(default=None, description="What came back; null when no answer came.")
 
 
 class RowOrderingModel(_Model):
@@ -337,7 +372,10 @@ class RowDetailModel(RowSummaryModel):
     ordering: RowOrderingModel | None = Field(default=None, description="Null unless the outbox orders by a key.")
     payload: list[PayloadFieldModel] = Field(description="The application's own columns.")
     attempt_history: list[AttemptModel] = Field(
-        description="The row's recorded attempts, newest first (at most 100; kept attempt_history_days), resets included."
+        description=(
+            "The row's recorded attempts, newest first (at most 100; kept attempt_history_days), with the markers "
+            "of its resets (outcome reset)."
+        )
     )
 
 

@@ -82,6 +82,7 @@ from outboxkit.storage.notify import notify_statement
 from outboxkit.storage.operator_queries import AdminQueries, admin_queries_for
 from outboxkit.storage.operator_results import RowState, RowSummary
 from outboxkit.storage.pauses import Pause, paused_outboxes
+from outboxkit.storage.reset_markers import marker_parameters
 from outboxkit.storage.row_filter import RowFilter
 from outboxkit.storage.tables import reset_audit
 
@@ -373,7 +374,8 @@ class OperationsService:
             if held:
                 raise RowsHeld(outbox_name, held)
             if action == "reset":
-                changed = queries.reset_rows(connection, wanted, now=now)
+                marker = marker_parameters(outbox_name, actor, history=self.kit.settings.attempt_history_days > 0)
+                changed = queries.reset_rows(connection, wanted, now=now, marker=marker)
             elif action == "discard":
                 changed = queries.discard_rows(connection, wanted, now=now)
             else:

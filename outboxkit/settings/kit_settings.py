@@ -213,6 +213,16 @@ class OutboxKitSettings(BaseSettings):
             "`0` records none (see docs/admin.md)"
         ),
     )
+    # How much of each request body the attempt history keeps (0: none, only its size and SHA-256).
+    attempt_body_bytes: int = Field(
+        default=0,
+        ge=0,
+        le=65_536,
+        description=(
+            "bytes of each attempt's request body kept in the attempt history and shown on the admin's row page; "
+            "`0` (the default) keeps only the body's size and SHA-256 (bodies may hold personal data; see docs/admin.md)"
+        ),
+    )
     # Inbox records (outboxkit.inbox) kept, in days, then pruned by the elected leader's hourly
     # job; None (the default) runs no inbox retention.  Must exceed the senders' longest retry
     # schedule, or a late retry is handled twice (docs/inbox.md).

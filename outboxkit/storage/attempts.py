@@ -3,7 +3,14 @@
 The drain hands each recorded outcome to its ``AttemptLog`` (outbox, row
 id, attempt number, when the send started and finished, the outcome, the
 status code, an excerpt of the error, and which process sent it as
-``host:pid``).  The log does not add a round trip per row to the drain's hot
+``host:pid``), with what an HTTP attempt sent and got back
+(``outboxkit.transports.exchange``: method, URL and headers redacted, the
+body's size and SHA-256, the answer's status, a few of its headers and the
+first bytes of its body; the request body itself only up to
+``OutboxKitSettings.attempt_body_bytes``, none by default).  The attempt
+number counts on across resets: a reset writes a marker
+(``outboxkit.storage.reset_markers``) that carries the number reached, and
+each attempt after it adds its own count since the reset.  The log does not add a round trip per row to the drain's hot
 path: it buffers records and writes them in one ``INSERT ... SELECT FROM
 unnest(...)`` on the drain's outcome connection, when ``FLUSH_ROWS`` have
 gathered, when the drain is about to wait with nothing in flight, or when
@@ -33,6 +40,7 @@ still on its page after it was reset and delivered.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -46,6 +54,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from outboxkit.errors import error_summary
+from outboxkit.results import Exchange
 from outboxkit.storage.array_literals import integer_array, text_array
 from outboxkit.storage.ordering import BACKLOG_KEY_LIMIT, OrderedStatements
 from outboxkit.telemetry.log_events import log_fields
@@ -60,16 +69,33 @@ FLUSH_SECONDS = 1.0
 TRIM_INTERVAL_SECONDS = 60.0
 TRIM_BATCH_ROWS = 5_000
 TRIM_MAX_BATCHES = 20
+# A history table the kit's migrations have not reached: the migration to run, by SQLSTATE.
+_MIGRATIONS = {"42P01": "outboxkit_0003", "42703": "outboxkit_0019"}  # undefined table; undefined column
 
 # One statement, one round trip: the attempts, and their per-minute counts
 # for the overview's charts (every drainer adds its own to the same row).
+# The attempt number counts on across resets: the row's own count since its last reset, plus the number its
+# latest reset marker (outboxkit.storage.reset_markers) carries, when that reset came before this attempt's claim.
+# Both times are the database server's: the marker's is the reset's, the claim's is its lease's end less the lease
+# (a host clock could differ by more than the few milliseconds between a reset and the claim its NOTIFY wakes).
 _INSERT = """
 WITH logged AS (
-    INSERT INTO outboxkit_attempts (outbox, row_id, attempt, started_at, finished_at, outcome, status_code, error, sender)
-    SELECT CAST(%(outbox)s AS text), record.*, CAST(%(sender)s AS text) FROM unnest(
+    INSERT INTO outboxkit_attempts
+        (outbox, row_id, attempt, started_at, finished_at, outcome, status_code, error, request, response, sender)
+    SELECT CAST(%(outbox)s AS text), record.row_id,
+           record.attempt + COALESCE((
+               SELECT marker.attempt FROM outboxkit_attempts AS marker
+               WHERE marker.outbox = CAST(%(outbox)s AS text) AND marker.row_id = record.row_id
+                 AND marker.outcome = 'reset' AND marker.finished_at <= record.claimed_at
+               ORDER BY marker.finished_at DESC, marker.id DESC LIMIT 1
+           ), 0),
+           record.started_at, record.finished_at, record.outcome, record.code, record.error,
+           CAST(record.request AS jsonb), CAST(record.response AS jsonb), CAST(%(sender)s AS text)
+    FROM unnest(
         %(row_ids)s::bigint[], %(attempts)s::integer[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
-        %(outcomes)s::text[], %(codes)s::smallint[], %(errors)s::text[]
-    ) AS record
+        %(outcomes)s::text[], %(codes)s::smallint[], %(errors)s::text[], %(requests)s::text[], %(responses)s::text[],
+        %(claimed)s::timestamptz[]
+    ) AS record(row_id, attempt, started_at, finished_at, outcome, code, error, request, response, claimed_at)
     RETURNING finished_at, outcome
 )
 INSERT INTO outboxkit_outbox_minutes AS minutes (outbox, minute, delivered, failed, stuck)
@@ -142,6 +168,45 @@ def _ordered_sample(table: str, ordered: OrderedStatements) -> str:
     return str(statement.compile(dialect=psycopg.dialect()))  # type: ignore[no-untyped-call]
 
 
+def _text(content: bytes) -> str:
+    """Bytes as the history shows them: UTF-8, anything else (and NUL, which text columns refuse) replaced."""
+    return content.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def request_json(exchange: Exchange | None, body_bytes: int) -> str | None:
+    """The ``request`` column of an attempt: method, URL, headers, the body's size and hash, and (opted in) its
+    first ``body_bytes``."""
+    if exchange is None:
+        return None
+    body = exchange.body[:body_bytes] if exchange.body is not None and body_bytes > 0 else None
+    return json.dumps(
+        {
+            "method": exchange.method,
+            "url": exchange.url,
+            "headers": [list(header) for header in exchange.request_headers],
+            "body_size": exchange.body_size,
+            "body_sha256": exchange.body_sha256,
+            "body": _text(body) if body is not None else None,
+            "body_truncated": body is not None and len(body) < exchange.body_size,
+        }
+    )
+
+
+def response_json(exchange: Exchange | None) -> str | None:
+    """The ``response`` column of an attempt: status, selected headers, the body's first bytes; None: no answer."""
+    if exchange is None or exchange.status is None:
+        return None
+    return json.dumps(
+        {
+            "status": exchange.status,
+            "headers": [list(header) for header in exchange.response_headers],
+            "body": _text(exchange.response_excerpt),
+            "body_size": exchange.response_size,
+            "body_truncated": len(exchange.response_excerpt) < (exchange.response_size or 0),
+        }
+    )
+
+
 def sender_identity() -> str:
     """``host:pid`` of this process (read each time: a forked worker has its own pid)."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -158,6 +223,8 @@ class AttemptRecord:
     outcome: str  # done, retry, stuck, or lost (the row was reset or claimed again meanwhile)
     status_code: int | None
     error: str | None
+    exchange: Exchange | None = None  # what an HTTP attempt sent and got back, redacted (outboxkit.transports.exchange)
+    claimed_at: datetime | None = None  # the server's time of the claim (None: started_at stands for it)
 
 
 class AttemptLog:
@@ -172,8 +239,10 @@ class AttemptLog:
         ordered: OrderedStatements | None = None,
         prepared_statements: bool = False,
         on_dropped: Callable[[int], None] | None = None,
+        body_bytes: int = 0,
     ) -> None:
         self.outbox_name = outbox_name
+        self.body_bytes = body_bytes  # how much of each request body is kept (OutboxKitSettings.attempt_body_bytes)
         # psycopg's prepare= for every statement: False never prepares (a transaction-mode pooler
         # before PgBouncer 1.21 loses prepared statements), True prepares (the operator opted in).
         self.prepare = prepared_statements
@@ -242,13 +311,13 @@ class AttemptLog:
             message = error_summary(exc)
             if message != self._failing:
                 self._failing = message
-                missing = getattr(exc, "sqlstate", None) == "42P01"  # undefined table
+                migration = _MIGRATIONS.get(getattr(exc, "sqlstate", None) or "")
                 logger.warning(
                     "%s: could not write the attempt history (%d record(s) dropped; delivery goes on): %s%s",
                     self.outbox_name,
                     len(records),
                     message,
-                    "; run the kit's migration outboxkit_0003 (`alembic upgrade heads`)" if missing else "",
+                    f"; run the kit's migration {migration} (`alembic upgrade heads`)" if migration else "",
                     extra=log_fields("attempts.dropped", self.outbox_name, records=len(records)),
                 )
         else:
@@ -266,6 +335,9 @@ class AttemptLog:
             "outcomes": text_array(record.outcome for record in records),
             "codes": integer_array(record.status_code for record in records),
             "errors": text_array(record.error[:ERROR_EXCERPT_CHARS] if record.error else None for record in records),
+            "requests": text_array(request_json(record.exchange, self.body_bytes) for record in records),
+            "responses": text_array(response_json(record.exchange) for record in records),
+            "claimed": text_array(record.claimed_at or record.started_at for record in records),
         }
 
     def _maintain(self, driver: Any, *, now: datetime) -> None:

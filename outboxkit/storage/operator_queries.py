@@ -42,6 +42,7 @@ from outboxkit.storage.operator_results import (
 )
 from outboxkit.storage.ordering import BACKLOG_KEY_LIMIT, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
+from outboxkit.storage.reset_markers import MARKERS, marker_parameters
 from outboxkit.storage.row_filter import RowFilter
 from outboxkit.target_secrets import redacted_headers_sql, redacted_url_sql
 
@@ -132,6 +133,15 @@ SELECT (SELECT count(*) FROM deleted) AS deleted,
 _RESET = (
     "UPDATE {table} SET status = 'pending', attempts = 0, next_attempt_at = :now, "
     "claimed_until = NULL, claim_token = NULL, updated_at = :now"
+)
+
+# A reset over a ``target`` CTE of (id, attempts), locked: the rows reset, and a marker for each in the attempt
+# history (outboxkit.storage.reset_markers), in one statement.
+_MARKED_RESET = (
+    "changed AS (" + _RESET + " FROM target WHERE {table}.id = target.id AND {table}.status IN ('stuck', 'discarded') "
+    "RETURNING {table}.id, target.attempts AS attempts_before), "
+    + MARKERS.replace("{", "{{").replace("}", "}}")
+    + " SELECT id FROM changed"
 )
 
 # A discard keeps everything the row says about its attempts; only a reset (or a replay) sends it again.
@@ -373,10 +383,17 @@ class AdminQueries:
         )
         return {row.id: RowState(**row._mapping) for row in rows}
 
-    def reset_rows(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
-        """Stuck or discarded -> pending, attempts 0, due now, claim cleared.  Returns the ids reset."""
-        statement = text(self._sql(_RESET + " WHERE id = ANY(:ids) AND status IN ('stuck', 'discarded') RETURNING id"))
-        return sorted(connection.execute(statement, {"ids": ids, "now": now}).scalars())
+    def reset_rows(self, connection: Connection, ids: list[int], *, now: datetime, marker: dict[str, object]) -> list[int]:
+        """Stuck or discarded -> pending, attempts 0, due now, claim cleared, a marker in the attempt history
+        (``marker``: ``reset_markers.marker_parameters``).  Returns the ids reset."""
+        statement = text(
+            self._sql(
+                "WITH target AS (SELECT id, attempts FROM {table} WHERE id = ANY(:ids) "
+                "AND status IN ('stuck', 'discarded') FOR UPDATE), "
+                + _MARKED_RESET
+            )
+        )
+        return sorted(connection.execute(statement, {"ids": ids, "now": now, **marker}).scalars())
 
     def discard_rows(self, connection: Connection, ids: list[int], *, now: datetime) -> list[int]:
         """Stuck -> discarded (kept, never sent; attempts and last error kept).  Returns the ids discarded."""
@@ -418,7 +435,15 @@ class AdminQueries:
         return DeletedBatch(deleted=row.deleted, last_id=row.last_id, created_before_cutoff=row.created_before_cutoff)
 
     def reset_stuck_batch(
-        self, connection: Connection, row_filter: RowFilter, *, after_id: int, limit: int, now: datetime, discard: bool = False
+        self,
+        connection: Connection,
+        row_filter: RowFilter,
+        *,
+        after_id: int,
+        limit: int,
+        now: datetime,
+        discard: bool = False,
+        marker: dict[str, object] | None = None,
     ) -> list[int]:
         """Reset (or discard) up to ``limit`` stuck rows matching the filter with ids above ``after_id``, in id order.
 
@@ -427,15 +452,19 @@ class AdminQueries:
         it) is skipped, never waited for, and the filter is re-checked on each row under its lock.
         """
         filter_sql, params = self.filter_clauses(row_filter)
-        statement = text(
-            self._sql(
-                f"WITH target AS (SELECT id FROM {{table}} WHERE status = 'stuck'{filter_sql} AND id > :after_id "
-                "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
-                + (_DISCARD if discard else _RESET)
-                + " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
-            )
+        target = (
+            f"WITH target AS (SELECT id, attempts FROM {{table}} WHERE status = 'stuck'{filter_sql} AND id > :after_id "
+            "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)"
         )
-        return sorted(connection.execute(statement, {**params, "after_id": after_id, "limit": limit, "now": now}).scalars())
+        if discard:
+            where = " FROM target WHERE {table}.id = target.id AND {table}.status = 'stuck' RETURNING {table}.id"
+            sql = f"{target} {_DISCARD}{where}"
+        else:
+            sql = f"{target}, {_MARKED_RESET}"
+        statement = text(self._sql(sql))
+        marked = marker if marker is not None else marker_parameters("", "", history=False)
+        parameters = {**params, "after_id": after_id, "limit": limit, "now": now, **marked}
+        return sorted(connection.execute(statement, parameters).scalars())
 
 
 def _capped(count: int, estimate: float | None) -> tuple[int, bool]:

@@ -26,21 +26,23 @@ from sqlalchemy import Connection, text
 from outboxkit.model import Outbox
 from outboxkit.storage.operator_queries import AdminQueries, admin_queries_for
 from outboxkit.storage.per_outbox import PerOutbox
+from outboxkit.storage.reset_markers import MARKERS, marker_parameters
 from outboxkit.storage.row_filter import RowFilter
 
 __all__ = ["ReplayQueries", "ReplayedBatch", "replay_queries_for"]
 
 # A replayed row starts a new delivery: pending, due now, no attempts made
 # (the whole retry budget again), no lease, no delivery time.  It keeps its
-# idempotency key, its last status code and error, and its payload.
+# idempotency key, its last status code and error, and its payload.  Each row replayed gets a marker in its
+# attempt history (outboxkit.storage.reset_markers), so its attempts count on.
 REPLAY_BATCH = """
 WITH target AS (
-    SELECT id FROM {table}
+    SELECT id, attempts FROM {table}
     WHERE status = 'done' AND id > :after_id{filter}
     ORDER BY id
     LIMIT :limit
     FOR UPDATE
-), replayed AS (
+), changed AS (
     UPDATE {table} AS outbox
     SET status = 'pending',
         attempts = 0,
@@ -51,10 +53,10 @@ WITH target AS (
         updated_at = :now
     FROM target
     WHERE outbox.id = target.id AND outbox.status = 'done'
-    RETURNING outbox.id
-)
+    RETURNING outbox.id, target.attempts AS attempts_before
+), {markers}
 SELECT (SELECT max(id) FROM target) AS last_id,
-       (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM replayed) AS ids
+       (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed) AS ids
 """
 
 
@@ -85,12 +87,22 @@ class ReplayQueries:
         return [row.id for row in self.admin.page(connection, status="done", row_filter=row_filter, after=None, limit=size)]
 
     def replay_batch(
-        self, connection: Connection, row_filter: RowFilter, *, after_id: int, limit: int, now: datetime
+        self,
+        connection: Connection,
+        row_filter: RowFilter,
+        *,
+        after_id: int,
+        limit: int,
+        now: datetime,
+        marker: dict[str, object] | None = None,
     ) -> ReplayedBatch:
-        """Make up to ``limit`` matching ``done`` rows with ids above ``after_id`` pending and due at ``now``."""
+        """Make up to ``limit`` matching ``done`` rows with ids above ``after_id`` pending and due at ``now``, each with
+        a marker in its attempt history (``marker``: ``reset_markers.marker_parameters``; None writes none)."""
         filter_sql, params = self.admin.filter_clauses(row_filter)
-        statement = text(REPLAY_BATCH.format(table=self.admin.table_name, filter=filter_sql))
-        row = connection.execute(statement, {**params, "after_id": after_id, "limit": limit, "now": now}).one()
+        statement = text(REPLAY_BATCH.format(table=self.admin.table_name, filter=filter_sql, markers=MARKERS))
+        marked = marker if marker is not None else marker_parameters("", "", history=False)
+        parameters = {**params, "after_id": after_id, "limit": limit, "now": now, **marked}
+        row = connection.execute(statement, parameters).one()
         return ReplayedBatch(ids=list(row.ids), last_id=row.last_id)
 
 

@@ -14,7 +14,10 @@ cannot run the same occurrence twice.
 by the drain in batches, see ``outboxkit.storage.attempts``), kept for
 ``attempt_history_days``; it outlives a reset, so the reason a row got stuck
 stays readable after it was sent again.  Its index on (``outbox``,
-``finished_at``) serves the retention trim and the overview's charts.
+``finished_at``) serves the retention trim and the overview's charts.  Each
+HTTP attempt keeps what it sent and got back (``request``, ``response``:
+redacted and bounded, ``outboxkit.transports.exchange``); a reset of a row
+writes a marker (outcome ``reset``), from which its attempts count on.
 
 ``outboxkit_outbox_minutes`` holds one row per outbox and minute for the
 overview's charts: attempts that delivered, failed and got stuck (added by
@@ -181,7 +184,9 @@ reset_audit = Table(
     Index("ix_outboxkit_reset_audit_at", "at"),
 )
 
-ATTEMPT_OUTCOMES = ("done", "retry", "stuck", "lost")  # lost: the row was reset or re-claimed during the send
+# lost: the row was reset or re-claimed during the send; reset: a marker a reset (or a replay) writes, whose
+# attempt is the number the row's attempts had reached (outboxkit.storage.reset_markers)
+ATTEMPT_OUTCOMES = ("done", "retry", "stuck", "lost", "reset")
 
 attempts = Table(
     "outboxkit_attempts",
@@ -196,7 +201,10 @@ attempts = Table(
     Column("status_code", SmallInteger),
     Column("error", Text),
     Column("sender", String(300), nullable=False),
-    CheckConstraint("outcome IN ('done', 'retry', 'stuck', 'lost')", name="ck_outboxkit_attempts_outcome"),
+    # What an HTTP attempt sent and got back, redacted and bounded (outboxkit.storage.attempts.request_json).
+    Column("request", JSONB),
+    Column("response", JSONB),
+    CheckConstraint("outcome IN ('done', 'retry', 'stuck', 'lost', 'reset')", name="ck_outboxkit_attempts_outcome"),
     Index("ix_outboxkit_attempts_row", "outbox", "row_id", "attempt"),
     Index("ix_outboxkit_attempts_finished", "outbox", "finished_at"),
 )

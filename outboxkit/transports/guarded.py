@@ -13,7 +13,11 @@
    the reason in ``last_error``, and no connection is opened;
 3. sends the delivery pinned to the address that was checked
    (``Delivery.pinned_to``), with what is left of the deadline;
-4. shortens what an error answer shows: the body of a non-2xx answer is left
+4. redacts, in what the attempt history keeps of the exchange
+   (``outboxkit.transports.exchange``), every header it filled from a secret,
+   whatever its name, and keeps no more of the answer's body there than
+   ``last_error`` shows;
+5. shortens what an error answer shows: the body of a non-2xx answer is left
    out of ``last_error`` (it is shown in the admin, its API and exports, and
    the receiver may be anything a person typed), unless
    ``error_body_chars`` (``OUTBOXKIT_SCHEDULE_ERROR_BODY_CHARS``) asks for
@@ -25,6 +29,7 @@ Redirects are answers like any other (``HttpTransport`` follows none), so a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
@@ -32,6 +37,7 @@ from outboxkit.errors import UnsafeUrlError
 from outboxkit.policy import AttemptResult, FailureKind
 from outboxkit.target_secrets import resolve_headers
 from outboxkit.transports.base import Delivery, Transport
+from outboxkit.transports.exchange import redacted_headers
 from outboxkit.url_guard import UrlGuard
 
 __all__ = ["GuardedTransport"]
@@ -65,7 +71,16 @@ class GuardedTransport:
         # The secrets' values were checked as header values by the settings; the stored row keeps their names.
         sent = delivery.with_headers(headers).pinned_to(checked.address)
         result = self.transport.send(sent, idempotency_key=idempotency_key, timeout=left)
-        return self._shortened(result)
+        from_secrets = [name for name, value in delivery.headers.items() if headers.get(name) != value]
+        return self._shortened(self._redacted(result, from_secrets))
+
+    def _redacted(self, result: AttemptResult, from_secrets: list[str]) -> AttemptResult:
+        """What the attempt history keeps of the exchange: the headers filled from secrets redacted, whatever
+        their names, and no more of the answer's body than ``last_error`` shows."""
+        if result.exchange is None:
+            return result
+        exchange = redacted_headers(result.exchange, from_secrets, excerpt_bytes=self.error_body_chars)
+        return dataclasses.replace(result, exchange=exchange)
 
     def _shortened(self, result: AttemptResult) -> AttemptResult:
         code = result.status_code
@@ -75,7 +90,7 @@ class GuardedTransport:
         body = result.error.removeprefix(status).removeprefix(": ")
         shown = body[: self.error_body_chars]
         error = f"{status}: {shown}" if shown else status
-        return AttemptResult(status_code=code, error=error, retry_after=result.retry_after)
+        return AttemptResult(status_code=code, error=error, retry_after=result.retry_after, exchange=result.exchange)
 
     def close(self) -> None:
         self.transport.close()

@@ -1,6 +1,8 @@
 """HTTP delivery on httpcore, with a hard deadline per send.
 
-Each attempt carries the row's ``Idempotency-Key`` header.  Errors are mapped
+Each attempt carries the row's ``Idempotency-Key`` header.  Each result
+carries what was sent and what came back, redacted and bounded, for the
+attempt history (``outboxkit.transports.exchange``).  Errors are mapped
 to outcomes, never raised: a timeout is ``timeout``, a refused or reset
 connection is ``connection``, anything else below HTTP is ``transport``.
 
@@ -49,8 +51,10 @@ import httpcore
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.policy import AttemptResult, FailureKind
+from outboxkit.results import Exchange
 from outboxkit.transports.base import Delivery, framing_header_problem, is_broker_url, validate_timeout
 from outboxkit.transports.deadline import DeadlineBackend
+from outboxkit.transports.exchange import capture_request, with_response
 
 # httpx's package import also imports httpx's own command line (``httpx._main``:
 # click, rich and pygments, about 6 MB of the drainer's memory and 35 ms of its
@@ -172,12 +176,15 @@ class HttpTransport:
                 "over HTTP; give the outbox its broker's transport (OutboxOptions(transport=...), docs/transports.md)",
             )
         deadline = self._backend.arm(timeout)
+        sent: list[Exchange] = []  # what was sent, once the request is built: kept with a failure too
         try:
-            return self._attempt(delivery, idempotency_key, timeout)
+            return self._attempt(delivery, idempotency_key, timeout, sent)
         except (httpcore.TimeoutException, httpx.TimeoutException) as exc:
-            return AttemptResult(failure=FailureKind.TIMEOUT, error=self._timeout_error(exc, timeout, deadline))
+            error = self._timeout_error(exc, timeout, deadline)
+            return AttemptResult(failure=FailureKind.TIMEOUT, error=error, exchange=sent[0] if sent else None)
         except (httpcore.NetworkError, httpcore.RemoteProtocolError, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            return AttemptResult(failure=FailureKind.CONNECTION, error=f"connection: {type(exc).__name__}: {exc}")
+            error = f"connection: {type(exc).__name__}: {exc}"
+            return AttemptResult(failure=FailureKind.CONNECTION, error=error, exchange=sent[0] if sent else None)
         except (
             httpcore.ProtocolError,
             httpcore.ProxyError,
@@ -185,11 +192,12 @@ class HttpTransport:
             httpx.HTTPError,
             httpx.InvalidURL,  # not an HTTPError
         ) as exc:
-            return AttemptResult(failure=FailureKind.TRANSPORT, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            return AttemptResult(failure=FailureKind.TRANSPORT, error=error, exchange=sent[0] if sent else None)
         finally:
             self._backend.disarm()
 
-    def _attempt(self, delivery: Delivery, idempotency_key: str, timeout: float) -> AttemptResult:
+    def _attempt(self, delivery: Delivery, idempotency_key: str, timeout: float, sent: list[Exchange]) -> AttemptResult:
         target = _target(delivery.url)
         route: str | None
         if delivery.address is not None:
@@ -203,15 +211,16 @@ class HttpTransport:
         present = {name.lower() for name in own}
         # A delivery's headers never frame or route the request (outboxkit.transports.base refuses those): the
         # Host and Content-Length sent are always these.
-        headers: list[tuple[str, str] | tuple[bytes, bytes]] = [(b"Host", target.host_header)]
-        headers.extend((name, value) for name, value, lowered in self._default_headers if lowered not in present)
-        headers.extend(own.items())
-        headers.append(("Idempotency-Key", idempotency_key))
+        named = [(name, value) for name, value, lowered in self._default_headers if lowered not in present]
+        named.extend(own.items())
+        named.append(("Idempotency-Key", idempotency_key))
         body = delivery.body()
         if body is not None and "content-type" not in present:
-            headers.append(("Content-Type", "application/json"))
+            named.append(("Content-Type", "application/json"))
         if body is not None or delivery.method in _METHODS_WITH_BODY:
-            headers.append(("Content-Length", str(len(body)) if body is not None else "0"))
+            named.append(("Content-Length", str(len(body)) if body is not None else "0"))
+        headers: list[tuple[str, str] | tuple[bytes, bytes]] = [(b"Host", target.host_header), *named]
+        sent.append(capture_request(delivery.method, delivery.url, named, body))
         request = httpcore.Request(
             delivery.method,
             target.url,
@@ -225,8 +234,9 @@ class HttpTransport:
         finally:
             response.close()
         status = response.status
+        exchange = with_response(sent[0], status, response.headers, content)
         if 200 <= status < 300:
-            return AttemptResult(status_code=status)
+            return AttemptResult(status_code=status, exchange=exchange)
         text = httpx.Response(status, headers=response.headers, content=content).text if content else ""
         return AttemptResult(
             status_code=status,
@@ -234,6 +244,7 @@ class HttpTransport:
             retry_after=next(
                 (value.decode("latin-1") for name, value in response.headers if name.lower() == b"retry-after"), None
             ),
+            exchange=exchange,
         )
 
     def _timeout_error(self, exc: Exception, timeout: float, deadline: float) -> str:

@@ -35,10 +35,11 @@ def test_the_row_page_lists_every_attempt_and_keeps_the_stuck_reason_after_a_res
     harness.kit.drain_once("webhooks")
     page.reload()
 
-    rows = page.locator("#attempt-history tbody tr")
+    rows = page.locator("#attempt-history > tbody > tr.attempt")  # each attempt, the reset's marker between them
     assert rows.count() == 2
     assert "done" in rows.nth(0).inner_text() and "200" in rows.nth(0).inner_text()
     assert "stuck" in rows.nth(1).inner_text() and "422" in rows.nth(1).inner_text()
+    assert page.locator("#attempt-history > tbody > tr.reset-marker").count() == 1
     assert page.locator("#row-status").inner_text().startswith("done")
 
 

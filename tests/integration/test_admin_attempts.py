@@ -62,10 +62,11 @@ def test_the_reason_a_row_got_stuck_survives_its_reset_on_the_row_page_and_api(a
     assert detail["status"] == "done" and detail["last_error"] is None
     history = detail["attempt_history"]
     assert [(entry["attempt"], entry["outcome"], entry["status_code"]) for entry in history] == [
-        (1, "done", 200),
+        (2, "done", 200),
+        (1, "reset", None),
         (1, "stuck", 422),
     ]
-    assert "422" in history[1]["error"]
+    assert "422" in history[2]["error"]
     assert history[0]["duration_ms"] >= 0
     assert 'id="attempt-history"' in page and "stuck" in page and "422" in page
 

@@ -90,8 +90,8 @@ def test_a_replay_in_small_batches_sends_every_row_again_with_its_key_and_record
 
     assert {row_of(admin.engine, row_id)["status"] for row_id in ids} == {"done"}
     assert Counter(request.key for request in receiver.requests) == Counter({key: 2 for key in first_keys})
-    for row_id in ids:  # the first delivery and the replay's, each recorded as attempt 1
-        assert attempts_of(admin.engine, row_id) == [(1, "done", 200), (1, "done", 200)]
+    for row_id in ids:  # the first delivery, the replay's marker, and the replay's delivery, numbered on
+        assert attempts_of(admin.engine, row_id) == [(1, "done", 200), (1, "reset", None), (2, "done", 200)]
 
 
 def test_each_batch_is_audited_with_its_rows_and_the_replay_it_belongs_to(admin):
