@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from outboxkit.operations.service import OperationsService
 from outboxkit.schedules.jobs import cron
 from tests.support.admin import (  # noqa: F401  (fixtures)
@@ -14,6 +16,10 @@ from tests.support.admin import (  # noqa: F401  (fixtures)
     empty_tables,
     record_run,
 )
+
+# These tests exercise the elected scheduler's registry through kit.scheduler.add_job, deprecated but kept
+# working (tests/integration/test_scheduler_deprecation.py pins its warning).
+pytestmark = pytest.mark.filterwarnings("ignore:kit.scheduler.add_job is deprecated:DeprecationWarning")
 
 
 def test_a_kit_scheduler_as_job_source_shows_trigger_objects_in_words(admin_database_url, clock):
