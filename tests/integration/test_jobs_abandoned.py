@@ -152,9 +152,9 @@ def test_the_admin_shows_an_abandoned_run_as_the_jobs_last_outcome(admin_databas
             )
         harness.kit.scheduler.add_job("app.report", lambda context: None, once(FAR_FUTURE), name="nightly report")
         assert harness.kit.scheduler.runner.abandon_unfinished(["app.report"]) == 1
-        jobs = {job["id"]: job for job in harness.client.get("/admin/api/jobs").json()["jobs"]}
-        last_run = jobs["app.report"]["last_run"]
+        internal = harness.client.get("/admin/api/schedules/_internal").json()["jobs"]
+        last_run = next(job for job in internal if job["id"] == "app.report")["last_run"]
         assert last_run["outcome"] == "abandoned"
         assert "old-host:7" in last_run["error"]
-        page = harness.client.get("/admin/jobs")
+        page = harness.client.get("/admin/schedules")
         assert page.status_code == 200 and "badge-run-abandoned" in page.text
