@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -335,7 +336,9 @@ def main() -> None:
     for kit in (leader, standby):
         # A job due every second, so the first run after a promotion shows when the new leader's
         # scheduler started (the kit's own drain jobs fire on a 60 s grid, which would add up to 60 s).
-        kit.scheduler.add_job("bench.heartbeat", lambda context: None, every(seconds=1))
+        with warnings.catch_warnings():  # an elected job on purpose: it times the new leader's scheduler
+            warnings.filterwarnings("ignore", "kit.scheduler.add_job is deprecated", DeprecationWarning)
+            kit.scheduler.add_job("bench.heartbeat", lambda context: None, every(seconds=1))
     timer = StepTimer(leader.drainer(WebhookOutbox)) if options.steps else None
     demote_s = first_job_s = None
     try:

@@ -19,8 +19,8 @@ Routes, relative to where the application mounts the router::
     POST /api/outboxes/{outbox}/replay              {filter..., "dry_run", "batch_size"}: done -> pending, in batches
     GET  /api/outboxes/{outbox}/export              the rows matching a filter as NDJSON or CSV (outboxkit.admin.export_route)
     GET  /api/audit                                 the reset audit, newest first
-    GET  /api/jobs                                  jobs, their schedules, last runs, failures, pauses; the leader
-    GET  /api/jobs/{job_id}/runs                    one job's run history, newest first (job ids may hold '/')
+    GET  /api/jobs                                  deprecated: GET /api/schedules (internal_jobs) or /api/schedules/_internal
+    GET  /api/jobs/{job_id}/runs                    deprecated: GET /api/schedules/_internal/{job_id}/runs
 
 Errors: 404 unknown outbox or row, 409 a row a drain holds (nothing
 changed), 400 a cursor or body that does not decode, 413 a body over the cap,
@@ -325,7 +325,16 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         with http_errors():
             return service.audit(outbox_name=outbox, cursor=cursor, limit=limit)
 
-    @router.get("/jobs", response_model=JobsView, summary="Jobs: schedule in words, last run, failures, pause; the leader")
+    # Deprecated, still answering: one scheduling concept, so the elected jobs are listed with the schedules.
+    @router.get(
+        "/jobs",
+        response_model=JobsView,
+        deprecated=True,
+        summary="Deprecated: use GET /api/schedules/_internal (or internal_jobs in GET /api/schedules)",
+        description="Jobs: schedule in words, last run, failures, pause; the leader.  Deprecated: the jobs the elected "
+        "leader runs are listed, read-only and marked internal, by GET /api/schedules/_internal and in every page of "
+        "GET /api/schedules (internal_jobs); an application's own jobs are schedules (kit.schedules.add_job).",
+    )
     def jobs() -> JobsView:
         return service.jobs()
 
@@ -333,7 +342,10 @@ def api_router(service: OperationsService, *, actor: Callable[..., str], route_c
         "/jobs/{job_id:path}/runs",
         response_model=JobRunsView,
         responses={404: _NOT_FOUND},
-        summary="One job's runs, newest first",
+        deprecated=True,
+        summary="Deprecated: use GET /api/schedules/_internal/{job_id}/runs (or /api/schedules/{name}/history)",
+        description="One job's runs, newest first.  Deprecated: an internal job's runs are at "
+        "GET /api/schedules/_internal/{job_id}/runs, a schedule's at GET /api/schedules/{name}/history.",
     )
     def job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
         with http_errors():

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from starlette.datastructures import FormData
 
 from outboxkit.admin.api import OutboxName
-from outboxkit.admin.page_frame import PageFrame, PageRoutes, back_target
+from outboxkit.admin.page_frame import PageFrame, PageRoutes
 from outboxkit.admin.page_inputs import selected_ids
 from outboxkit.operations.schemas import OutboxOverview
 
@@ -51,18 +51,17 @@ def add_control_confirm(routes: PageRoutes, path: str, name: str, ask: Callable[
     frame, service = routes.frame, routes.service
     Actor = Annotated[str, Depends(routes.actor)]
 
-    def confirm(request: Request, outbox: OutboxName, who: Actor, back: str = "") -> Response:
+    def confirm(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build() -> Response:
             question = ask(service.outbox_overview(outbox))
-            back_to = "jobs" if back == "jobs" else ""
             return render_confirm(
                 frame, request, who,
                 heading=question.heading,
                 explanation=question.explanation,
                 action=frame.url(request, question.action, outbox=outbox),
-                fields=[("back", back_to)] if back_to else [],
+                fields=[],
                 button=question.button,
-                cancel=back_target(frame, request, back_to, outbox),
+                cancel=frame.url(request, "rows", outbox=outbox),
             )
 
         return frame.guarded(request, who, build)

@@ -32,7 +32,7 @@ from outboxkit.errors import BodyTooLarge
 from outboxkit.operations.schemas import MAX_BULK_IDS
 from outboxkit.operations.service import OperationsService
 
-__all__ = ["PageFrame", "PageRoutes", "back_target"]
+__all__ = ["PageFrame", "PageRoutes"]
 
 # A stand-in for a path parameter while a route's path is looked up: plain letters, which every path
 # parameter of the admin's routes (str or path) accepts, and which no route's own path contains.
@@ -197,7 +197,3 @@ class PageRoutes:
         router = APIRouter(include_in_schema=False, route_class=route_class.with_error_page(frame.route_error_page))
         return cls(router=router, frame=frame, service=service, actor=actor, page_size=page_size)
 
-
-def back_target(frame: PageFrame, request: Request, back: str | None, outbox: str) -> str:
-    """Where an outbox control returns to: the jobs page it was used from, else the outbox's rows."""
-    return frame.url(request, "jobs") if back == "jobs" else frame.url(request, "rows", outbox=outbox)

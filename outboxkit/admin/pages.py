@@ -31,7 +31,7 @@ from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.destination_pages import add_destination_pages
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
 from outboxkit.admin.inbox_pages import add_inbox_pages
-from outboxkit.admin.page_frame import PageRoutes, back_target
+from outboxkit.admin.page_frame import PageRoutes
 from outboxkit.admin.page_inputs import (
     PAGE_SIZES,
     ascii_number,
@@ -252,16 +252,15 @@ def add_selected_action(routes: PageRoutes, path: str, name: str, perform: RowAc
 
 
 def add_control_action(routes: PageRoutes, path: str, name: str, perform: Control, *, done: FlashKind) -> None:
-    """A control of one outbox's drains (pause, resume, drain now), from its rows page or the jobs page."""
+    """A control of one outbox's drains (pause, resume, drain now), from its rows page, which it returns to."""
     frame = routes.frame
     Actor = Annotated[str, Depends(routes.actor)]
 
     async def act(request: Request, outbox: OutboxName, who: Actor) -> Response:
         def build(form: FormData) -> Response:
             result = perform(outbox, actor=who)
-            target = back_target(frame, request, form_text(form, "back"), outbox)
             flash = Flash(kind=done if result.changed else "already", count=result.due_rows or 0)
-            return frame.redirect(request, who, target, flash)
+            return frame.redirect(request, who, frame.url(request, "rows", outbox=outbox), flash)
 
         return await frame.post_action(request, who, build)
 
@@ -345,26 +344,24 @@ def add_audit(routes: PageRoutes) -> None:
 
 
 def add_jobs(routes: PageRoutes) -> None:
-    frame, service = routes.frame, routes.service
+    """The old Jobs page: its elected jobs are on the Schedules page now (one scheduling concept), so its URL
+    answers 303 there and bookmarks keep working."""
+    frame = routes.frame
     Actor = Annotated[str, Depends(routes.actor)]
 
     @routes.router.get("/jobs", name="outboxkit_admin_jobs")
     def jobs(request: Request, who: Actor) -> Response:
-        return frame.guarded(request, who, lambda: frame.render(request, who, "jobs.html", view=service.jobs()))
+        return RedirectResponse(frame.url(request, "schedules") + "#internal-jobs", status_code=303)
 
 
 def add_job(routes: PageRoutes) -> None:
-    frame, service, page_size = routes.frame, routes.service, routes.page_size
+    """An old job page: 303 to the same job's run history under the Schedules page."""
+    frame = routes.frame
     Actor = Annotated[str, Depends(routes.actor)]
 
     @routes.router.get("/jobs/{job_id:path}", name="outboxkit_admin_job")
     def job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
-        def build() -> Response:
-            history = service.job_runs(job_id, limit=page_size)
-            entry = next((job for job in service.jobs().jobs if job.id == job_id), None)
-            return frame.render(request, who, "job.html", history=history, job=entry, page_size=page_size)
-
-        return frame.guarded(request, who, build)
+        return RedirectResponse(frame.url(request, "internal_job", job_id=job_id), status_code=303)
 
 
 def add_static(routes: PageRoutes) -> None:

@@ -119,8 +119,11 @@ def create_admin_router(
     default it is ``request.state.outboxkit_actor`` as set by your auth
     dependency, else ``"unknown"``.
 
-    ``job_source`` lists the scheduled jobs (see ``outboxkit.admin.JobSource``);
-    without it the jobs page lists jobs seen in the run history.
+    ``job_source`` lists the jobs the elected leader runs (see
+    ``outboxkit.admin.JobSource``), shown read-only and marked internal on the
+    Schedules page and in its API; without it the kit's own registry
+    (``kit.scheduler``) lists them.  The deprecated jobs API
+    (``/api/jobs``) lists jobs seen in the run history without it.
 
     ``csrf_secret`` signs the pages' form tokens and flash notices, and names
     their cookies (at least 16 bytes).  Without it the kit's setting
@@ -205,7 +208,7 @@ def create_admin_router(
         403: {"description": "The application's auth dependency refused the request (not allowed)."},
     }
     router = APIRouter(dependencies=dependencies, responses=refused_by_auth if dependencies else None)
-    schedules = ScheduleAdmin(kit, jobs=schedule_jobs)
+    schedules = ScheduleAdmin(kit, jobs=schedule_jobs, job_source=job_source)
     subscriptions = SubscriptionAdmin(kit)
     parts = (
         api_router(service, actor=actor, route_class=route_class),

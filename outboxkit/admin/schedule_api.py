@@ -4,6 +4,9 @@ Routes, relative to where the application mounts the router::
 
     GET  /api/schedules?viewer_timezone=&cursor=&limit= schedules by name, a page at a time: next five fire times
                                                         (its zone and the viewer's), last run
+    GET  /api/schedules/_internal                       the jobs the elected leader runs, read-only, marked internal
+                                                        (also in every page of the list, as internal_jobs)
+    GET  /api/schedules/_internal/{job_id}/runs         one of them's runs, newest first (job ids may hold '/')
     GET  /api/schedules/{name}?viewer_timezone=         one schedule
     GET  /api/schedules/{name}/history                  runs, misses, abandoned runs, newest first (outcome=, before=, limit=)
     GET  /api/schedules/{name}/audit                    who changed it, when, before and after (newest first)
@@ -20,7 +23,7 @@ and is audited with the actor.  Errors: 404 an unknown schedule, 422 a
 definition the schedule rules refuse, with the field at fault as the error's
 ``loc`` (``["body", "trigger", "timezone"]``, ``["body", "target", "url"]``,
 ``["body", "name"]`` for a taken name), shaped as FastAPI's own 422; nothing
-is written; 400 a list cursor that does not decode, 422 a page size outside
+is written; 404 an internal job id no elected job has; 400 a list cursor that does not decode, 422 a page size outside
 1..200 (refused, not clamped, as the rows' list).  503 as for every admin route.
 """
 
@@ -33,12 +36,13 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from outboxkit.admin.api import MAX_PAGE_SIZE, Cursor, ErrorBody, Limit, http_errors, require_json
+from outboxkit.admin.api import MAX_PAGE_SIZE, Cursor, ErrorBody, JobIdPath, Limit, http_errors, require_json
 from outboxkit.admin.route_guard import AdminRoute, read_json_body
 from outboxkit.errors import InvalidScheduleError, InvalidValueError
 from outboxkit.operations.schedule_admin import DEFAULT_LIST_PAGE, ScheduleAdmin
 from outboxkit.operations.schedule_schemas import (
     SCHEDULE_NAME_PATTERN,
+    InternalJobsView,
     ScheduleActionResult,
     ScheduleAuditEntry,
     ScheduleCreate,
@@ -47,7 +51,7 @@ from outboxkit.operations.schedule_schemas import (
     ScheduleListView,
     ScheduleModel,
 )
-from outboxkit.operations.schemas import EmptyRequest, FilterMoment
+from outboxkit.operations.schemas import EmptyRequest, FilterMoment, JobRunsView
 
 __all__ = ["inline_schema", "schedule_api_router", "schedule_errors"]
 
@@ -135,6 +139,26 @@ def schedule_api_router(
     ) -> ScheduleListView:
         with schedule_errors():
             return schedules.overview(viewer_timezone=viewer_timezone, cursor=cursor, limit=limit)
+
+    # Before /schedules/{name}: a schedule's name starts with a letter or digit, so "_internal" is none.
+    @router.get(
+        "/schedules/_internal",
+        response_model=InternalJobsView,
+        summary="The jobs the elected leader runs (the kit's own, marked internal), read-only; the leader",
+    )
+    def internal_jobs() -> InternalJobsView:
+        with schedule_errors():
+            return schedules.internal.view()
+
+    @router.get(
+        "/schedules/_internal/{job_id:path}/runs",
+        response_model=JobRunsView,
+        responses={404: {"model": ErrorBody, "description": "No elected job has this id."}},
+        summary="One internal job's runs, newest first",
+    )
+    def internal_job_runs(job_id: JobIdPath, limit: Limit = 50) -> JobRunsView:
+        with schedule_errors("limit"):
+            return schedules.internal.runs(job_id, limit=limit)
 
     @router.get("/schedules/{name}", response_model=ScheduleModel, responses={404: _NOT_FOUND}, summary="One schedule")
     def schedule(name: ScheduleName, viewer_timezone: ViewerTimezone = "UTC") -> ScheduleModel:

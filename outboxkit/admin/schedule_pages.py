@@ -5,6 +5,7 @@
     GET  /schedules?tz=&cursor=&limit=      schedules by name, a page at a time (the admin's page size unless
                                             limit= asks for 1 to 200): next five fire times in its timezone and
                                             the viewer's; previous and next links as on an outbox's rows
+    GET  /schedules/_internal/{job_id}      one internal job (run by the elected leader): its facts and runs, read-only
     GET  /schedules/_new                    the create form (names start with a letter or digit: "_new" is no name)
     POST /schedules/_new                    create; a refusal shows the form again, the error next to its input
     GET  /schedules/{name}?tz=&outcome=&before=   one schedule: facts, fire times, history (paged), changes
@@ -19,6 +20,12 @@ the CSRF token first, then the action in a worker thread, audited with the
 actor, and a 303 to a page whose flash notice says what happened.  A form
 that is refused answers 422 with the form as it was sent, each error next
 to its input, and nothing written.
+
+The list ends with the internal jobs, the ones the elected leader runs (the
+kit's safety-net drains and housekeeping, and any job registered with the
+deprecated ``kit.scheduler.add_job``): read-only, each with its last run,
+outcome and next run, and a link to its runs.  The old Jobs page answers
+303 here (``outboxkit.admin.pages``).
 
 The viewer's timezone: the pages show each fire time in the schedule's
 timezone and in the viewer's.  The server knows the viewer's zone only from
@@ -39,7 +46,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 from starlette.datastructures import FormData
 
-from outboxkit.admin.api import MAX_PAGE_SIZE
+from outboxkit.admin.api import MAX_PAGE_SIZE, JobIdPath
 from outboxkit.admin.confirm_pages import render_confirm
 from outboxkit.admin.csrf import CsrfTokens
 from outboxkit.admin.flash import Flash, FlashKind, FlashNotices
@@ -93,6 +100,7 @@ def schedule_pages_router(
         service, actor=actor, csrf=csrf, flashes=flashes, page_size=page_size, route_class=route_class
     )
     add_schedule_list(routes, schedules)
+    add_internal_job(routes, schedules)  # before /schedules/{name}/...: "_internal" is no schedule's name
     add_schedule_form(routes, schedules)  # before /schedules/{name}: "_new" is no schedule's name, but keep it first
     add_schedule(routes, schedules)
     add_schedule_action(routes, "enable", lambda name, who: schedules.enable(name, actor=who), done="schedule_enabled")
@@ -123,6 +131,21 @@ def add_schedule_list(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
                 page_sizes=sorted({*PAGE_SIZES, routes.page_size}),
                 cursor=cursor or None,
             )
+
+        return frame.guarded(request, who, build)
+
+
+def add_internal_job(routes: PageRoutes, schedules: ScheduleAdmin) -> None:
+    """One internal job's facts and its newest runs (a page of the admin's page size), read-only."""
+    frame, page_size = routes.frame, routes.page_size
+    Actor = Annotated[str, Depends(routes.actor)]
+
+    @routes.router.get("/schedules/_internal/{job_id:path}", name="outboxkit_admin_internal_job")
+    def internal_job(request: Request, job_id: JobIdPath, who: Actor) -> Response:
+        def build() -> Response:
+            job = schedules.internal.entry(job_id)
+            history = schedules.internal.history(job, limit=page_size)
+            return frame.render(request, who, "job.html", history=history, job=job, page_size=page_size)
 
         return frame.guarded(request, who, build)
 

@@ -22,9 +22,8 @@ The application's processes get one through ``kit.lifespan``; dedicated
 drainer processes on any number of hosts run ``outboxkit worker --app
 module:kit``, which is ``DrainWorker(kit).run_until_stopped()`` with SIGTERM
 and SIGINT handled, beside the kit's schedule loop (``kit.schedules``, as
-in the lifespan).  The elected leader keeps the elected schedule: the
-safety-net drain job and the jobs of ``kit.scheduler.add_job``
-(``outboxkit.leader.scheduler``).
+in the lifespan).  The elected leader keeps the kit's internal jobs: the
+safety-net drain job and housekeeping (``outboxkit.leader.scheduler``).
 
 LISTEN holds session state for hours: through PgBouncer, point
 ``OUTBOXKIT_LOCK_DATABASE_URL`` at the database or at a session-mode pool.

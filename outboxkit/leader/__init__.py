@@ -4,8 +4,9 @@
   with the timing margins in its docstring;
 * ``lock``: the session advisory lock's statements and who holds it (``pg_locks``, with the
   database predicate);
-* ``scheduler``: the APScheduler the leader runs: one safety-net drain per outbox and the jobs of
-  ``kit.scheduler.add_job``;
+* ``scheduler``: the APScheduler the leader runs: the kit's internal jobs (one safety-net drain per
+  outbox, housekeeping) and any job still registered with the deprecated ``kit.scheduler.add_job``
+  (applications declare their jobs as schedules, ``outboxkit.schedules``);
 * ``retention``: the opt-in job that deletes old ``done`` rows;
 * ``partitions``: a partitioned outbox's job: partitions created ahead, whole partitions of ``done`` rows dropped.
 

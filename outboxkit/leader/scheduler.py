@@ -2,9 +2,14 @@
 
 ``OutboxScheduler`` holds the job registry: one drain job per outbox (id
 ``outboxkit.drain.<job_name>``, name ``<job_name>``; monitors and logs key on
-both, so renaming an outbox's ``job_name`` is a breaking change) and the
-application's own jobs (``add_job`` with ``cron``, ``every``,
-``calendar_interval`` or ``once`` from ``outboxkit.schedules.jobs``).
+both, so renaming an outbox's ``job_name`` is a breaking change), the kit's
+other internal jobs (retention, partitions), and, deprecated, the
+application's own jobs (``add_job``: a ``ScheduleTrigger``, or ``cron``,
+``every``, ``calendar_interval`` or ``once`` from ``outboxkit.schedules.jobs``).
+Applications declare their jobs with ``kit.schedules.add_job`` instead
+(``outboxkit.schedules``); ``add_job`` warns once per kit with a
+``DeprecationWarning`` that says so.  The kit's own jobs are registered
+without it, so they never warn.
 
 Nothing is persisted in APScheduler: on every promotion a fresh in-memory
 ``BackgroundScheduler`` is built and every job is added from the registry
@@ -28,6 +33,7 @@ import os
 import queue
 import socket
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -46,18 +52,26 @@ from outboxkit.leader.partitions import partitions_job
 from outboxkit.leader.retention import retention_job
 from outboxkit.model import Outbox
 from outboxkit.results import RunRecord
+from outboxkit.schedules.definitions import ScheduleTrigger
 from outboxkit.schedules.jobs import KIT_JOB_PREFIX, JobFailed, JobFunction, JobRunner, ScheduledJob, every
 from outboxkit.telemetry.log_events import log_fields
 
 if TYPE_CHECKING:
     from outboxkit.drain.kit_core import KitCore
 
-__all__ = ["JobInfo", "OutboxScheduler", "drain_job_id"]
+__all__ = ["ADD_JOB_DEPRECATION", "JobInfo", "OutboxScheduler", "drain_job_id"]
 
 logger = logging.getLogger(__name__)
 
 DRAIN_JOB_PREFIX = "outboxkit.drain."
 # Every job id under "outboxkit." belongs to the kit (drains, retention); applications use their own.
+
+ADD_JOB_DEPRECATION = (
+    "kit.scheduler.add_job is deprecated: declare the job with kit.schedules.add_job(id, function, "
+    "ScheduleTrigger.cron(...) or ScheduleTrigger.every(...)) instead, a schedule that any process fires once per "
+    "occurrence and that the admin's Schedules page lists; see docs/schedules.md, section "
+    "'Moving from kit.scheduler.add_job'"
+)
 
 
 def drain_job_id(outbox: type[Outbox]) -> str:
@@ -158,6 +172,7 @@ class OutboxScheduler:
         self._jobs: dict[str, ScheduledJob] = {}
         self._scheduler: _OccurrenceScheduler | None = None
         self._election: LeaderElection | None = None
+        self._warned = False  # add_job's DeprecationWarning, said once per kit
         for outbox in kit.drained_outboxes:  # a cdc outbox is read from the WAL, never drained
             self._jobs[drain_job_id(outbox)] = ScheduledJob(
                 id=drain_job_id(outbox),
@@ -177,8 +192,24 @@ class OutboxScheduler:
 
     # -- registry ------------------------------------------------------------
 
-    def add_job(self, id: str, function: JobFunction, trigger: BaseTrigger, *, name: str | None = None) -> ScheduledJob:
-        """Register (or replace) an application job; takes effect at once if this process leads."""
+    def add_job(
+        self, id: str, function: JobFunction, trigger: ScheduleTrigger | BaseTrigger, *, name: str | None = None
+    ) -> ScheduledJob:
+        """Deprecated: register (or replace) an application job run by the leader; takes effect at once if this
+        process leads.
+
+        Use ``kit.schedules.add_job(id, function, ScheduleTrigger...)`` instead
+        (docs/schedules.md, "Moving from kit.scheduler.add_job").  Warns once
+        per kit (``DeprecationWarning``).  ``trigger`` is a ``ScheduleTrigger``
+        (the one trigger vocabulary) or, as before, a trigger of
+        ``outboxkit.schedules.jobs``.
+        """
+        with self._lock:
+            warn, self._warned = not self._warned, True
+        if warn:
+            warnings.warn(ADD_JOB_DEPRECATION, DeprecationWarning, stacklevel=2)
+        if isinstance(trigger, ScheduleTrigger):
+            trigger = trigger.apscheduler_trigger()
         if id.startswith(KIT_JOB_PREFIX):
             raise ConfigurationError(
                 f"job ids starting with {KIT_JOB_PREFIX!r} are reserved for the kit's own jobs (drains, retention); "

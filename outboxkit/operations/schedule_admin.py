@@ -29,6 +29,11 @@ Which job names a schedule may target: the jobs registered on the kit
 already targets (a row was checked against its process's registry when it
 was written, so a job that the code's own schedules run is known to the CLI
 too).  HTTP targets may name the kit's ``ScheduledRequestOutbox`` outboxes.
+
+The list also carries the jobs the elected leader runs (the kit's own, and
+any registered with the deprecated ``kit.scheduler.add_job``), read-only
+and marked internal (``ScheduleAdmin.internal``, ``outboxkit.operations.internal_jobs``),
+so one list shows everything that runs on a schedule.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from sqlalchemy import Connection, select
 from outboxkit.errors import InvalidValueError, ScheduleDeclaredInCode
 from outboxkit.kit import OutboxKit
 from outboxkit.operations.cursor import InvalidCursor, decode_name_cursor, encode_cursor
-from outboxkit.operations.job_status import JobRun, last_runs
+from outboxkit.operations.internal_jobs import InternalJobs
+from outboxkit.operations.job_status import JobRun, JobSource, last_runs
 from outboxkit.operations.schedule_schemas import (
     FireTimeModel,
     ScheduleAction,
@@ -83,10 +89,12 @@ def _run_model(run: JobRun | None) -> ScheduleRunModel | None:
 class ScheduleAdmin:
     """The operator's reads and changes of schedule rows over one kit (see the module docstring)."""
 
-    def __init__(self, kit: OutboxKit, *, jobs: Collection[str] = ()) -> None:
+    def __init__(self, kit: OutboxKit, *, jobs: Collection[str] = (), job_source: JobSource | None = None) -> None:
+        """``job_source`` lists the elected jobs (default: the kit's own registry, ``kit.scheduler``)."""
         self.kit = kit
         # The kit's own registry (``kit.schedules``: jobs declared or registered in code) and the names given.
         self.declared_jobs = frozenset(jobs) | frozenset(kit.schedules.jobs)
+        self.internal = InternalJobs(kit, job_source)
 
     @property
     def request_outboxes(self) -> list[str]:
@@ -152,6 +160,7 @@ class ScheduleAdmin:
             previous_cursor=encode_cursor(LIST_SCOPE + ":before", (rows[0].name,)) if has_previous and rows else None,
             jobs=jobs,
             outboxes=self.request_outboxes,
+            internal_jobs=self.internal.view(),
         )
 
     def schedule(self, name: str, *, viewer_timezone: str = "UTC") -> ScheduleModel:

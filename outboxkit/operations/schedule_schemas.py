@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from outboxkit.operations.schemas import JobEntry, LeaderModel
 from outboxkit.schedules.definitions import MAX_RUNNING_LIMIT, HttpTarget, JobTarget, ScheduleDefinition, ScheduleTrigger
 from outboxkit.storage.tables import RUN_OUTCOMES as RECORDED_OUTCOMES
 from outboxkit.target_secrets import redact_headers, redact_url
@@ -30,6 +31,8 @@ __all__ = [
     "FireTimeModel",
     "ScheduleAction",
     "HttpTargetModel",
+    "InternalJobModel",
+    "InternalJobsView",
     "JobTargetModel",
     "ScheduleActionResult",
     "ScheduleAuditEntry",
@@ -209,6 +212,32 @@ class ScheduleModel(_Model):
     changed_by: str
 
 
+class InternalJobModel(JobEntry):
+    """A job the elected leader runs, listed beside the schedules, read-only: it is registered in code, not a row."""
+
+    internal: bool = Field(
+        description="true: one of the kit's own jobs (its id starts with 'outboxkit.': the safety-net drain of an "
+        "outbox, retention, partitions). false: an application job registered with the deprecated "
+        "kit.scheduler.add_job; declare it with kit.schedules.add_job to make it a schedule."
+    )
+    read_only: Literal[True] = Field(
+        default=True, description="Always true: it cannot be edited, disabled, run now or deleted from the admin."
+    )
+
+
+class InternalJobsView(_Model):
+    """The jobs the elected leader runs (the kit's own, and any registered with the deprecated
+    ``kit.scheduler.add_job``), read-only; each one's runs are at ``GET /api/schedules/_internal/{job_id}/runs``."""
+
+    source: Literal["job_source", "run_history"] = Field(
+        description="job_source: listed by the kit's scheduler registry (or the admin's job_source), with next runs; "
+        "run_history: that listing failed, so the kit's own jobs are listed from the run history."
+    )
+    source_error: str | None = Field(description="Why the listing failed, if it did.")
+    leader: LeaderModel | None = Field(description="The process that leads (runs these jobs) now, if any.")
+    jobs: list[InternalJobModel]
+
+
 class ScheduleListView(_Model):
     """One page of schedules in name order (keyset-paged both ways, as the rows of an outbox)."""
 
@@ -220,6 +249,9 @@ class ScheduleListView(_Model):
     previous_cursor: str | None = Field(description="Pass as cursor for the previous page; null on the first.")
     jobs: list[str] = Field(description="The job names a schedule may target here.")
     outboxes: list[str] = Field(description="The ScheduledRequestOutbox job names an HTTP target may name.")
+    internal_jobs: InternalJobsView = Field(
+        description="The jobs the elected leader runs, read-only and marked internal (on every page of the list)."
+    )
 
 
 class ScheduleHistoryPage(_Model):

@@ -194,6 +194,14 @@ class ScheduleTrigger:
         except ConfigurationError as exc:
             raise InvalidScheduleError("trigger.fields", str(exc)) from None
 
+    def apscheduler_trigger(self) -> BaseTrigger:
+        """The same fire times as an APScheduler trigger (the elected scheduler's form, for the deprecated
+        ``kit.scheduler.add_job``)."""
+        if self._at is not None:
+            return triggers.once(self._at)
+        assert self._built is not None
+        return self._built
+
     # -- fire times ---------------------------------------------------------
 
     def first_at_or_after(self, moment: datetime) -> datetime | None:

@@ -8,8 +8,8 @@ refused when the job is registered::
         expired = context.session.execute(update(Trial)...).rowcount
         return {"expired": expired}  # the runner commits the session when the job returns
 
-    kit.scheduler.add_job("billing.expire-trials", expire_trials,
-                          cron(timezone="Europe/Berlin", hour=3, minute=30))
+    kit.schedules.add_job("billing.expire-trials", expire_trials,
+                          ScheduleTrigger.cron(timezone="Europe/Berlin", hour=3, minute=30))
 
 Every run goes through ``JobRunner.run``, which
 
@@ -33,7 +33,9 @@ Every run goes through ``JobRunner.run``, which
 A run whose scheduler died mid-run stays ``running``; the next scheduler to
 start marks it ``abandoned`` (``JobRunner.abandon_unfinished``).  The
 triggers (``cron``, ``every``, ``calendar_interval``, ``once``) live in
-``outboxkit.schedules.triggers`` and are re-exported here.
+``outboxkit.schedules.triggers`` and are re-exported here; they are the
+elected scheduler's form, which applications no longer use: a schedule takes
+a ``ScheduleTrigger`` (``outboxkit.schedules.definitions``), built on them.
 """
 
 from __future__ import annotations

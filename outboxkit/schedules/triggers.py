@@ -11,7 +11,7 @@ same job.  Each trigger here does:
 * ``once(at)``: one aware instant.
 
 What each does when the clocks change (a skipped wall time, a repeated one)
-is described in docs/election.md ("Triggers and daylight saving") and
+is described in docs/schedules.md ("Triggers and daylight saving") and
 pinned by tests/unit/test_jobs_triggers.py.
 ``outboxkit.schedules.jobs`` re-exports the four builders; import them from either.
 
@@ -149,7 +149,7 @@ def cron(*, timezone: str, **fields: int | str) -> CronTrigger:
     """A cron schedule in an IANA timezone: ``cron(timezone="Europe/Berlin", hour=3, minute=30)``.
 
     Fields are APScheduler's: year, month, day, week, day_of_week, hour,
-    minute, second.  Daylight saving (docs/election.md): in the skipped
+    minute, second.  Daylight saving (docs/schedules.md): in the skipped
     hour of spring-forward the first matching time fires once, shifted by
     the gap (02:30 becomes 03:30), and later ones that day do not fire; in the
     repeated hour of fall-back a job fires in the first pass only, unless its

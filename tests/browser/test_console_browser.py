@@ -43,31 +43,32 @@ def test_the_row_page_lists_every_attempt_and_keeps_the_stuck_reason_after_a_res
     assert page.locator("#row-status").inner_text().startswith("done")
 
 
-def test_the_jobs_page_shows_schedules_in_words_and_a_jobs_run_history(served, page_factory):
+def test_the_schedules_page_shows_internal_jobs_in_words_and_a_jobs_run_history(served, page_factory):
     base_url, harness = served
     page = page_factory()
-    page.goto(f"{base_url}/admin/jobs")
-    row = page.locator('tr[data-job="outboxkit.drain.webhooks"]')
+    page.goto(f"{base_url}/admin/schedules")
+    row = page.locator('tr[data-internal-job="outboxkit.drain.webhooks"]')
     assert "every minute (UTC)" in row.inner_text()
     row.get_by_role("link", name="webhooks").click()
-    assert page.get_by_role("heading", level=1).inner_text() == "Job outboxkit.drain.webhooks"
+    assert page.get_by_role("heading", level=1).inner_text() == "Internal job outboxkit.drain.webhooks"
     assert "Schedule" in page.locator("dl.facts").inner_text()
 
 
-def test_pause_from_the_jobs_table_and_resume_from_the_outbox_page(served, page_factory):
+def test_pause_and_resume_from_the_outbox_page_and_the_pause_shown_with_the_internal_jobs(served, page_factory):
     base_url, harness = served
     page = page_factory()
     try:
-        page.goto(f"{base_url}/admin/jobs")
-        page.locator('tr[data-job="outboxkit.drain.webhooks"] button[data-action="pause"]').click()
+        page.goto(f"{base_url}/admin/outboxes/webhooks")
+        page.locator('button[data-action="pause"]').click()
         assert page.get_by_role("heading", level=1).inner_text() == "Pause the drains of webhooks?"  # asks first
         page.get_by_role("button", name="Pause drains").click()
         assert "Paused" in page.get_by_role("status").inner_text()
-        assert "paused" in page.locator('tr[data-job="outboxkit.drain.webhooks"]').inner_text()
+        assert page.locator("#paused").is_visible()
         assert harness.kit.drain_once("webhooks").claimed == 0
+        page.goto(f"{base_url}/admin/schedules")
+        assert "drains paused" in page.locator('tr[data-internal-job="outboxkit.drain.webhooks"]').inner_text()
 
         page.goto(f"{base_url}/admin/outboxes/webhooks")
-        assert page.locator("#paused").is_visible()
         page.get_by_role("button", name="Resume drains").click()
         assert "Resumed" in page.get_by_role("status").inner_text()
         page.get_by_role("button", name="Drain now").click()
@@ -84,7 +85,7 @@ def test_find_a_row_by_id_or_key_from_the_search_box(served, page_factory):
     key = str(row_of(harness.engine, row_id)["idempotency_key"])
     page = page_factory()
     for query in (str(row_id), key):
-        page.goto(f"{base_url}/admin/jobs")
+        page.goto(f"{base_url}/admin/schedules")
         page.get_by_role("searchbox").fill(query)
         page.get_by_role("button", name="Find").click()
         assert page.url.endswith(f"/admin/outboxes/webhooks/rows/{row_id}")
@@ -201,7 +202,7 @@ def test_a_phone_sees_whole_words_and_scrolls_wide_tables_in_their_box(served, b
             "/admin/outboxes/webhooks?status=stuck",
             f"/admin/outboxes/webhooks/rows/{row_id}",
             "/admin/",
-            "/admin/jobs",
+            "/admin/schedules",
         ):
             page.goto(base_url + path)
             assert page.evaluate("() => document.documentElement.scrollWidth") <= 375 + 1, (

@@ -143,7 +143,7 @@ def test_live_refresh_is_off_by_default_and_reloads_a_list_when_ticked(served, b
     without_script = browser.new_context(http_credentials=CREDENTIALS, java_script_enabled=False)
     try:
         page = without_script.new_page()
-        page.goto(f"{base_url}/admin/jobs")
+        page.goto(f"{base_url}/admin/audit")
         assert not page.get_by_label("Live refresh every 10 s").is_visible()  # no script, no toggle to promise
     finally:
         without_script.close()
@@ -154,11 +154,11 @@ def test_job_counts_are_formatted_figures_with_names(served, page_factory):
     counts = {"claimed": 12000, "delivered": 11985, "retried": 0, "stuck": 15, "batches": 120}
     record_run(harness.engine, "outboxkit.drain.webhooks", "webhooks", datetime.now(timezone.utc), counts=counts)
     page = page_factory()
-    page.goto(f"{base_url}/admin/jobs")
-    cell = page.locator('tr[data-job="outboxkit.drain.webhooks"] .counts')
+    page.goto(f"{base_url}/admin/schedules")
+    cell = page.locator('tr[data-internal-job="outboxkit.drain.webhooks"] .counts')
     assert cell.locator("> span").all_inner_texts() == ["11,985 delivered", "15 stuck", "12,000 claimed", "120 batches"]
     assert "retried" not in cell.inner_text()  # zeros are left out
-    page.locator('tr[data-job="outboxkit.drain.webhooks"] td a').first.click()
+    page.locator('tr[data-internal-job="outboxkit.drain.webhooks"] td a').first.click()
     assert "11,985 delivered" in page.locator("#job-runs").inner_text()
 
 
@@ -175,7 +175,7 @@ def test_the_leader_line_keeps_the_layout_on_a_desktop_and_a_phone(served, brows
                 )
                 try:
                     page = context.new_page()
-                    for path in ("/admin/", "/admin/jobs"):
+                    for path in ("/admin/", "/admin/schedules"):
                         page.goto(base_url + path)
                         line = page.locator("#leader")
                         assert f"{host}" in line.inner_text() and "pid 4242" in line.inner_text()

@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from datetime import datetime, timezone
 from typing import Any
 
@@ -88,9 +89,11 @@ def run(arguments: argparse.Namespace) -> int:
     transport = HttpTransport(headers={"X-Fault-Worker": arguments.name})
     kit = OutboxKit(engine, [FaultEvent], settings=settings, transport=transport)
     try:
-        kit.scheduler.add_job(
-            HEARTBEAT_JOB_ID, record_heartbeat, every(seconds=arguments.heartbeat, start=HEARTBEAT_START)
-        )
+        with warnings.catch_warnings():  # an elected job on purpose: the scenario watches the leader run it
+            warnings.filterwarnings("ignore", "kit.scheduler.add_job is deprecated", DeprecationWarning)
+            kit.scheduler.add_job(
+                HEARTBEAT_JOB_ID, record_heartbeat, every(seconds=arguments.heartbeat, start=HEARTBEAT_START)
+            )
         kit.worker.start()
         election = kit.scheduler.elect()
         emit("ready", name=arguments.name)

@@ -60,16 +60,17 @@ def test_pausing_twice_changes_nothing_the_second_time(admin):
     assert len(audit_entries(admin.engine)) == 1
 
 
-def test_the_pause_is_shown_in_the_jobs_table_the_overview_and_the_outbox_page(admin):
+def test_the_pause_is_shown_with_the_internal_jobs_the_overview_and_the_outbox_page(admin):
     admin.client.post("/admin/api/outboxes/webhooks/pause", json={})
-    jobs = {job["id"]: job for job in admin.client.get("/admin/api/jobs").json()["jobs"]}
+    jobs = {job["id"]: job for job in admin.client.get("/admin/api/schedules/_internal").json()["jobs"]}
     overview = {box["name"]: box for box in admin.client.get("/admin/api/outboxes").json()["outboxes"]}
-    page = admin.client.get("/admin/jobs").text
+    page = admin.client.get("/admin/schedules").text
     assert jobs["outboxkit.drain.webhooks"]["paused"] and jobs["outboxkit.drain.webhooks"]["paused_by"] == "admin"
     assert not jobs["outboxkit.drain.credit-grants"]["paused"]
     assert overview["webhooks"]["paused"] and not overview["credit-grants"]["paused"]
-    assert page.count("badge-paused") == 1 and 'data-action="resume"' in page
-    assert 'id="paused"' in admin.client.get("/admin/outboxes/webhooks").text
+    assert page.count(">drains paused</span>") == 1  # read-only there: the controls are on the outbox's page
+    rows_page = admin.client.get("/admin/outboxes/webhooks").text
+    assert 'id="paused"' in rows_page and 'data-action="resume"' in rows_page
 
 
 def test_pause_resume_and_drain_now_from_the_pages(admin, receiver):
@@ -80,12 +81,12 @@ def test_pause_resume_and_drain_now_from_the_pages(admin, receiver):
 
     paused = admin.client.post("/admin/outboxes/webhooks/pause", data={"csrf_token": token})
     refused = admin.client.post("/admin/outboxes/webhooks/drain-now", data={"csrf_token": token})
-    resumed = admin.client.post("/admin/outboxes/webhooks/resume", data={"csrf_token": token, "back": "jobs"})
+    resumed = admin.client.post("/admin/outboxes/webhooks/resume", data={"csrf_token": token})
     notice = admin.client.get(resumed.headers["location"]).text
     drained = admin.client.post("/admin/outboxes/webhooks/drain-now", data={"csrf_token": token})
 
     assert paused.status_code == 303 and refused.status_code == 409 and "paused" in refused.text
-    assert resumed.headers["location"] == "/admin/jobs" and "Resumed" in notice
+    assert resumed.headers["location"] == "/admin/outboxes/webhooks" and "Resumed" in notice
     assert drained.status_code == 303
     receiver.wait_for(lambda r: len(r.requests) == 1)  # this process runs no drain loop: drain now drained here
     assert "Woke every drain" in admin.client.get(drained.headers["location"]).text

@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from outboxkit import OutboxKit, OutboxKitSettings
-from outboxkit.admin import create_admin_router
+from outboxkit.admin import JobInfo, create_admin_router
 from outboxkit.errors import ConfigurationError
 from tests.support.admin import (  # noqa: F401  (fixtures)
     START,
@@ -38,36 +38,56 @@ def assert_admin_error_page(response, status_code: int) -> None:
     assert all(name in response.headers for name in SECURITY_HEADERS), response.headers
 
 
+class ListedJobs:
+    """A job source that lists the given ids (a scheduler other than the kit's may allow any characters)."""
+
+    def __init__(self, *ids: str) -> None:
+        self.ids = ids
+
+    def jobs(self) -> list[JobInfo]:
+        return [JobInfo(id=job_id, name=job_id, trigger="") for job_id in self.ids]
+
+
 def test_job_ids_with_a_slash_or_a_question_mark_are_listed_linked_and_opened(admin):
     for job_id in ("reports/daily", "sync?x=1"):
         record_run(admin.engine, job_id, job_id, START, counts={"rows": 3})
-    jobs = admin.client.get("/admin/jobs")
-    assert jobs.status_code == 200
-    assert 'href="/admin/jobs/reports%2Fdaily"' in jobs.text and 'href="/admin/jobs/sync%3Fx%3D1"' in jobs.text
-    for link, job_id in (("/admin/jobs/reports%2Fdaily", "reports/daily"), ("/admin/jobs/sync%3Fx%3D1", "sync?x=1")):
-        page = admin.client.get(link)
-        assert page.status_code == 200 and f"Job <code>{job_id}</code>" in page.text
-        runs = admin.client.get(link.replace("/admin/jobs/", "/admin/api/jobs/") + "/runs").json()
-        assert runs["job_id"] == job_id and len(runs["runs"]) == 1
+    app = FastAPI()
+    app.include_router(
+        create_admin_router(admin.kit, insecure_no_auth=True, job_source=ListedJobs("reports/daily", "sync?x=1")),
+        prefix="/admin",
+    )
+    with TestClient(app) as client:
+        schedules = client.get("/admin/schedules")
+        assert schedules.status_code == 200
+        links = ("/admin/schedules/_internal/reports%2Fdaily", "/admin/schedules/_internal/sync%3Fx%3D1")
+        assert all(f'href="{link}"' in schedules.text for link in links)
+        for link, job_id in zip(links, ("reports/daily", "sync?x=1"), strict=True):
+            page = client.get(link)
+            assert page.status_code == 200 and f"Internal job <code>{job_id}</code>" in page.text
+            runs = client.get(link.replace("/admin/schedules/", "/admin/api/schedules/") + "/runs").json()
+            assert runs["job_id"] == job_id and len(runs["runs"]) == 1
 
 
 def test_links_follow_the_mount_of_the_admin_and_keep_braces_in_a_job_id(admin):
     # The page frame looks each route's path up once per request and fills in the parameters: the path
     # must be the one of the mount this request came through, and a parameter's "{" or "}" stays data.
     record_run(admin.engine, "sync{x}", "sync{x}", START, counts={"rows": 1})
+    source = ListedJobs("sync{x}")
     included = FastAPI()
-    included.include_router(create_admin_router(admin.kit, insecure_no_auth=True), prefix="/ops")
+    included.include_router(create_admin_router(admin.kit, insecure_no_auth=True, job_source=source), prefix="/ops")
     inner = FastAPI()
-    inner.include_router(create_admin_router(admin.kit, insecure_no_auth=True))
+    inner.include_router(create_admin_router(admin.kit, insecure_no_auth=True, job_source=source))
     mounted = FastAPI()
     mounted.mount("/team/console", inner)
     for app, base in ((included, "/ops"), (mounted, "/team/console")):
-        with TestClient(app) as client:
-            jobs = client.get(f"{base}/jobs")
-            assert jobs.status_code == 200
-            assert f'href="{base}/jobs/sync%7Bx%7D"' in jobs.text
-            assert f'href="{base}/outboxes/webhooks"' in jobs.text
-            assert client.get(f"{base}/jobs/sync%7Bx%7D").status_code == 200
+        with TestClient(app, follow_redirects=False) as client:
+            schedules = client.get(f"{base}/schedules")
+            assert schedules.status_code == 200
+            assert f'href="{base}/schedules/_internal/sync%7Bx%7D"' in schedules.text
+            assert f'href="{base}/outboxes/webhooks"' in schedules.text
+            assert client.get(f"{base}/schedules/_internal/sync%7Bx%7D").status_code == 200
+            old = client.get(f"{base}/jobs/sync%7Bx%7D")  # an old bookmark
+            assert old.headers["location"] == f"{base}/schedules/_internal/sync%7Bx%7D"
 
 
 @pytest.mark.parametrize("moment", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59"])
@@ -176,9 +196,10 @@ def test_insecure_no_auth_is_refused_in_production(admin):
 
 
 def test_the_error_page_names_the_bad_field_for_a_malformed_job_id(admin):
-    response = admin.client.get("/admin/jobs/" + "x" * 201)
-    assert_admin_error_page(response, 422)
-    assert re.search(r"bad job_id", response.text)
+    for path in ("/admin/schedules/_internal/", "/admin/jobs/"):  # the old page's URL too
+        response = admin.client.get(path + "x" * 201)
+        assert_admin_error_page(response, 422)
+        assert re.search(r"bad job_id", response.text)
 
 
 TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -196,15 +217,15 @@ def confirm_form(page_text: str) -> tuple[str, list[tuple[str, str]]]:
 def test_pause_drains_asks_first_on_a_page_that_works_without_script(admin):
     rows_page = admin.client.get("/admin/outboxes/webhooks").text
     assert '<form method="get" action="/admin/outboxes/webhooks/pause"' in rows_page
-    confirm = admin.client.get("/admin/outboxes/webhooks/pause", params={"back": "jobs"})
+    confirm = admin.client.get("/admin/outboxes/webhooks/pause")
     assert confirm.status_code == 200 and "Pause the drains of webhooks?" in confirm.text
     assert admin.client.get("/admin/api/jobs").json()["jobs"][0]["paused"] is False  # asking changed nothing
     action, fields = confirm_form(confirm.text)
-    assert action == "/admin/outboxes/webhooks/pause" and ("back", "jobs") in fields
+    assert action == "/admin/outboxes/webhooks/pause"
     done = admin.client.post(action, data=dict(fields))
-    assert done.status_code == 303 and done.headers["location"] == "/admin/jobs"
+    assert done.status_code == 303 and done.headers["location"] == "/admin/outboxes/webhooks"
     assert admin.client.get("/admin/api/outboxes").json()["outboxes"][1]["paused"] is True
-    forged = admin.client.post(action, data={"back": "jobs"})  # the confirmation's form is CSRF-protected
+    forged = admin.client.post(action, data={})  # the confirmation's form is CSRF-protected
     assert forged.status_code == 403
 
 

@@ -35,7 +35,7 @@ def ids_of(page) -> list[int]:
 
 
 def test_every_page_has_the_search_box(admin):
-    for path in ("/admin/", "/admin/jobs", "/admin/audit", "/admin/outboxes/webhooks"):
+    for path in ("/admin/", "/admin/schedules", "/admin/audit", "/admin/outboxes/webhooks"):
         assert 'action="/admin/search"' in admin.client.get(path).text
 
 

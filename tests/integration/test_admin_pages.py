@@ -198,10 +198,11 @@ def test_bad_form_input_gets_a_clear_4xx_and_changes_nothing(admin):
     assert snapshot(admin.engine) == before
 
 
-def test_audit_and_jobs_pages_render(admin):
+def test_audit_and_schedules_pages_render(admin):
     (row_id,) = add_webhooks(admin.engine, 1, status="stuck")
     admin.client.post("/admin/api/outboxes/webhooks/reset", json={"ids": [row_id]})
     audit = admin.client.get("/admin/audit")
     assert audit.status_code == 200 and f"<td class=\"small\">{row_id}</td>" in audit.text
-    jobs = admin.client.get("/admin/jobs")
-    assert jobs.status_code == 200 and "outboxkit.drain.webhooks" in jobs.text and "every minute (UTC)" in jobs.text
+    schedules = admin.client.get("/admin/schedules")  # the kit's internal jobs are listed with the schedules
+    assert schedules.status_code == 200 and 'data-internal-job="outboxkit.drain.webhooks"' in schedules.text
+    assert "every minute (UTC)" in schedules.text

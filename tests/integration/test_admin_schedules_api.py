@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta, timezone
 
 import pytest
 from sqlalchemy import text
 
-from outboxkit import ManualClock
 from tests.support.admin import admin_database_url  # noqa: F401  (fixture)
-from tests.support.schedule_admin import ScheduleAdminApp, schedule_admin_app
+from tests.support.schedule_admin import (  # noqa: F401  (fixtures)
+    START,
+    ScheduleAdminApp,
+    schedule_admin,
+    schedule_admin_module,
+)
 
 UTC = timezone.utc
-START = datetime(2026, 3, 27, 12, 0, tzinfo=UTC)
 NIGHTLY = {
     "name": "partner.nightly",
     "trigger": {"kind": "cron", "fields": {"hour": 3, "minute": 30}, "timezone": "Europe/Berlin"},
@@ -23,17 +25,9 @@ NIGHTLY = {
 }
 
 
-@pytest.fixture(scope="module")
-def module_app(admin_database_url) -> Iterator[ScheduleAdminApp]:
-    with schedule_admin_app(admin_database_url, clock=ManualClock(START)) as app:
-        yield app
-
-
 @pytest.fixture
-def api(module_app: ScheduleAdminApp) -> ScheduleAdminApp:
-    module_app.clear()
-    module_app.kit.clock.set(START)  # type: ignore[attr-defined]
-    return module_app
+def api(schedule_admin: ScheduleAdminApp) -> ScheduleAdminApp:
+    return schedule_admin
 
 
 def state(api: ScheduleAdminApp) -> list[tuple[object, ...]]:

@@ -20,6 +20,10 @@ from outboxkit.settings import DEFAULT_ADVISORY_LOCK_KEY
 from tests.support.leadership import Recorder, holder_count, terminate_backend, wait_until
 from tests.support.models import SampleEvent
 
+# These tests exercise the elected scheduler's registry through kit.scheduler.add_job, deprecated but kept
+# working (tests/integration/test_scheduler_deprecation.py pins its warning).
+pytestmark = pytest.mark.filterwarnings("ignore:kit.scheduler.add_job is deprecated:DeprecationWarning")
+
 FAST = {"leader_tick_seconds": 0.1, "standby_probe_seconds": 0.2}
 
 

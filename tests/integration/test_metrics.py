@@ -32,6 +32,10 @@ from tests.support.models import SampleEvent
 from tests.support.receiver import Reply
 from tests.support.worker_app import metrics_port, worker_command
 
+# These tests exercise the elected scheduler's registry through kit.scheduler.add_job, deprecated but kept
+# working (tests/integration/test_scheduler_deprecation.py pins its warning).
+pytestmark = pytest.mark.filterwarnings("ignore:kit.scheduler.add_job is deprecated:DeprecationWarning")
+
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
 QUIET = {"drain_interval_seconds": 3600, "leader_tick_seconds": 3600, "standby_probe_seconds": 3600, "listen_enabled": False}

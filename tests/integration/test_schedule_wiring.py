@@ -334,6 +334,7 @@ def test_a_second_start_is_refused_and_a_stopped_loop_starts_again(engine):
     assert not kit.schedules.running and kit_threads() == []
 
 
+@pytest.mark.filterwarnings("ignore:kit.scheduler.add_job is deprecated:DeprecationWarning")
 def test_names_collide_with_neither_the_elected_jobs_nor_the_kits_own(engine):
     kit = make_kit(engine)
     kit.scheduler.add_job("billing.expire", nothing, every(minutes=5))

@@ -18,6 +18,10 @@ from outboxkit.storage.tables import job_runs
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 
+# These tests exercise the elected scheduler's registry through kit.scheduler.add_job, deprecated but kept
+# working (tests/integration/test_scheduler_deprecation.py pins its warning).
+pytestmark = pytest.mark.filterwarnings("ignore:kit.scheduler.add_job is deprecated:DeprecationWarning")
+
 UTC = timezone.utc
 QUIET = OutboxKitSettings(drain_interval_seconds=3600, listen_enabled=False, job_history_limit=10)
 

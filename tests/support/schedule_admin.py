@@ -6,16 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
+import pytest
 from exampleapp.admin_app import require_admin
 from exampleapp.models import WebhookOutbox
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
-from outboxkit import Clock, OutboxKit, OutboxKitSettings
+from outboxkit import Clock, ManualClock, OutboxKit, OutboxKitSettings
 from outboxkit.admin import create_admin_router
 from tests.support.admin import ADMIN_PASSWORD, ADMIN_USER
 from tests.support.database import sqlalchemy_url
@@ -23,6 +24,7 @@ from tests.support.models import ScheduledCall
 from tests.support.schedules import LOOPBACK_ALLOWED
 
 JOBS = ("record", "blocking", "failing")
+START = datetime(2026, 3, 27, 12, 0, tzinfo=timezone.utc)  # the ManualClock's time in the fixtures below
 CSRF_SECRET = "schedule-admin-tests-csrf-secret"
 
 
@@ -88,3 +90,18 @@ def kit_from_environment() -> OutboxKit:
     return OutboxKit(
         engine, [WebhookOutbox, ScheduledCall], settings=OutboxKitSettings(listen_enabled=False, url_allow_list=LOOPBACK_ALLOWED)
     )
+
+
+@pytest.fixture(scope="module")
+def schedule_admin_module(admin_database_url: str) -> Iterator[ScheduleAdminApp]:
+    """One schedule admin app per test module, on a ManualClock."""
+    with schedule_admin_app(admin_database_url, clock=ManualClock(START)) as app:
+        yield app
+
+
+@pytest.fixture
+def schedule_admin(schedule_admin_module: ScheduleAdminApp) -> ScheduleAdminApp:
+    """The module's app with empty schedule tables and run history, its clock back at ``START``."""
+    schedule_admin_module.clear()
+    schedule_admin_module.kit.clock.set(START)  # type: ignore[attr-defined]
+    return schedule_admin_module

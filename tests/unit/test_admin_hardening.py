@@ -49,7 +49,7 @@ def unreachable() -> TestClient:
         "/admin/outboxes/webhooks/rows/1",
         "/admin/outboxes/webhooks/bulk-reset",
         "/admin/audit",
-        "/admin/jobs",
+        "/admin/schedules",
         "/admin/destinations",
         "/admin/outboxes/webhooks/destination?name=http://127.0.0.1:9",
     ],

@@ -1,7 +1,7 @@
 """Triggers: the fire times of cron, every, calendar_interval and once, computed, never waited for.
 
 The DST table pins what each trigger does at both boundaries of daylight
-saving, in Europe/Berlin and America/New_York (2026), as docs/election.md
+saving, in Europe/Berlin and America/New_York (2026), as docs/schedules.md
 describes it:
 
 * Berlin: spring forward 29 March 01:00 UTC (02:00 CET becomes 03:00 CEST),
