@@ -286,6 +286,10 @@ class OutboxQueries:
         )
         self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
         self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
+        # Whether a destination of this outbox has a rate an operator set (outboxkit.destinations.limits), as the last
+        # earliest-due read found: the claim then takes tokens even if the class has no rate limit.  Until a read says
+        # so, the claim without tokens offers none of such a destination's rows, so no claim ever exceeds its rate.
+        self.operator_rates = False
         self._instances = RowInstances(outbox)
         self._width = len(table.c)
         self._park: TextClause = text(database_time_sql(PARK_EXHAUSTED.format(table=quoted)))
@@ -339,6 +343,7 @@ class OutboxQueries:
         }
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params.update(rate_parameters(limits))
+        rated = limits is not None or self.operator_rates
         cursor = cursor if cursor is not None else KeyCursor()
         params["after"] = cursor.after
         rows: list[Outbox] = []
@@ -349,7 +354,7 @@ class OutboxQueries:
         ):
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
-            rows, extras = self._run(connection, self._claim if limits is not None else self._unlimited_claim, params)
+            rows, extras = self._run(connection, self._claim if rated else self._unlimited_claim, params)
         cursor.alone = extras[0][2] if extras else None
         if extras:
             cursor.after = extras[0][1]
@@ -395,7 +400,11 @@ class OutboxQueries:
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params = {"outbox": self.job_name, "now": now, **rate_parameters(limits)}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        self.operator_rates = bool(found[1])  # the next claims take the tokens of the rates operators set
+        due: datetime | None = found[0]
+        return due
 
     def _driver_execute(self, connection: Connection, sql: str, params: dict[str, Any] | None) -> Any:
         """``sql`` on the psycopg connection under ``connection`` (a broken one is invalidated); the cursor.
