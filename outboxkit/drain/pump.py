@@ -361,7 +361,9 @@ class SendPump(Generic[ResultT]):
 
     def _earliest_due_on(self, connection: Connection) -> datetime | None:
         self.clock.refresh(connection)  # the loop's sleep is counted by the server's time (storage.database_time)
-        return self.queries.earliest_due(connection, now=self.clock.parameter(), rate_limit=self.options.rate_limit)
+        return self.queries.earliest_due(
+            connection, now=self.clock.parameter(), rate_limit=self.options.rate_limit, cursor=self.claimer.walk_cursor
+        )
 
     def _send_one(
         self,

@@ -32,6 +32,7 @@ keeps, and the drain's rules are meant to be read in one place.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +49,13 @@ from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.rate_limits import RateLimit
 from outboxkit.storage.array_literals import integer_array, text_array
 from outboxkit.storage.database_time import database_time_sql
-from outboxkit.storage.destination_claim import ALONE_WALKED_TO, alone_claim_sql, destination_claim_sql, earliest_due_sql
+from outboxkit.storage.destination_claim import (
+    ALONE_WALKED_TO,
+    OPERATOR_RATES,
+    alone_claim_sql,
+    destination_claim_sql,
+    earliest_due_sql,
+)
 from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
 from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
@@ -59,6 +66,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # A claim walks at most this many destinations (or keys) per row of its batch: one whose destinations are mostly
 # blocked or in backoff stops there with a short batch, and the next claim walks on from where it stopped.
 WALK_STEPS_PER_ROW = 4
+# How long an answer to "has an operator rated a destination of this outbox?" is trusted by a short claim without
+# tokens before it asks again (the drain loop's earliest-due reads answer it after nearly every claim anyway).
+OPERATOR_RATES_FRESH_SECONDS = 5.0
 
 # The claim: its candidates come from a walk over destinations (outboxkit.storage.destination_claim: blocked
 # destinations are not claimed, one probe per cool-down, a fair share per destination) or, with an ordering key,
@@ -285,11 +295,8 @@ class OutboxQueries:
             returned, outbox, dialect,
         )
         self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
+        self._operator_rates_sql = str(text(f"SELECT {OPERATOR_RATES}").compile(dialect=dialect))
         self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
-        # Whether a destination of this outbox has a rate an operator set (outboxkit.destinations.limits), as the last
-        # earliest-due read found: the claim then takes tokens even if the class has no rate limit.  Until a read says
-        # so, the claim without tokens offers none of such a destination's rows, so no claim ever exceeds its rate.
-        self.operator_rates = False
         self._instances = RowInstances(outbox)
         self._width = len(table.c)
         self._park: TextClause = text(database_time_sql(PARK_EXHAUSTED.format(table=quoted)))
@@ -343,8 +350,8 @@ class OutboxQueries:
         }
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params.update(rate_parameters(limits))
-        rated = limits is not None or self.operator_rates
         cursor = cursor if cursor is not None else KeyCursor()
+        rated = limits is not None or cursor.operator_rates
         params["after"] = cursor.after
         rows: list[Outbox] = []
         extras: list[tuple[Any, ...]] = []
@@ -355,6 +362,11 @@ class OutboxQueries:
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
             rows, extras = self._run(connection, self._claim if rated else self._unlimited_claim, params)
+            if not rated and len(rows) < limit and self._operator_rates_changed(connection, cursor):
+                # rows of a destination an operator rated were held back: the rest of the batch takes their tokens
+                more = {**params, "limit": limit - len(rows), "steps": (limit - len(rows)) * WALK_STEPS_PER_ROW}
+                more_rows, more_extras = self._run(connection, self._claim, more)
+                rows, extras = rows + more_rows, more_extras + extras  # the cursor moves as the later claim left it
         cursor.alone = extras[0][2] if extras else None
         if extras:
             cursor.after = extras[0][1]
@@ -376,6 +388,15 @@ class OutboxQueries:
             loaded = session.execute(statement.orm, params).all()
         return [values[0] for values in loaded], [tuple(values[1:]) for values in loaded]
 
+    def _operator_rates_changed(self, connection: Connection, cursor: KeyCursor) -> bool:
+        """After a short claim without tokens: whether operators' rates now exist where the cursor's last answer
+        (older than OPERATOR_RATES_FRESH_SECONDS; a fresh one is trusted) said none."""
+        if time.monotonic() - cursor.operator_rates_read_at < OPERATOR_RATES_FRESH_SECONDS:
+            return False
+        found = self._driver_execute(connection, self._operator_rates_sql, {"outbox": self.job_name}).fetchone()
+        _note_operator_rates(cursor, bool(found[0]))
+        return cursor.operator_rates
+
     def _probes(self) -> int:
         breaker = self.outbox.__outbox__.breaker
         return 1 if breaker is None else breaker.probes
@@ -389,20 +410,28 @@ class OutboxQueries:
         return result.rowcount
 
     def earliest_due(
-        self, connection: Connection, *, now: datetime | None, rate_limit: RateLimit | None | Literal["class"] = "class"
+        self,
+        connection: Connection,
+        *,
+        now: datetime | None,
+        rate_limit: RateLimit | None | Literal["class"] = "class",
+        cursor: KeyCursor | None = None,
     ) -> datetime | None:
         """The earliest time a claim could take a row, or None when there is none.
 
         A row of a blocked destination counts from when its destination may go again (its probe, the end of its
         slow-down; never while it is disabled), a row of a rate-limited one from its next token (``rate_limit``,
-        default: the class's); with an ordering key, a row waiting behind its key's head does not count.
+        default: the class's); with an ordering key, a row waiting behind its key's head does not count.  The read
+        also says whether an operator rated a destination of the outbox, which it notes on ``cursor`` (the drainer's),
+        so the drainer's next claims take tokens.
         """
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params = {"outbox": self.job_name, "now": now, **rate_parameters(limits)}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
         if found is None:
             return None
-        self.operator_rates = bool(found[1])  # the next claims take the tokens of the rates operators set
+        if cursor is not None:
+            _note_operator_rates(cursor, bool(found[1]))  # its next claims take the tokens of the rates operators set
         due: datetime | None = found[0]
         return due
 
@@ -469,6 +498,13 @@ class OutboxQueries:
         }
         cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
         return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def _note_operator_rates(cursor: KeyCursor, present: bool) -> None:
+    """Whether a destination has a rate an operator set (``outboxkit.destinations.limits``), as just read.  Until a
+    read says so, the claim without tokens offers none of such a destination's rows, so no claim exceeds its rate."""
+    cursor.operator_rates = present
+    cursor.operator_rates_read_at = time.monotonic()
 
 
 def rate_parameters(rate_limit: RateLimit | None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ serializes them (e.g. by locking the entity the key names before the insert).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,6 +294,10 @@ class KeyCursor:
 
     after: str | None = None
     alone: str | None = None  # the destination the previous unordered claim found alone (storage.destination_claim)
+    # Whether a destination of the outbox has a rate an operator set, as last read, and when (time.monotonic()):
+    # the drainer's claims then take tokens (storage.drain_queries, OutboxQueries.claim_due_rows).
+    operator_rates: bool = False
+    operator_rates_read_at: float = -math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from outboxkit import OutboxKit, OutboxKitSettings
 from outboxkit.breaker import destination_of
 from outboxkit.errors import InvalidValueError, UnknownDestinationError, UnknownOutboxError
 from outboxkit.operations.destination_limits import DestinationLimitOperations
+from outboxkit.storage import drain_queries
 from tests.support.leadership import wait_until
 from tests.support.models import SampleEvent
 from tests.support.receiver import Receiver, Reply
@@ -159,3 +160,52 @@ def test_reading_shows_the_operators_limits_beside_the_outboxs_own_and_an_unchan
     shown = limits.get("sample-events", destination)
     assert (shown.per_second, shown.cap, shown.updated_by) == (5.0, 3, "alice")
     assert [action for _, action, _ in audit(engine)] == ["destination_limit"]
+
+
+# -- in the claim itself, on the manual clock ----------------------------------------------------
+
+
+def set_limits(engine, outbox: str, destination: str, *, per_second=None, cap=None) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO outboxkit_destination_limits (outbox, destination, per_second, cap, updated_by) "
+            "VALUES (:outbox, :destination, :per_second, :cap, 'test') ON CONFLICT (outbox, destination) DO UPDATE "
+            "SET per_second = excluded.per_second, cap = excluded.cap"),
+            {"outbox": outbox, "destination": destination, "per_second": per_second, "cap": cap})
+
+
+def test_a_drain_call_outside_the_loop_takes_an_operators_rate_once_its_last_answer_is_old(
+    engine, make_drainer, clock, receiver, monkeypatch
+):
+    # A drainer trusts its last answer for OPERATOR_RATES_FRESH_SECONDS (5 s); here it is older at once.
+    monkeypatch.setattr(drain_queries, "OPERATOR_RATES_FRESH_SECONDS", 0.0)
+    enqueue(engine, receiver, 1)
+    drainer = make_drainer()  # the class has no rate limit: its claims take no tokens until one is set
+    assert drainer.drain().delivered == 1
+    set_limits(engine, "sample-events", destination_of(receiver.url), per_second=2)  # a burst of two
+    enqueue(engine, receiver, 5)
+    assert drainer.drain().delivered == 2  # the same call: the held-back rows are claimed with their tokens
+    assert pending(engine, destination_of(receiver.url)) == [(0, False)] * 3
+    clock.advance(seconds=0.5)
+    assert drainer.drain().delivered == 1
+
+
+def test_an_ordered_outboxs_heads_keep_under_an_operators_cap_even_alone(engine):
+    from tests.integration.test_destination_store import DEAD, NOW, claim_ordered, insert_ordered
+
+    insert_ordered(engine, [f"key-{n}" for n in range(6)], at=DEAD)
+    set_limits(engine, "ordered-events", DEAD, cap=2)
+    assert len(claim_ordered(engine, at=NOW)) == 2  # one destination alone, healthy: only the operator's cap holds it
+    assert claim_ordered(engine, at=NOW) == []  # both still in flight
+
+
+def test_an_unordered_destination_alone_keeps_under_an_operators_cap(engine):
+    from tests.integration.test_destination_store import DEAD, NOW, claim, insert_rows
+
+    insert_rows(engine, 6, at=DEAD)
+    set_limits(engine, "sample-events", DEAD, cap=3)
+    from outboxkit.storage.ordering import KeyCursor
+
+    cursor = KeyCursor(alone=DEAD)  # as after a claim that found it alone: the shortcut steps aside for its limits
+    assert len(claim(engine, at=NOW, cursor=cursor)) == 3
+    assert claim(engine, at=NOW, cursor=cursor) == []
