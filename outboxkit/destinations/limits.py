@@ -16,6 +16,10 @@ by key in its own statement (``outboxkit.storage.destination_claim``), and a
 change notifies the outbox's channel in its transaction, so every process's
 drain loop claims under the new limits as soon as it commits (a lost
 notification: at the loop's next claim, the safety-net drain at the latest).
+An outbox without a rate limit of its own claims without tokens until a
+drainer learns a destination has an operator's rate; until then it takes none
+of that destination's rows (``OutboxQueries.claim_due_rows`` says when it
+learns).
 
 The statements run in the caller's transaction; ``check_limits`` is the rule
 for the values, the same for the admin, the JSON API and the CLI.

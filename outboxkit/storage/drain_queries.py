@@ -333,7 +333,13 @@ class OutboxQueries:
         how many rows a destination whose cool-down is over sends as its
         probes (default: the class's ``BreakerOptions.probes``);
         ``rate_limit`` the destinations' rate limits (default: the class's),
-        whose tokens the claim takes.
+        whose tokens the claim takes.  An operator's limits of a destination
+        (``outboxkit.destinations.limits``) are read in the statement itself
+        and replace these for it.  Without a rate limit of the class the claim
+        takes no tokens unless ``cursor`` says an operator rated a destination
+        (noted by ``earliest_due``); a short claim without tokens whose cursor's
+        answer is older than ``OPERATOR_RATES_FRESH_SECONDS`` reads it again
+        and, if so, claims the rest of the batch with tokens.
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
