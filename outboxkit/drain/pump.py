@@ -271,7 +271,9 @@ class SendPump(Generic[ResultT]):
             # A held connection that died while the loop was idle is replaced and the claim made once more:
             # nothing was sent, and rows a lost claim took come due at its lease's end.
             rows, token, taken, orphaned = outcomes.run_reconnecting(
-                lambda connection: self.claimer.claim(granted, result, may_claim, connection)
+                lambda connection: self.claimer.claim(
+                    granted, result, may_claim, connection, due_read_follows=background is not None
+                )
             )
             deliveries, build_failures = self._build(rows)
         except BaseException:

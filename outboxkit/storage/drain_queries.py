@@ -316,6 +316,7 @@ class OutboxQueries:
         breaker: bool | None = None,
         probes: int | None = None,
         rate_limit: RateLimit | None | Literal["class"] = "class",
+        operator_rates_check: bool = True,
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
@@ -339,7 +340,8 @@ class OutboxQueries:
         takes no tokens unless ``cursor`` says an operator rated a destination
         (noted by ``earliest_due``); a short claim without tokens whose cursor's
         answer is older than ``OPERATOR_RATES_FRESH_SECONDS`` reads it again
-        and, if so, claims the rest of the batch with tokens.
+        and, if so, claims the rest of the batch with tokens (not with
+        ``operator_rates_check=False``: the drain loop's due read tells it).
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -368,7 +370,7 @@ class OutboxQueries:
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
             rows, extras = self._run(connection, self._claim if rated else self._unlimited_claim, params)
-            if not rated and len(rows) < limit and self._operator_rates_changed(connection, cursor):
+            if not rated and operator_rates_check and len(rows) < limit and self._operator_rates_changed(connection, cursor):
                 # rows of a destination an operator rated were held back: the rest of the batch takes their tokens
                 more = {**params, "limit": limit - len(rows), "steps": (limit - len(rows)) * WALK_STEPS_PER_ROW}
                 more_rows, more_extras = self._run(connection, self._claim, more)
