@@ -224,13 +224,15 @@ class ScheduleDeclaredInCode(OutboxKitError):
 class UnknownDestinationError(OutboxKitError, LookupError):
     """An operator named a destination that has no state in that outbox (a typo, or one that never failed)."""
 
-    def __init__(self, outbox: str, destination: str, known: list[str]) -> None:
+    def __init__(
+        self, outbox: str, destination: str, known: list[str],
+        *, why: str = "a destination is listed once it has failed (or was disabled)",
+    ) -> None:
         self.outbox = outbox
         self.destination = destination
         shown = ", ".join(repr(name) for name in known[:10]) + (", ..." if len(known) > 10 else "")
         super().__init__(
-            f"outbox {outbox!r} has no destination {destination[:300]!r}: a destination is listed once it has failed "
-            f"(or was disabled); nothing was changed. "
+            f"outbox {outbox!r} has no destination {destination[:300]!r}: {why}; nothing was changed. "
             + (f"Its destinations: {shown}." if known else "It has none yet.")
         )
 

@@ -8,6 +8,7 @@
     POST /outboxes/{outbox}/destination/probe           form: destination (CSRF)
     GET  /outboxes/{outbox}/destination/disable?name=   asks first (changes nothing); its form posts the disable
     POST /outboxes/{outbox}/destination/disable         form: destination (CSRF)
+    POST /outboxes/{outbox}/destination/limits          form: destination, per_second, cap (blank: the outbox's own; CSRF)
 
 The name travels as a query or form field, not in the path: a destination's
 name is a URL (``https://billing.internal:443``) or whatever the outbox named
@@ -17,6 +18,10 @@ drains" does, since it stops every send to a receiver.  The actions follow
 the pages' discipline (``outboxkit.admin.page_frame``): CSRF checked before
 anything is read, a 303 back to the destination's page with a signed flash
 notice, refusals (an unknown outbox or destination: 404) as the error page.
+The limits form sets both limits at once (``outboxkit.operations.destination_limits``):
+a blank field is the outbox's own, so blanking both clears them; a value that
+is not a positive number (or, for the cap, a whole one) is refused (422) and
+changes nothing.
 """
 
 
@@ -34,6 +39,7 @@ from outboxkit.admin.flash import Flash, FlashKind
 from outboxkit.admin.page_frame import PageRoutes
 from outboxkit.admin.page_inputs import form_text
 from outboxkit.errors import PageInputError
+from outboxkit.operations.destination_limits import limit_from_text
 from outboxkit.operations.destinations import DestinationActionResult
 
 __all__ = ["add_destination_pages"]
@@ -52,6 +58,7 @@ def add_destination_pages(routes: PageRoutes) -> None:
     add_destination_action(routes, "probe", operations.probe)
     add_destination_action(routes, "disable", operations.disable)
     add_disable_confirm(routes)
+    add_destination_limits(routes)
 
 
 def add_destination_list(routes: PageRoutes) -> None:
@@ -71,7 +78,8 @@ def add_destination_detail(routes: PageRoutes) -> None:
     def destination(request: Request, outbox: OutboxName, who: Actor, name: DestinationName = "") -> Response:
         def build() -> Response:
             found = operations.one(outbox, name)  # UnknownOutboxError, UnknownDestinationError: 404
-            return frame.render(request, who, "destination.html", destination=found)
+            limits = routes.service.destination_limits.get(outbox, name)
+            return frame.render(request, who, "destination.html", destination=found, limits=limits)
 
         return frame.guarded(request, who, build)
 
@@ -128,3 +136,29 @@ def add_disable_confirm(routes: PageRoutes) -> None:
             )
 
         return frame.guarded(request, who, build)
+
+
+def add_destination_limits(routes: PageRoutes) -> None:
+    """The limits form on a destination's page: both limits set at once, then back to its page."""
+    frame, limits = routes.frame, routes.service.destination_limits
+    Actor = Annotated[str, Depends(routes.actor)]
+
+    async def set_limits(request: Request, outbox: OutboxName, who: Actor) -> Response:
+        def build(form: FormData) -> Response:
+            name = _destination_field(form)
+            per_second = limit_from_text(form_text(form, "per_second"), "rate limit (requests per second)", whole=False)
+            cap = limit_from_text(form_text(form, "cap"), "cap (sends in flight)", whole=True)
+            result = limits.set(outbox, name, per_second=per_second, cap=cap, actor=who)
+            kind: FlashKind = (
+                "destination_limits_unchanged" if not result.changed
+                else "destination_limits_cleared" if result.action == "destination_limit_clear"
+                else "destination_limits_set"
+            )
+            back = frame.url(request, "destination", {"name": name}, outbox=outbox)
+            return frame.redirect(request, who, back, Flash(kind=kind))
+
+        return await frame.post_action(request, who, build)
+
+    routes.router.add_api_route(
+        "/outboxes/{outbox}/destination/limits", set_limits, methods=["POST"], name="outboxkit_admin_destination_limits"
+    )

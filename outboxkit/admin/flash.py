@@ -48,6 +48,7 @@ FlashKind = Literal[
     "reset", "retry_now", "unchanged", "reset_many", "retry_many",
     "paused", "resumed", "drain_now", "resumed_drain_now", "already", "replayed", "reset_partial",
     "destination_resumed", "destination_disabled", "destination_probed", "destination_unchanged", "skipped",
+    "destination_limits_set", "destination_limits_cleared", "destination_limits_unchanged",
     "discarded", "discard_many", "discard_partial",
     "schedule_created", "schedule_edited", "schedule_enabled", "schedule_disabled", "schedule_run_now", "schedule_deleted",
     "subscription_created", "subscription_edited", "subscription_enabled", "subscription_disabled", "subscription_deleted",
@@ -71,6 +72,9 @@ _KINDS: tuple[str, ...] = (
     "destination_probed",
     "destination_unchanged",
     "skipped",
+    "destination_limits_set",
+    "destination_limits_cleared",
+    "destination_limits_unchanged",
     "discarded",
     "discard_many",
     "discard_partial",
@@ -162,6 +166,12 @@ def _destination_message(kind: str, count: int) -> str:
         return "Disabled: nothing is sent to this destination, not even a probe, until it is resumed."
     if kind == "destination_probed":
         return f"The cool-down ends now: the next row claimed goes as the probe ({count:,} row(s) were waiting)."
+    if kind == "destination_limits_set":
+        return "Limits saved: every drain claims under them from its next claim (the drains are woken now)."
+    if kind == "destination_limits_cleared":
+        return "Limits cleared: the outbox's own limits from code and settings apply again (the drains are woken now)."
+    if kind == "destination_limits_unchanged":
+        return "Nothing to do: the destination's limits were these already."
     return "Nothing to do: the destination was not in a state this action applies to (its status is below)."
 
 

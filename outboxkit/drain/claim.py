@@ -113,6 +113,8 @@ class Claimer:
         result: DrainCounts,
         may_claim: Callable[[], bool] | None = None,
         connection: Connection | None = None,
+        *,
+        due_read_follows: bool = False,
     ) -> tuple[list[Outbox], uuid.UUID, int, bool]:
         """One committed statement (see the module): take up to ``wanted`` due rows.
 
@@ -126,6 +128,10 @@ class Claimer:
         asked again after the claim's time is fixed (a test's ``ManualClock`` is read before it) and just
         before the statement, so a stop that was handled before it always prevents the claim; in
         production the claim's time is the server's at the statement, a round trip later.
+
+        ``due_read_follows``: the drain loop reads the next due time after a short claim, which also says whether an
+        operator rated a destination (``OutboxQueries.earliest_due``), so the claim does not ask it itself and adds no
+        round trip before the sends.
 
         Returns (rows to send, token, rows taken, whether the claim took an orphaned row alone).
         """
@@ -147,7 +153,7 @@ class Claimer:
                 connection, now=now, lease_seconds=lease.total_seconds(), limit=wanted, token=token,
                 cursor=self.walk_cursor, cap=self.options.destination_cap, breaker=self.options.breaker is not None,
                 probes=self.options.breaker.probes if self.options.breaker is not None else 1,
-                rate_limit=self.options.rate_limit,
+                rate_limit=self.options.rate_limit, operator_rates_check=not due_read_follows,
             )
             if rows and rows[0].claimed_until is not None:
                 self.clock.observe(rows[0].claimed_until - lease, sent_at=sent_at)  # the server's time of the claim, for free

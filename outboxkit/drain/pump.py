@@ -272,7 +272,9 @@ class SendPump(Generic[ResultT]):
             # A held connection that died while the loop was idle is replaced and the claim made once more:
             # nothing was sent, and rows a lost claim took come due at its lease's end.
             rows, token, taken, orphaned = outcomes.run_reconnecting(
-                lambda connection: self.claimer.claim(granted, result, may_claim, connection)
+                lambda connection: self.claimer.claim(
+                    granted, result, may_claim, connection, due_read_follows=background is not None
+                )
             )
             deliveries, build_failures = self._build(rows)
         except BaseException:
@@ -362,7 +364,9 @@ class SendPump(Generic[ResultT]):
 
     def _earliest_due_on(self, connection: Connection) -> datetime | None:
         self.clock.refresh(connection)  # the loop's sleep is counted by the server's time (storage.database_time)
-        return self.queries.earliest_due(connection, now=self.clock.parameter(), rate_limit=self.options.rate_limit)
+        return self.queries.earliest_due(
+            connection, now=self.clock.parameter(), rate_limit=self.options.rate_limit, cursor=self.claimer.walk_cursor
+        )
 
     def _send_one(
         self,

@@ -40,6 +40,7 @@ from sqlalchemy import Connection
 
 from outboxkit.breaker import DESTINATION_NAME_LIMIT as NAME_LIMIT
 from outboxkit.breaker import DestinationState, Status
+from outboxkit.destinations.limits import is_known
 from outboxkit.destinations.store import DestinationStore
 from outboxkit.destinations.views import (
     DestinationView,
@@ -103,6 +104,10 @@ class DestinationModel(BaseModel):
         "back or is disabled."
     )
     changed_by: str | None = Field(description="What last opened, disabled or resumed it.")
+    stored: bool = Field(
+        default=True,
+        description="Whether it has a stored state; one without (it never failed) is healthy, and only its limits can change.",
+    )
 
 
 class OutboxDestinations(BaseModel):
@@ -157,10 +162,18 @@ class DestinationOperations:
             return self._outbox_destinations(connection, outbox, self.kit.clock.now())
 
     def one(self, outbox_name: str, destination: str) -> DestinationModel:
-        """One destination; ``UnknownDestinationError`` when it has no state."""
+        """One destination; one without a stored state is healthy (``stored: false``) if the outbox knows it otherwise
+        (``outboxkit.destinations.limits.is_known``), else ``UnknownDestinationError``."""
         outbox = self.kit.outbox(outbox_name)
         now = self.kit.clock.now()
         with self.kit.operator_database.connect() as connection:
+            if could_be_a_name(destination) and read_state(connection, outbox, destination) is None and is_known(
+                connection, outbox, destination
+            ):  # it never failed, but has rows, a rate or limits: healthy, with its limits to set
+                state = DestinationState(outbox=outbox.__outbox__.job_name, destination=destination)
+                return _model(DestinationView(state=state, waiting_rows=0, waiting_rows_at_least=False), now).model_copy(
+                    update={"stored": False}
+                )
             state = self._state(connection, outbox, destination)
             count = waiting_rows(connection, outbox, state, now=now, cap=DUE_COUNT_CAP)
         view = DestinationView(state=state, waiting_rows=min(count, DUE_COUNT_CAP), waiting_rows_at_least=count > DUE_COUNT_CAP)
@@ -226,7 +239,7 @@ class DestinationOperations:
     # -- plumbing ------------------------------------------------------------
 
     def _state(self, connection: Connection, outbox: type[Outbox], destination: str, *, lock: bool = False) -> DestinationState:
-        state = read_state(connection, outbox, destination, lock=lock) if _could_be_a_name(destination) else None
+        state = read_state(connection, outbox, destination, lock=lock) if could_be_a_name(destination) else None
         if state is None:
             listed = destination_views(connection, outbox, now=self.kit.clock.now(), cap=0, limit=11)
             raise UnknownDestinationError(outbox.__outbox__.job_name, destination, [view.state.destination for view in listed])
@@ -307,7 +320,7 @@ def _model(view: DestinationView, now: datetime) -> DestinationModel:
     )
 
 
-def _could_be_a_name(destination: str) -> bool:
+def could_be_a_name(destination: str) -> bool:
     """Whether ``destination`` could name a stored destination: 1 to ``NAME_LIMIT`` characters PostgreSQL can
     hold as text (no NUL, no lone surrogate).  Any other name is unknown without asking the database."""
     if not 0 < len(destination) <= NAME_LIMIT or "\x00" in destination:

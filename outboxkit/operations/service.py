@@ -43,6 +43,7 @@ from outboxkit.operations.bulk_reset import REQUEST_SECONDS, BulkReset, discard_
 from outboxkit.operations.charts import WINDOWS, recent
 from outboxkit.operations.controls import OutboxControls, record_audit
 from outboxkit.operations.cursor import InvalidCursor, decode_cursor, encode_cursor
+from outboxkit.operations.destination_limits import DestinationLimitOperations
 from outboxkit.operations.destinations import DestinationOperations
 from outboxkit.operations.export import RowExport
 from outboxkit.operations.history import row_attempts
@@ -108,6 +109,7 @@ class OperationsService:
         self.exports = RowExport(kit)  # stream rows as NDJSON or CSV (outboxkit.operations.export)
         self.bulk_reset = BulkReset(kit)  # reset all matching, in batches
         self.destinations = DestinationOperations(kit)  # destinations: state, resume, disable, probe now
+        self.destination_limits = DestinationLimitOperations(kit)  # an operator's rate limit and cap of a destination
         self.ordered_keys = OrderedKeys(kit)  # stuck heads of ordered keys, and the skip
 
     @property

@@ -43,6 +43,13 @@ once and nothing claimed has to be given back:
   in the same statement under the bucket row's lock (``_RATES``); rows
   over the rate are not claimed, and nothing is given back.
 
+* **An operator's limits.**  A rate or a cap an operator set on one
+  destination while the kit runs (``outboxkit_destination_limits``,
+  ``outboxkit.destinations.limits``) is read by key in the same statement and
+  replaces the outbox's own for that destination: the rate in the bucket's
+  refill, the cap as a hard cap on its live claims at all times.  Every claim
+  reads it, so a change holds from the next claim of every process.
+
 A destination's state is read by its key (the table's primary key), only
 for the destinations walked, so the claim's cost follows the destinations
 with pending rows, never the number of states stored.
@@ -53,12 +60,15 @@ from __future__ import annotations
 __all__ = [
     "ALONE_WALKED_TO",
     "BLOCKED",
+    "LIMITS",
+    "OPERATOR_RATES",
     "PROBE_DUE",
     "alone_claim_sql",
     "blocked_wakeups_sql",
     "destination_claim_sql",
     "earliest_due_sql",
     "look_sql",
+    "operator_room_sql",
     "probe_sql",
     "rates_sql",
     "room_sql",
@@ -93,7 +103,14 @@ _SLOW = """EXISTS (SELECT FROM {table} WHERE claimed_until > :now
         AND claimed_until < CAST(:lease_until AS timestamptz) - interval '1 second'
         AND status = 'pending' AND destination = {current})"""
 _LIVE = "(SELECT count(*) FROM {table} WHERE claimed_until > :now AND status = 'pending' AND destination = {current})"
-_ROOM = "CASE WHEN {suspect} OR {slow} THEN greatest(0, :cap - {live}) ELSE :limit END"
+_ROOM = "COALESCE({operator_room}, CASE WHEN {suspect} OR {slow} THEN greatest(0, :cap - {live}) ELSE :limit END)"
+
+# An operator's limits of the destination {current} (``outboxkit.destinations.limits``), read by key: NULL without
+# one.  An operator's cap replaces the rule above for its destination and holds at all times (suspect or proven,
+# alone in the walk or not): its room is the cap less its live claims, counted only when it has a cap.
+LIMITS = "outboxkit_destination_limits"
+_OPERATOR_ROOM = """(SELECT CASE WHEN operator.cap IS NOT NULL THEN greatest(0, operator.cap - {live}) END
+        FROM {limits} AS operator WHERE operator.outbox = :outbox AND operator.destination = {current})"""
 
 # One walk step's view of the destination {current}: its state (by key) and whether it has a due row.
 _LOOK = """CROSS JOIN LATERAL (
@@ -150,7 +167,8 @@ _UNORDERED_PROBE_ROWS = """SELECT rows.id FROM opened_probes CROSS JOIN LATERAL 
 _TURNS = """, shares AS (
     SELECT max(found) AS found, ceil(CAST(:limit AS numeric) / greatest(1, max(found)))::int AS rows FROM walk
 ), wants AS MATERIALIZED (
-    SELECT walk.destination, CASE WHEN shares.found > 1 THEN least(shares.rows, {room}) ELSE :limit END AS take
+    SELECT walk.destination,
+           CASE WHEN shares.found > 1 THEN least(shares.rows, {room}) ELSE COALESCE({operator_room}, :limit) END AS take
     FROM walk CROSS JOIN shares WHERE walk.may_go
 ){rates}, turns AS (
     SELECT pick.id, pick.next_attempt_at, pick.claim_token, wants.destination,
@@ -182,7 +200,8 @@ WALKED_TO = """(SELECT destination FROM walk WHERE step > 0 ORDER BY step DESC L
 # The common case, cheap: the destination :alone (found alone by the previous claim) is still the only one with
 # pending rows (two probes of the destination index, one per end), no undecided row is pending, and its state does
 # not block it (so it has no probe due either).  Then its due rows are claimed as the walk would claim them (a
-# destination alone is not capped), by a statement a fraction of the walk's size to plan.  Otherwise the statement
+# destination alone is not capped unless an operator capped it: one with an operator's limits takes the walk), by a
+# statement a fraction of the walk's size to plan.  Otherwise the statement
 # claims nothing and the caller runs the walk.
 _ALONE_CANDIDATES = """
 WITH alone AS (
@@ -193,6 +212,7 @@ WITH alone AS (
            ORDER BY destination DESC LIMIT 1) = :alone
       AND NOT EXISTS (SELECT FROM {table} WHERE status = 'pending' AND destination IS NULL)
       AND NOT EXISTS (SELECT FROM {states} AS state WHERE state.outbox = :outbox AND state.destination = :alone AND {blocked})
+      AND NOT EXISTS (SELECT FROM {limits} AS operator WHERE operator.outbox = :outbox AND operator.destination = :alone)
 ), probes AS (
     SELECT CAST(NULL AS bigint) AS id WHERE false
 ), candidates AS (
@@ -206,8 +226,11 @@ ALONE_WALKED_TO = "CAST(:after AS text) AS outboxkit_walked_to, CAST(:alone AS t
 
 
 # Rate limits (``OutboxOptions.rate_limit``, ``outboxkit.rate_limits``), in the claim too.  A destination's limit in
-# requests per second, or NULL: its own (:rate_names, :rate_values) or the outbox's for every destination (:rate_default).
+# requests per second, or NULL: an operator's (``outboxkit.destinations.limits``), its own from code and settings
+# (:rate_names, :rate_values) or the outbox's for every destination (:rate_default).
 _PER_SECOND = """COALESCE(
+        (SELECT operator.per_second FROM outboxkit_destination_limits AS operator
+         WHERE operator.outbox = :outbox AND operator.destination = {current}),
         (SELECT named.per_second FROM unnest(CAST(:rate_names AS text[]), CAST(:rate_values AS float8[]))
              AS named(destination, per_second) WHERE named.destination = {current}),
         CAST(:rate_default AS float8))"""
@@ -257,15 +280,23 @@ _TOKEN_DUE = """(SELECT rate.refilled_at + (1 - rate.tokens) / limits.per_second
           AND limits.per_second IS NOT NULL)"""
 
 
-# An outbox without a rate limit runs a claim without them: no destination has tokens to count.
-_NO_RATES = ", grants AS (SELECT CAST(NULL AS varchar) AS destination, 0 AS granted WHERE false)"
+# An outbox without a rate limit runs a claim without them: no destination has tokens to count, but a destination an
+# operator gave a rate (one PK read per destination offering rows) offers none, so this claim never exceeds it; the
+# earliest-due read says the outbox has such rates (OPERATOR_RATES), and its next claims take their tokens.
+_NO_RATES = """, grants AS (SELECT wants.destination, 0 AS granted FROM ({wants}) AS wants
+    WHERE EXISTS (SELECT FROM outboxkit_destination_limits AS operator
+                  WHERE operator.outbox = :outbox AND operator.destination = wants.destination
+                    AND operator.per_second IS NOT NULL))"""
+# Whether any destination of the outbox has a rate an operator set (the earliest-due read's second column).
+OPERATOR_RATES = """EXISTS (SELECT FROM outboxkit_destination_limits AS operator
+        WHERE operator.outbox = :outbox AND operator.per_second IS NOT NULL)"""
 
 
 def rates_sql(wants: str, wanted: str, *, rate_limits: bool = True) -> str:
-    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers (none
-    without ``rate_limits``)."""
+    """The rate limits' CTEs (``grants``: destination, granted) for the destinations ``wants`` offers (without
+    ``rate_limits``: none, but those an operator gave a rate offer nothing)."""
     if not rate_limits:
-        return _NO_RATES
+        return _NO_RATES.format(wants=wants)
     return _RATES.format(wants=wants, wanted=wanted, per_second=_PER_SECOND.format(current="wants.destination"), rates=RATES)
 
 
@@ -276,7 +307,7 @@ def token_due_sql(current: str) -> str:
 
 def alone_claim_sql(table: str) -> str:
     """``_ALONE_CANDIDATES`` for a quoted table (parameters: now, limit, outbox, alone)."""
-    return _ALONE_CANDIDATES.format(table=table, states=STATES, blocked=BLOCKED)
+    return _ALONE_CANDIDATES.format(table=table, states=STATES, blocked=BLOCKED, limits=LIMITS)
 
 
 def look_sql(table: str, current: str) -> str:
@@ -290,8 +321,14 @@ def room_sql(table: str, current: str, suspect: str) -> str:
     """How many more rows of the destination ``current`` may be claimed now (``_ROOM``); ``suspect`` says whether
     its state makes it suspect."""
     return _ROOM.format(
-        suspect=suspect, slow=_SLOW.format(table=table, current=current), live=_LIVE.format(table=table, current=current)
+        suspect=suspect, slow=_SLOW.format(table=table, current=current), live=_LIVE.format(table=table, current=current),
+        operator_room=operator_room_sql(table, current),
     )
+
+
+def operator_room_sql(table: str, current: str) -> str:
+    """How many more rows of the destination ``current`` its operator's cap lets a claim take now (NULL: no cap)."""
+    return _OPERATOR_ROOM.format(limits=LIMITS, live=_LIVE.format(table=table, current=current), current=current)
 
 
 def probe_sql(pick: str, probe_rows: str) -> str:
@@ -311,7 +348,8 @@ def destination_claim_sql(table: str, *, rate_limits: bool = True) -> str:
     probes = probe_sql(_UNORDERED_PICK.format(table=table), _UNORDERED_PROBE_ROWS.format(table=table))
     rates = rates_sql("SELECT destination, take FROM wants", _WANTED.format(table=table), rate_limits=rate_limits)
     return walk + probes + _TURNS.format(
-        table=table, room=room_sql(table, "walk.destination", "walk.suspect"), rates=rates
+        table=table, room=room_sql(table, "walk.destination", "walk.suspect"), rates=rates,
+        operator_room=operator_room_sql(table, "walk.destination"),
     )
 
 
@@ -331,7 +369,7 @@ WITH RECURSIVE walk(destination) AS (
             ORDER BY destination LIMIT 1)
     FROM walk WHERE walk.destination IS NOT NULL
 )
-SELECT min(due) FROM (
+SELECT min(due), {operator_rates} FROM (
     (SELECT next_attempt_at AS due FROM {table} WHERE status = 'pending' AND destination IS NULL
      ORDER BY destination, next_attempt_at, id LIMIT 1)
   UNION ALL
@@ -373,5 +411,7 @@ def blocked_wakeups_sql(table: str) -> str:
 
 
 def earliest_due_sql(table: str) -> str:
-    """``EARLIEST_DUE`` for a quoted table (parameter: outbox)."""
-    return EARLIEST_DUE.format(table=table, states=STATES, token_due=token_due_sql("walk.destination"))
+    """``EARLIEST_DUE`` for a quoted table (parameter: outbox); its second column is ``OPERATOR_RATES``."""
+    return EARLIEST_DUE.format(
+        table=table, states=STATES, token_due=token_due_sql("walk.destination"), operator_rates=OPERATOR_RATES
+    )

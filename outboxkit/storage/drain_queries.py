@@ -32,6 +32,7 @@ keeps, and the drain's rules are meant to be read in one place.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +49,13 @@ from outboxkit.model import LAST_ERROR_LIMIT, Outbox
 from outboxkit.rate_limits import RateLimit
 from outboxkit.storage.array_literals import integer_array, text_array
 from outboxkit.storage.database_time import database_time_sql
-from outboxkit.storage.destination_claim import ALONE_WALKED_TO, alone_claim_sql, destination_claim_sql, earliest_due_sql
+from outboxkit.storage.destination_claim import (
+    ALONE_WALKED_TO,
+    OPERATOR_RATES,
+    alone_claim_sql,
+    destination_claim_sql,
+    earliest_due_sql,
+)
 from outboxkit.storage.destination_claim import WALKED_TO as DESTINATIONS_WALKED_TO
 from outboxkit.storage.ordering import KeyCursor, OrderedStatements, ordered_statements
 from outboxkit.storage.per_outbox import PerOutbox
@@ -59,6 +66,9 @@ __all__ = ["OutboxQueries", "queries_for"]
 # A claim walks at most this many destinations (or keys) per row of its batch: one whose destinations are mostly
 # blocked or in backoff stops there with a short batch, and the next claim walks on from where it stopped.
 WALK_STEPS_PER_ROW = 4
+# How long an answer to "has an operator rated a destination of this outbox?" is trusted by a short claim without
+# tokens before it asks again (the drain loop's earliest-due reads answer it after nearly every claim anyway).
+OPERATOR_RATES_FRESH_SECONDS = 5.0
 
 # The claim: its candidates come from a walk over destinations (outboxkit.storage.destination_claim: blocked
 # destinations are not claimed, one probe per cool-down, a fair share per destination) or, with an ordering key,
@@ -285,6 +295,7 @@ class OutboxQueries:
             returned, outbox, dialect,
         )
         self._earliest_due_driver_sql = str(earliest_due.compile(dialect=dialect))
+        self._operator_rates_sql = str(text(f"SELECT {OPERATOR_RATES}").compile(dialect=dialect))
         self._prepare = True if prepared_statements else None  # None: the engine's prepare_threshold decides
         self._instances = RowInstances(outbox)
         self._width = len(table.c)
@@ -305,6 +316,7 @@ class OutboxQueries:
         breaker: bool | None = None,
         probes: int | None = None,
         rate_limit: RateLimit | None | Literal["class"] = "class",
+        operator_rates_check: bool = True,
     ) -> tuple[list[Outbox], bool]:
         """Claim up to ``limit`` due rows on ``connection`` (its own transaction in AUTOCOMMIT mode).
 
@@ -322,7 +334,14 @@ class OutboxQueries:
         how many rows a destination whose cool-down is over sends as its
         probes (default: the class's ``BreakerOptions.probes``);
         ``rate_limit`` the destinations' rate limits (default: the class's),
-        whose tokens the claim takes.
+        whose tokens the claim takes.  An operator's limits of a destination
+        (``outboxkit.destinations.limits``) are read in the statement itself
+        and replace these for it.  Without a rate limit of the class the claim
+        takes no tokens unless ``cursor`` says an operator rated a destination
+        (noted by ``earliest_due``); a short claim without tokens whose cursor's
+        answer is older than ``OPERATOR_RATES_FRESH_SECONDS`` reads it again
+        and, if so, claims the rest of the batch with tokens (not with
+        ``operator_rates_check=False``: the drain loop's due read tells it).
 
         The statement runs on the psycopg connection under ``connection``
         and its rows become detached instances without a Session
@@ -340,6 +359,7 @@ class OutboxQueries:
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params.update(rate_parameters(limits))
         cursor = cursor if cursor is not None else KeyCursor()
+        rated = limits is not None or cursor.operator_rates
         params["after"] = cursor.after
         rows: list[Outbox] = []
         extras: list[tuple[Any, ...]] = []
@@ -349,7 +369,12 @@ class OutboxQueries:
         ):
             rows, extras = self._run(connection, self._alone, {**params, "alone": cursor.alone})
         if not rows:
-            rows, extras = self._run(connection, self._claim if limits is not None else self._unlimited_claim, params)
+            rows, extras = self._run(connection, self._claim if rated else self._unlimited_claim, params)
+            if not rated and operator_rates_check and len(rows) < limit and self._operator_rates_changed(connection, cursor):
+                # rows of a destination an operator rated were held back: the rest of the batch takes their tokens
+                more = {**params, "limit": limit - len(rows), "steps": (limit - len(rows)) * WALK_STEPS_PER_ROW}
+                more_rows, more_extras = self._run(connection, self._claim, more)
+                rows, extras = rows + more_rows, more_extras + extras  # the cursor moves as the later claim left it
         cursor.alone = extras[0][2] if extras else None
         if extras:
             cursor.after = extras[0][1]
@@ -371,6 +396,15 @@ class OutboxQueries:
             loaded = session.execute(statement.orm, params).all()
         return [values[0] for values in loaded], [tuple(values[1:]) for values in loaded]
 
+    def _operator_rates_changed(self, connection: Connection, cursor: KeyCursor) -> bool:
+        """After a short claim without tokens: whether operators' rates now exist where the cursor's last answer
+        (older than OPERATOR_RATES_FRESH_SECONDS; a fresh one is trusted) said none."""
+        if time.monotonic() - cursor.operator_rates_read_at < OPERATOR_RATES_FRESH_SECONDS:
+            return False
+        found = self._driver_execute(connection, self._operator_rates_sql, {"outbox": self.job_name}).fetchone()
+        _note_operator_rates(cursor, bool(found[0]))
+        return cursor.operator_rates
+
     def _probes(self) -> int:
         breaker = self.outbox.__outbox__.breaker
         return 1 if breaker is None else breaker.probes
@@ -384,18 +418,30 @@ class OutboxQueries:
         return result.rowcount
 
     def earliest_due(
-        self, connection: Connection, *, now: datetime | None, rate_limit: RateLimit | None | Literal["class"] = "class"
+        self,
+        connection: Connection,
+        *,
+        now: datetime | None,
+        rate_limit: RateLimit | None | Literal["class"] = "class",
+        cursor: KeyCursor | None = None,
     ) -> datetime | None:
         """The earliest time a claim could take a row, or None when there is none.
 
         A row of a blocked destination counts from when its destination may go again (its probe, the end of its
         slow-down; never while it is disabled), a row of a rate-limited one from its next token (``rate_limit``,
-        default: the class's); with an ordering key, a row waiting behind its key's head does not count.
+        default: the class's); with an ordering key, a row waiting behind its key's head does not count.  The read
+        also says whether an operator rated a destination of the outbox, which it notes on ``cursor`` (the drainer's),
+        so the drainer's next claims take tokens.
         """
         limits = self.outbox.__outbox__.rate_limit if rate_limit == "class" else rate_limit
         params = {"outbox": self.job_name, "now": now, **rate_parameters(limits)}
         found = self._driver_execute(connection, self._earliest_due_driver_sql, params).fetchone()
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        if cursor is not None:
+            _note_operator_rates(cursor, bool(found[1]))  # its next claims take the tokens of the rates operators set
+        due: datetime | None = found[0]
+        return due
 
     def _driver_execute(self, connection: Connection, sql: str, params: dict[str, Any] | None) -> Any:
         """``sql`` on the psycopg connection under ``connection`` (a broken one is invalidated); the cursor.
@@ -460,6 +506,13 @@ class OutboxQueries:
         }
         cursor = driver.execute(self._record_group, params, prepare=self.prepared_statements)
         return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def _note_operator_rates(cursor: KeyCursor, present: bool) -> None:
+    """Whether a destination has a rate an operator set (``outboxkit.destinations.limits``), as just read.  Until a
+    read says so, the claim without tokens offers none of such a destination's rows, so no claim exceeds its rate."""
+    cursor.operator_rates = present
+    cursor.operator_rates_read_at = time.monotonic()
 
 
 def rate_parameters(rate_limit: RateLimit | None) -> dict[str, Any]:

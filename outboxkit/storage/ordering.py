@@ -40,15 +40,18 @@ serializes them (e.g. by locking the entity the key names before the insert).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from outboxkit.storage.destination_claim import (
     BLOCKED,
+    OPERATOR_RATES,
     PROBE_DUE,
     STATES,
     SUSPECT_STATE,
     blocked_wakeups_sql,
+    operator_room_sql,
     probe_sql,
     rates_sql,
     room_sql,
@@ -114,7 +117,8 @@ WITH RECURSIVE walk(key, head_id, claimable, wrapped, start_key, found, step) AS
 ), capped AS (
     SELECT turns.* FROM turns
     LEFT JOIN {states} AS state ON state.outbox = :outbox AND state.destination = turns.destination
-    WHERE turns.destination IS NULL OR NOT turns.shared OR turns.turn <= {room}
+    WHERE turns.destination IS NULL
+       OR (NOT turns.shared OR turns.turn <= {room}) AND turns.turn <= COALESCE({operator_room}, turns.turn)
 ){rates}, candidates AS (
     SELECT capped.id, capped.next_attempt_at, capped.orphaned FROM capped
     LEFT JOIN grants ON grants.destination = capped.destination
@@ -162,7 +166,7 @@ WITH RECURSIVE keys(key, step) AS (
     SELECT (SELECT {key} FROM {table} WHERE {key} > keys.key AND status <> 'done' ORDER BY {key} LIMIT 1), keys.step + 1
     FROM keys WHERE keys.key IS NOT NULL AND keys.step <= {key_limit}
 )
-SELECT min(due) FROM (
+SELECT min(due), {operator_rates} FROM (
     (SELECT next_attempt_at AS due FROM {table} AS h WHERE status = 'pending' AND {key} IS NULL AND {may_go}
      ORDER BY next_attempt_at, id LIMIT 1)
   UNION ALL
@@ -290,6 +294,10 @@ class KeyCursor:
 
     after: str | None = None
     alone: str | None = None  # the destination the previous unordered claim found alone (storage.destination_claim)
+    # Whether a destination of the outbox has a rate an operator set, as last read, and when (time.monotonic()):
+    # the drainer's claims then take tokens (storage.drain_queries, OutboxQueries.claim_due_rows).
+    operator_rates: bool = False
+    operator_rates_read_at: float = -math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +330,7 @@ class OrderedStatements:
             probes=probe_sql(pick, "SELECT id FROM opened_probes"),
             states=STATES,
             room=room_sql(self.table, "turns.destination", f"COALESCE({SUSPECT_STATE}, CAST(:unknown_suspect AS boolean))"),
+            operator_room=operator_room_sql(self.table, "turns.destination"),
             rates=rates_sql(_WANTS, "wants.take", rate_limits=rate_limits),
         )
 
@@ -332,7 +341,7 @@ class OrderedStatements:
         return EARLIEST_ORDERED_DUE.format(
             table=self.table, key=self.key, head_of_keys=self._head("keys.key"), may_go=_MAY_GO, states=STATES,
             blocked=BLOCKED, blocked_wakeups=blocked_wakeups_sql(self.table), keys_free=self._key_free("keys.key"),
-            key_limit=DUE_KEY_LIMIT, token_due=token_due_sql("head.destination"),
+            key_limit=DUE_KEY_LIMIT, token_due=token_due_sql("head.destination"), operator_rates=OPERATOR_RATES,
         )
 
     def backlog_sql(self) -> str:

@@ -41,6 +41,9 @@ rules, ``outboxkit.destinations.store`` for the statements).
 ``outboxkit_destination_rates`` holds the token bucket of each destination
 with a rate limit (``outboxkit.rate_limits``, ``outboxkit.storage.destination_claim``):
 one row per (outbox, destination), created by its first send.
+``outboxkit_destination_limits`` holds the limits an operator set on a
+destination while the kit runs (a rate limit, a cap on sends in flight), which
+replace the outbox's own for it until cleared (``outboxkit.destinations.limits``).
 
 ``outboxkit_schedules`` holds the schedules as rows (``outboxkit.schedules``):
 the trigger as data (kind, JSON fields, IANA timezone; never pickled), the
@@ -109,6 +112,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 __all__ = [
     "attempts",
+    "destination_limits",
     "destination_rates",
     "destinations",
     "event_types",
@@ -178,7 +182,8 @@ reset_audit = Table(
     Column("filter", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     CheckConstraint(
         "action IN ('reset', 'retry_now', 'pause', 'resume', 'drain_now', 'replay',"
-        " 'destination_resume', 'destination_disable', 'destination_probe', 'skip', 'discard')",
+        " 'destination_resume', 'destination_disable', 'destination_probe', 'skip', 'discard',"
+        " 'destination_limit', 'destination_limit_clear')",
         name="ck_outboxkit_reset_audit_action",
     ),
     Index("ix_outboxkit_reset_audit_at", "at"),
@@ -295,6 +300,21 @@ destination_rates = Table(
     Column("refilled_at", DateTime(timezone=True), nullable=False),
     Column("deferred_until", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Added by migration outboxkit_0020_destination_limits.
+destination_limits = Table(
+    "outboxkit_destination_limits",
+    kit_metadata,
+    Column("outbox", String(100), primary_key=True),
+    Column("destination", String(300), primary_key=True),
+    Column("per_second", Float),
+    Column("cap", Integer),
+    Column("updated_by", String(200), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("per_second IS NULL OR per_second > 0", name="ck_outboxkit_destination_limits_per_second"),
+    CheckConstraint("cap IS NULL OR cap > 0", name="ck_outboxkit_destination_limits_cap"),
+    CheckConstraint("per_second IS NOT NULL OR cap IS NOT NULL", name="ck_outboxkit_destination_limits_some"),
 )
 
 TRIGGER_KINDS = ("cron", "every", "calendar_interval", "once")

@@ -236,11 +236,12 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "alembic_version", "grants", "grant_outbox", "outboxkit_job_runs", "outboxkit_job_fences", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
-            "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
+            "outboxkit_destination_rates", "outboxkit_destination_limits", "outboxkit_secrets", "outboxkit_inbox",
+            "outboxkit_inbox_sources",
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
             "outboxkit_event_deliveries", "outboxkit_wakeups",
         }
-        assert "outboxkit_0019" in heads and len(heads) == 2
+        assert "outboxkit_0020" in heads and len(heads) == 2
         assert sorted(triggers_installed) == [
             "outboxkit_notify_grant_outbox_insert", "outboxkit_notify_outboxkit_event_deliveries_insert",
         ]
@@ -258,7 +259,8 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "alembic_version", "outboxkit_job_runs", "outboxkit_job_fences", "outboxkit_reset_audit",
             "outboxkit_attempts", "outboxkit_outbox_pauses", "outboxkit_outbox_minutes", "outboxkit_destinations",
             "outboxkit_schedules", "outboxkit_schedule_leases", "outboxkit_schedule_audit", "outboxkit_ordering_skips",
-            "outboxkit_destination_rates", "outboxkit_secrets", "outboxkit_inbox", "outboxkit_inbox_sources",
+            "outboxkit_destination_rates", "outboxkit_destination_limits", "outboxkit_secrets", "outboxkit_inbox",
+            "outboxkit_inbox_sources",
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
             "outboxkit_event_deliveries", "outboxkit_wakeups",
         } and functions == ["outboxkit_notify_outboxkit_event_deliveries"]  # the kit's own outbox's, in the kit's branch

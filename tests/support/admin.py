@@ -41,6 +41,7 @@ TABLES = (
     "outboxkit_outbox_pauses",
     "outboxkit_outbox_minutes",
     "outboxkit_destinations",
+    "outboxkit_destination_limits",
     "outboxkit_secrets",
     "outboxkit_wakeups",
 )

@@ -170,6 +170,7 @@ def test_the_include_filters_leave_out_exactly_the_kits_tables():
         "outboxkit_destinations",
         "outboxkit_ordering_skips",
         "outboxkit_destination_rates",
+        "outboxkit_destination_limits",
         "outboxkit_schedules",
         "outboxkit_schedule_leases",
         "outboxkit_schedule_audit",
