@@ -226,7 +226,9 @@ def test_healthy_destinations_keep_flowing_while_another_hangs(engine, receiver,
         try:
             with Blackhole() as blackhole:
                 insert_at(engine, blackhole.url, [{"n": n} for n in range(10)])  # the dead rows come first
-                insert_at(engine, receiver.url, [{"n": n} for n in range(40)])
+                # More healthy rows than it waits for, so the blackhole is never the only destination due (its cap
+                # lifts then) however late this thread wakes.
+                insert_at(engine, receiver.url, [{"n": n} for n in range(440)])
                 drainer.start(poll_seconds=1)
                 receiver.wait_for(lambda r: len(r.requests) >= 40, timeout=25)  # well inside one 30 s deadline
                 assert blackhole.most_open <= 2
@@ -234,7 +236,7 @@ def test_healthy_destinations_keep_flowing_while_another_hangs(engine, receiver,
         finally:
             drainer.close()  # the blackhole closed its connections: the hanging sends have ended
     rows = read_events()
-    assert sum(row.status == "done" for row in rows.values()) == 40
+    assert sum(row.status == "done" for row in rows.values()) >= 40
     assert all(row.status == "pending" for row in rows.values() if row.target_url.startswith(blackhole.url))
 
 
