@@ -482,8 +482,8 @@ def test_a_held_connection_that_dies_between_a_claim_and_its_due_read_is_replace
     claim = drainer.claimer.claim
     claims: list[int] = []  # the rows each claim took, counted once it returned
 
-    def claim_then_end_the_session(granted, result, may_claim, connection):
-        answer = claim(granted, result, may_claim, connection)
+    def claim_then_end_the_session(granted, result, may_claim, connection, **options):
+        answer = claim(granted, result, may_claim, connection, **options)
         if len(claims) == 1:  # the wake-up's claim (the first, on start, is counted already): end its session
             pid = connection.connection.driver_connection.info.backend_pid
             with psycopg.connect(database_url, autocommit=True) as admin:
