@@ -4,8 +4,10 @@ Routes, relative to where the application mounts the router::
 
     GET  /api/subscriptions?tenant=                  every subscription (of a tenant), by id; secrets counted
     GET  /api/subscriptions/{id}                     one, with its recent changes and its deliveries by status
-    POST /api/subscriptions/new                      {url, event_types, secrets?, tenant?, headers?, description?}
-    POST /api/subscriptions/{id}/edit                {url, event_types, tenant?, headers?, description?}: secrets stay
+    POST /api/subscriptions/new                      {url, event_types, secrets?, tenant?, headers?, description?,
+                                                      rate_limit?, max_in_flight?}
+    POST /api/subscriptions/{id}/edit                {url, event_types, tenant?, headers?, description?, rate_limit?,
+                                                      max_in_flight?}: secrets stay; limits left out are cleared
     POST /api/subscriptions/{id}/disable             {reason}: pending deliveries held until enabled
     POST /api/subscriptions/{id}/enable              {}
     POST /api/subscriptions/{id}/delete              {}: pending deliveries parked stuck, nothing deleted but the row
@@ -16,8 +18,11 @@ Routes, relative to where the application mounts the router::
 Every POST takes ``application/json`` only (the API's CSRF guard), runs
 through ``outboxkit.operations.subscription_admin`` and is audited with the
 actor.  The URL passes the kit's URL guard (``OUTBOXKIT_URL_ALLOW_LIST``).
+``rate_limit`` (requests per second) and ``max_in_flight`` (sends at once)
+are the subscription's own limits, its destination's on the deliveries
+outbox (``outboxkit.events.store``); null is the outbox's own.
 Errors: 404 an unknown subscription, 422 a field the subscription rules
-refuse, with the field as the error's ``loc`` (``["body", "url"]``), shaped as
+refuse (a limit out of range included), with the field as the error's ``loc`` (``["body", "url"]``), shaped as
 FastAPI's own 422; nothing is written.  503 as for every admin route.
 """
 

@@ -15,6 +15,10 @@
     GET  /subscriptions/{id}/delete              asks first (changes nothing)
     POST /subscriptions/{id}/delete              delete
 
+The form's rate limit (requests per second) and max in flight are the
+subscription's own limits; blank is the deliveries outbox's own, and a value
+that is not a number, or out of range, comes back next to its input.
+
 Each POST follows the admin's discipline (``outboxkit.admin.page_frame``):
 the CSRF token first, then the action in a worker thread, audited with the
 actor, and a 303 to a page whose flash notice says what happened.  A secret
@@ -41,7 +45,8 @@ from outboxkit.admin.page_inputs import form_text
 from outboxkit.admin.route_guard import AdminRoute
 from outboxkit.admin.subscription_api import subscription_detail
 from outboxkit.admin.subscription_replay_pages import add_subscription_replay
-from outboxkit.errors import InvalidSubscriptionError, PageInputError
+from outboxkit.errors import InvalidSubscriptionError, InvalidValueError, PageInputError
+from outboxkit.operations.destination_limits import limit_from_text
 from outboxkit.operations.service import OperationsService
 from outboxkit.operations.subscription_admin import SubscriptionAdmin, generated_secret
 from outboxkit.operations.subscription_schemas import SubscriptionCreate, SubscriptionFields
@@ -49,7 +54,9 @@ from outboxkit.operations.subscription_schemas import SubscriptionCreate, Subscr
 __all__ = ["SubscriptionForm", "subscription_pages_router"]
 
 SubscriptionId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-_FIELDS = ("url", "event_types", "tenant", "headers", "description", "secret")
+_FIELDS = ("url", "event_types", "tenant", "headers", "description", "rate_limit", "max_in_flight", "secret")
+# The limits' inputs: what a refusal calls each, and whether it takes a whole number.
+_LIMITS = {"rate_limit": ("rate limit", False), "max_in_flight": ("max in flight", True)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,9 @@ class SubscriptionForm:
     def of(cls, found: Any) -> "SubscriptionForm":
         headers = "\n".join(f"{name}: {value}" for name, value in found.headers.items())
         return cls(values={"url": found.url, "event_types": "\n".join(found.event_types), "tenant": found.tenant or "",
-                           "headers": headers, "description": found.description})
+                           "headers": headers, "description": found.description,
+                           "rate_limit": "" if found.rate_limit is None else f"{found.rate_limit:g}",
+                           "max_in_flight": "" if found.max_in_flight is None else str(found.max_in_flight)})
 
     def refuse(self, input_name: str, message: str) -> "SubscriptionForm":
         shown = input_name if input_name in _FIELDS else ("secret" if input_name == "secrets" else "url")
@@ -89,6 +98,11 @@ class SubscriptionForm:
             "url": values.get("url", ""), "event_types": filters, "tenant": values.get("tenant") or None,
             "headers": headers, "description": values.get("description", ""),
         }
+        for name, (what, whole) in _LIMITS.items():  # blank: the deliveries outbox's own; the range is the store's
+            try:
+                data[name] = limit_from_text(values.get(name), what, whole=whole)
+            except InvalidValueError as exc:
+                raise InvalidSubscriptionError(name, str(exc)) from None
         if with_secret:
             data["secrets"] = [values["secret"]] if values.get("secret") else None
         try:

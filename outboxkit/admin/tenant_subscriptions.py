@@ -11,9 +11,11 @@
 Routes, relative to where the application mounts it (JSON only, ``application/json`` bodies)::
 
     GET  /subscriptions                                   the tenant's subscriptions
-    POST /subscriptions                                   {url, event_types, secrets?, headers?, description?}
+    POST /subscriptions                                   {url, event_types, secrets?, headers?, description?,
+                                                           rate_limit?, max_in_flight?}
     GET  /subscriptions/{id}                              one
-    POST /subscriptions/{id}/edit                         {url, event_types, headers?, description?}
+    POST /subscriptions/{id}/edit                         {url, event_types, headers?, description?, rate_limit?,
+                                                           max_in_flight?}: limits left out are cleared
     POST /subscriptions/{id}/disable                      {reason}
     POST /subscriptions/{id}/enable                       {}
     POST /subscriptions/{id}/delete                       {}
@@ -31,7 +33,10 @@ exist, before anything is read or changed, so a tenant can neither see nor
 touch another's rows, nor learn that they exist.  Changes are audited with the
 actor ``tenant:<tenant>`` (or what ``actor`` returns) and go through the same
 rules as the admin's (``outboxkit.operations.subscription_admin``): the URL
-guard, the secrets' form, the headers'.
+guard, the secrets' form, the headers', the limits' range.  A tenant may
+throttle its own endpoint (``rate_limit`` in requests per second,
+``max_in_flight``): they are its subscription's destination's limits, the
+same row an operator's limits of that destination change.
 """
 
 from collections.abc import Callable, Iterator

@@ -5,7 +5,7 @@
     outboxkit subscriptions list --tenant acme
     outboxkit subscriptions show 12                                # the row (secrets counted) and its changes
     outboxkit subscriptions create --url https://hooks.example.com/in --event-type 'invoice.*' \\
-        --secret whsec_... --tenant acme --header "X-Customer: 7"
+        --secret whsec_... --tenant acme --header "X-Customer: 7" --rate-limit 10 --max-in-flight 2
     outboxkit subscriptions disable 12 --reason "the customer asked"
     outboxkit subscriptions enable 12
     outboxkit subscriptions delete 12 --yes
@@ -43,14 +43,25 @@ def _row(subscription: Any) -> dict[str, str]:
         "tenant": subscription.tenant or "-",
         "enabled": "yes" if subscription.enabled else f"no ({subscription.disabled_reason})",
         "secrets": str(subscription.secret_count),
+        "limits": _limits(subscription),
         "changed": f"{age(subscription.changed_at)} by {subscription.changed_by}",
     }
+
+
+def _limits(subscription: Any) -> str:
+    """Its own limits (``-``: the deliveries outbox's own)."""
+    shown = []
+    if subscription.rate_limit is not None:
+        shown.append(f"{subscription.rate_limit:g}/s")
+    if subscription.max_in_flight is not None:
+        shown.append(f"{subscription.max_in_flight} in flight")
+    return ", ".join(shown) or "-"
 
 
 def _emit(output: Output, subscriptions: list[Any]) -> None:
     rows = [_row(subscription) for subscription in subscriptions]
     document = [dataclasses.asdict(subscription) for subscription in subscriptions]
-    output.emit(document, rows, ["id", "url", "event_types", "tenant", "enabled", "secrets", "changed"])
+    output.emit(document, rows, ["id", "url", "event_types", "tenant", "enabled", "secrets", "limits", "changed"])
 
 
 @app.command("list")
@@ -92,6 +103,10 @@ def create(
     header: Annotated[list[str] | None, typer.Option(
         "--header", metavar="'NAME: VALUE'", help="A custom header (repeat).", show_default=False)] = None,
     description: Annotated[str, typer.Option(help="Free text for operators.")] = "",
+    rate_limit: Annotated[float | None, typer.Option(
+        help="Its own requests per second (default: the deliveries outbox's own).", show_default=False)] = None,
+    max_in_flight: Annotated[int | None, typer.Option(
+        help="Its own most sends at once (default: the deliveries outbox's own).", show_default=False)] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Create a subscription; it receives the events published after it."""
@@ -107,6 +122,7 @@ def create(
 
         definition = SubscriptionDefinition(
             url=url, event_types=event_type, secrets=secret, tenant=tenant, headers=headers, description=description,
+            rate_limit=rate_limit, max_in_flight=max_in_flight,
         )
         _emit(output, [SubscriptionAdmin(kit).create(definition, actor=actor())])
 

@@ -10,6 +10,11 @@ says in code and settings:
   times (the outbox's own ``destination_cap`` applies only while a
   destination is suspect and others have due rows).
 
+An event subscription's own limits (``rate_limit``, ``max_in_flight``) are
+this row for its destination on the deliveries outbox:
+``outboxkit.events.store`` writes, moves and deletes it with the
+subscription, so an operator's change here is the subscription's too.
+
 A destination without a row, or a limit left NULL, keeps the outbox's own:
 clearing a limit is deleting it.  Nothing is cached: every claim reads the row
 by key in its own statement (``outboxkit.storage.destination_claim``), and a

@@ -17,7 +17,13 @@ custom headers.  Building one checks everything that needs no lookup:
   (``webhook-*``) are refused; so is a literal credential
   (``Authorization: Bearer ...``), which must be a reference to a setting
   (``secret:NAME``, ``outboxkit.target_secrets``), checked by the store;
-* ``tenant``: None or 1 to 200 characters.
+* ``tenant``: None or 1 to 200 characters;
+* ``rate_limit`` (requests per second, more than 0) and ``max_in_flight``
+  (sends in flight at once, 1 or more): the subscription's own limits,
+  held to the rules of an operator's limits of a destination
+  (``outboxkit.destinations.limits.check_limits``, the same messages); None
+  is the deliveries outbox's own.  ``SubscriptionStore`` writes them as its
+  destination's limits, which every claim reads.
 
 The URL's scheme and credentials are checked here; whether its host may be
 sent to is the URL guard's answer at save (``SubscriptionStore``) and again
@@ -30,6 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from outboxkit.destinations.limits import check_limits
 from outboxkit.errors import InvalidSubscriptionError, InvalidValueError
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.signing import WebhookSecrets
@@ -60,6 +67,8 @@ class SubscriptionDefinition:
     tenant: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    rate_limit: float | None = None
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "event_types", _filters(self.event_types))
@@ -69,6 +78,16 @@ class SubscriptionDefinition:
             raise InvalidSubscriptionError("tenant", f"a tenant is None or a string of 1 to {MAX_NAME} characters")
         if not isinstance(self.description, str) or len(self.description) > 2000:
             raise InvalidSubscriptionError("description", "a description is a string of at most 2000 characters")
+        object.__setattr__(self, "rate_limit", _limit("rate_limit", self.rate_limit, None)[0])
+        object.__setattr__(self, "max_in_flight", _limit("max_in_flight", None, self.max_in_flight)[1])
+
+
+def _limit(field_name: str, per_second: object, cap: object) -> tuple[float | None, int | None]:
+    """One limit checked by the destination limits' rule, its message under the subscription's field name."""
+    try:
+        return check_limits(per_second, cap)
+    except InvalidValueError as exc:
+        raise InvalidSubscriptionError(field_name, str(exc)) from None
 
 
 def _filters(filters: object) -> tuple[str, ...]:

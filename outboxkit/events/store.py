@@ -18,7 +18,19 @@ same transaction:
   new set at their send;
 * **delete**: pending deliveries are set ``stuck`` with ``subscription
   <id> was deleted`` in ``last_error``; nothing undelivered is deleted, and
-  their events stay.
+  their events stay.  Its limits row goes (no delivery of it is sent again).
+
+A subscription's own limits (``rate_limit``, ``max_in_flight``) are its
+destination's limits on the deliveries outbox: the row of
+``outboxkit_destination_limits`` that an operator's limits of a destination
+also live in (``outboxkit.destinations.limits``), read by every claim and
+woken on commit.  There is no other copy: **create** and **edit** write that
+row in the subscription's transaction (or delete it when both are None: the
+deliveries outbox's own), an edit that moves the URL moves the row to the new
+destination and deletes the old one, **disable** and **enable** leave it as it
+is, and a read shows what the row holds now (an operator's change of that
+destination included).  Each audit entry records them (``rate_limit``,
+``max_in_flight``) before and after.
 
 A publish holds a share lock on the subscriptions it matched until its
 transaction ends (``outboxkit.events.publish``), so a change waits for the
@@ -42,14 +54,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, RowMapping, delete, insert, select, text, update
+from sqlalchemy import Connection, RowMapping, Select, and_, delete, insert, select, text, update
 
 from outboxkit.breaker import destination_of
 from outboxkit.clock import Clock, SystemClock
+from outboxkit.destinations.limits import DestinationLimits, read_limits, write_limits
 from outboxkit.errors import InvalidSubscriptionError, UnknownSubscriptionError, UnsafeUrlError
 from outboxkit.events.definitions import SubscriptionDefinition
-from outboxkit.events.deliveries import deliveries_table
-from outboxkit.storage.tables import subscription_audit, subscriptions
+from outboxkit.events.deliveries import EventDelivery, deliveries_table
+from outboxkit.storage.tables import destination_limits, subscription_audit, subscriptions
 from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
 from outboxkit.transports.signing import WebhookSecrets
 from outboxkit.url_guard import UrlGuard
@@ -86,15 +99,31 @@ class Subscription:
     created_by: str
     changed_at: datetime
     changed_by: str
+    rate_limit: float | None = None
+    max_in_flight: int | None = None
 
 
-def _subscription(row: RowMapping) -> Subscription:
+def _subscription(row: RowMapping, limits: DestinationLimits) -> Subscription:
     return Subscription(
         id=row["id"], url=redact_url(row["url"]), event_types=tuple(row["event_types"]), tenant=row["tenant"],
         headers=redact_headers(row["headers"]), description=row["description"], secret_count=len(row["secrets"]),
         enabled=row["enabled"], disabled_reason=row["disabled_reason"], created_at=row["created_at"],
         created_by=row["created_by"], changed_at=row["changed_at"], changed_by=row["changed_by"],
+        rate_limit=limits.per_second, max_in_flight=limits.cap,
     )
+
+
+def _with_limits() -> Select[Any]:
+    """Subscription rows with their destination's limits beside them (``per_second``, ``cap``; NULL without)."""
+    operator = destination_limits
+    joined = subscriptions.outerjoin(operator, and_(
+        operator.c.outbox == EventDelivery.__outbox__.job_name, operator.c.destination == subscriptions.c.destination,
+    ))
+    return select(subscriptions, operator.c.per_second, operator.c.cap).select_from(joined)
+
+
+def _limits_of(row: RowMapping) -> DestinationLimits:
+    return DestinationLimits(per_second=row["per_second"], cap=row["cap"])
 
 
 def subscription_destination(subscription_id: int, url: str) -> str:
@@ -112,8 +141,8 @@ def generated_secret() -> str:
     return "whsec_" + base64.b64encode(random_secrets.token_bytes(24)).decode()
 
 
-def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
-    """A row as JSON for the audit: times as ISO 8601, URL and headers redacted, the secrets counted."""
+def _snapshot(row: RowMapping | None, limits: DestinationLimits) -> dict[str, Any] | None:
+    """A row and its limits as JSON for the audit: times as ISO 8601, URL and headers redacted, the secrets counted."""
     if row is None:
         return None
     shown = {key: value.isoformat() if isinstance(value, datetime) else value for key, value in row.items()}
@@ -121,6 +150,8 @@ def _snapshot(row: RowMapping | None) -> dict[str, Any] | None:
     shown["headers"] = redact_headers(row["headers"])
     shown["secrets"] = len(shown["secrets"])
     shown["event_types"] = list(shown["event_types"])
+    shown["rate_limit"] = limits.per_second
+    shown["max_in_flight"] = limits.cap
     return shown
 
 
@@ -150,37 +181,46 @@ class SubscriptionStore:
     # -- reading ---------------------------------------------------------------
 
     def get(self, subscription_id: int) -> Subscription:
+        statement = _with_limits().where(subscriptions.c.id == subscription_id)
         with self.engine.connect() as connection:
-            return _subscription(self._row(connection, subscription_id, lock=False))
+            row = connection.execute(statement).mappings().first()
+        if row is None:
+            raise UnknownSubscriptionError(f"no subscription with id {subscription_id!r}")
+        return _subscription(row, _limits_of(row))
 
     def list(self, *, tenant: str | None = None) -> Sequence[Subscription]:
-        """Every subscription (of ``tenant``, when given), by id."""
-        statement = select(subscriptions).order_by(subscriptions.c.id)
+        """Every subscription (of ``tenant``, when given), by id, with its limits."""
+        statement = _with_limits().order_by(subscriptions.c.id)
         if tenant is not None:
             statement = statement.where(subscriptions.c.tenant == tenant)
         with self.engine.connect() as connection:
-            return [_subscription(row) for row in connection.execute(statement).mappings()]
+            return [_subscription(row, _limits_of(row)) for row in connection.execute(statement).mappings()]
 
     # -- changing --------------------------------------------------------------
 
     def create(self, definition: SubscriptionDefinition, *, actor: str) -> Subscription:
-        """Insert a subscription; it receives the events published after it commits."""
+        """Insert a subscription, and its limits as its destination's; it receives the events published after it
+        commits."""
         self._check(definition)
         now = self.clock.now()
         values = {**self._values(definition), "created_at": now, "created_by": actor, "changed_at": now, "changed_by": actor}
+        limits = _limits(definition)
         with self.engine.begin() as connection:
             created = connection.execute(insert(subscriptions).values(values).returning(subscriptions.c.id)).scalar_one()
             row = connection.execute(
                 update(subscriptions).where(subscriptions.c.id == created)
                 .values(destination=subscription_destination(created, definition.url)).returning(*subscriptions.c)
             ).mappings().one()
-            self._audit(connection, "create", actor=actor, before=None, after=row)
-        return _subscription(row)
+            if not limits.empty:
+                write_limits(connection, EventDelivery, row["destination"], limits, now=now, actor=actor)
+            self._audit(connection, "create", actor=actor, before=None, after=row, limits=(DestinationLimits(), limits))
+        return _subscription(row, limits)
 
     def edit(
         self, subscription_id: int, definition: SubscriptionDefinition, *, actor: str, keep_secrets: bool = False
     ) -> Subscription:
-        """Replace a subscription's definition; its pending deliveries take the new URL and headers.
+        """Replace a subscription's definition; its pending deliveries take the new URL and headers, and its limits
+        are the definition's (None: the deliveries outbox's own), on its destination as the URL makes it.
 
         ``keep_secrets=True`` leaves the stored secrets as they are (the definition's are not written): an
         operator edits the rest without ever seeing them; ``rotate_secret`` changes them.
@@ -189,15 +229,18 @@ class SubscriptionStore:
         values = {**self._values(definition), "destination": subscription_destination(subscription_id, definition.url)}
         if keep_secrets:
             del values["secrets"]
+        limits = _limits(definition)
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            row = self._write(connection, current, values, actor=actor, action="edit")
+            before = self._limits(connection, current)
+            row = self._write(connection, current, values, actor=actor, action="edit", limits=(before, limits))
+            self._move_limits(connection, current["destination"], before, row["destination"], limits, actor=actor)
             connection.execute(
                 update(_deliveries)
                 .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
                 .values(url=definition.url, destination=values["destination"], headers=dict(definition.headers))
             )
-        return _subscription(row)
+        return _subscription(row, limits)
 
     def disable(self, subscription_id: int, *, reason: str, actor: str) -> Subscription:
         """Disable a subscription: no new deliveries, and its pending ones held (``stuck``) until it is enabled."""
@@ -207,16 +250,19 @@ class SubscriptionStore:
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
             values = {"enabled": False, "disabled_reason": reason.strip()[:500]}
-            row = self._write(connection, current, values, actor=actor, action="disable")
+            limits = self._limits(connection, current)
+            row = self._write(connection, current, values, actor=actor, action="disable", limits=(limits, limits))
             self._park(connection, subscription_id, mark)
-        return _subscription(row)
+        return _subscription(row, limits)
 
     def enable(self, subscription_id: int, *, actor: str) -> Subscription:
         """Enable a subscription again; the deliveries its disable held are pending again, due now."""
         held = DISABLED_MARK.format(id=subscription_id)
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            row = self._write(connection, current, {"enabled": True, "disabled_reason": None}, actor=actor, action="enable")
+            limits = self._limits(connection, current)
+            values = {"enabled": True, "disabled_reason": None}
+            row = self._write(connection, current, values, actor=actor, action="enable", limits=(limits, limits))
             connection.execute(
                 update(_deliveries)
                 .where(
@@ -226,7 +272,7 @@ class SubscriptionStore:
                 )
                 .values(status="pending", next_attempt_at=text("now()"), last_error=None, updated_at=text("now()"))
             )
-        return _subscription(row)
+        return _subscription(row, limits)
 
     def rotate_secret(
         self, subscription_id: int, *, actor: str, secret: str | None = None, keep_previous: bool = True
@@ -244,15 +290,20 @@ class SubscriptionStore:
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
             kept = [current["secrets"][0]] if keep_previous and current["secrets"][0] != new else []
-            row = self._write(connection, current, {"secrets": [new, *kept]}, actor=actor, action="rotate")
-        return _subscription(row), new
+            limits = self._limits(connection, current)
+            values = {"secrets": [new, *kept]}
+            row = self._write(connection, current, values, actor=actor, action="rotate", limits=(limits, limits))
+        return _subscription(row, limits), new
 
     def delete(self, subscription_id: int, *, actor: str) -> None:
-        """Delete a subscription; its pending deliveries end ``stuck`` (kept, never sent), its events stay."""
+        """Delete a subscription and its limits; its pending deliveries end ``stuck`` (kept, never sent), its events
+        stay."""
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
+            limits = self._limits(connection, current)
             connection.execute(delete(subscriptions).where(subscriptions.c.id == subscription_id))
-            self._audit(connection, "delete", actor=actor, before=current, after=None)
+            self._move_limits(connection, current["destination"], limits, None, DestinationLimits(), actor=actor)
+            self._audit(connection, "delete", actor=actor, before=current, after=None, limits=(limits, DestinationLimits()))
             self._park(connection, subscription_id, DELETED_MARK.format(id=subscription_id))
 
     # -- internals -------------------------------------------------------------
@@ -288,13 +339,45 @@ class SubscriptionStore:
         return row
 
     def _write(
-        self, connection: Connection, current: RowMapping, values: dict[str, Any], *, actor: str, action: str
+        self,
+        connection: Connection,
+        current: RowMapping,
+        values: dict[str, Any],
+        *,
+        actor: str,
+        action: str,
+        limits: tuple[DestinationLimits, DestinationLimits],
     ) -> RowMapping:
         values = {**values, "changed_at": self.clock.now(), "changed_by": actor}
         statement = update(subscriptions).where(subscriptions.c.id == current["id"]).values(values).returning(*subscriptions.c)
         row = connection.execute(statement).mappings().one()
-        self._audit(connection, action, actor=actor, before=current, after=row)
+        self._audit(connection, action, actor=actor, before=current, after=row, limits=limits)
         return row
+
+    @staticmethod
+    def _limits(connection: Connection, row: RowMapping) -> DestinationLimits:
+        """The limits of the subscription's destination, locked until the transaction ends (none without one)."""
+        if row["destination"] is None:
+            return DestinationLimits()
+        return read_limits(connection, EventDelivery, row["destination"], lock=True)
+
+    def _move_limits(
+        self,
+        connection: Connection,
+        old: str | None,
+        before: DestinationLimits,
+        new: str | None,
+        after: DestinationLimits,
+        *,
+        actor: str,
+    ) -> None:
+        """The limits ``after`` on destination ``new`` (None: the subscription is gone) and none left on ``old``
+        (``before``: what it holds); limits already so are not written again (nor the drains woken)."""
+        now = self.clock.now()
+        if old is not None and old != new and not before.empty:
+            write_limits(connection, EventDelivery, old, DestinationLimits(), now=now, actor=actor)
+        if new is not None and (old != new or (before.per_second, before.cap) != (after.per_second, after.cap)):
+            write_limits(connection, EventDelivery, new, after, now=now, actor=actor)
 
     @staticmethod
     def _park(connection: Connection, subscription_id: int, reason: str) -> None:
@@ -305,12 +388,23 @@ class SubscriptionStore:
         )
 
     def _audit(
-        self, connection: Connection, action: str, *, actor: str, before: RowMapping | None, after: RowMapping | None
+        self,
+        connection: Connection,
+        action: str,
+        *,
+        actor: str,
+        before: RowMapping | None,
+        after: RowMapping | None,
+        limits: tuple[DestinationLimits, DestinationLimits],
     ) -> None:
         subscription_id = (after or before)["id"]  # type: ignore[index]
         connection.execute(
             insert(subscription_audit).values(
                 at=self.clock.now(), actor=actor, subscription_id=subscription_id, action=action,
-                before=_snapshot(before), after=_snapshot(after),
+                before=_snapshot(before, limits[0]), after=_snapshot(after, limits[1]),
             )
         )
+
+
+def _limits(definition: SubscriptionDefinition) -> DestinationLimits:
+    return DestinationLimits(per_second=definition.rate_limit, cap=definition.max_in_flight)

@@ -91,15 +91,18 @@ class SubscriptionAdmin:
             secrets = [generated]
         definition = SubscriptionDefinition(
             url=fields.url, event_types=fields.event_types, secrets=secrets, tenant=fields.tenant,
-            headers=fields.headers, description=fields.description,
+            headers=fields.headers, description=fields.description, rate_limit=fields.rate_limit,
+            max_in_flight=fields.max_in_flight,
         )
         return self.store.create(definition, actor=actor), generated
 
     def edit(self, subscription_id: int, fields: SubscriptionFields, *, actor: str) -> Subscription:
-        """Replace everything but the secrets (which are never shown, so never typed back: rotate them)."""
+        """Replace everything but the secrets (which are never shown, so never typed back: rotate them); limits left
+        out are the deliveries outbox's own."""
         definition = SubscriptionDefinition(
             url=fields.url, event_types=fields.event_types, secrets=[_FORM_ONLY_SECRET], tenant=fields.tenant,
-            headers=fields.headers, description=fields.description,
+            headers=fields.headers, description=fields.description, rate_limit=fields.rate_limit,
+            max_in_flight=fields.max_in_flight,
         )
         return self.store.edit(subscription_id, definition, actor=actor, keep_secrets=True)
 

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from outboxkit.destinations.limits import MAX_CAP, MAX_PER_SECOND
 from outboxkit.events.definitions import MAX_FILTERS, MAX_NAME
 from outboxkit.events.store import Subscription
 
@@ -42,6 +43,13 @@ Filters = Annotated[list[Annotated[StrictStr, Field(max_length=MAX_NAME)]], Fiel
 Headers = Annotated[dict[Annotated[StrictStr, Field(max_length=200)], Annotated[StrictStr, Field(max_length=4000)]],
                     Field(max_length=50)]
 Secret = Annotated[StrictStr, Field(max_length=500, description="A Standard Webhooks secret, whsec_<base64>.")]
+# Typed here, ranged by the subscription's rule (the destination limits' own), whose message the 422 carries.
+RateLimit = Annotated[float | None, Field(strict=True, description=(
+    f"Requests per second to this endpoint, across every process: more than 0, at most {MAX_PER_SECOND:,.0f}; "
+    "null or left out: the deliveries outbox's own."))]
+MaxInFlight = Annotated[int | None, Field(strict=True, description=(
+    f"Most sends to this endpoint in flight at once, across every process: 1 to {MAX_CAP:,}; "
+    "null or left out: the deliveries outbox's own."))]
 
 
 class _Model(BaseModel):
@@ -71,13 +79,15 @@ class SubscriptionDetail(_Model):
 
 
 class SubscriptionFields(_Request):
-    """What an edit replaces (the secrets stay as they are: rotate them)."""
+    """What an edit replaces, its limits included (the secrets stay as they are: rotate them)."""
 
     url: Annotated[StrictStr, Field(min_length=1, max_length=2000)]
     event_types: Filters
     tenant: Annotated[StrictStr | None, Field(max_length=MAX_NAME)] = None
     headers: Headers = Field(default_factory=dict)
     description: Annotated[StrictStr, Field(max_length=2000)] = ""
+    rate_limit: RateLimit = None
+    max_in_flight: MaxInFlight = None
 
 
 class SubscriptionCreate(SubscriptionFields):
@@ -87,12 +97,15 @@ class SubscriptionCreate(SubscriptionFields):
 
 
 class TenantSubscriptionFields(_Request):
-    """What a tenant edits of its own subscription: never the tenant, which its authentication decides."""
+    """What a tenant edits of its own subscription, its limits included: never the tenant, which its
+    authentication decides."""
 
     url: Annotated[StrictStr, Field(min_length=1, max_length=2000)]
     event_types: Filters
     headers: Headers = Field(default_factory=dict)
     description: Annotated[StrictStr, Field(max_length=2000)] = ""
+    rate_limit: RateLimit = None
+    max_in_flight: MaxInFlight = None
 
 
 class TenantSubscriptionCreate(TenantSubscriptionFields):

@@ -112,3 +112,46 @@ def test_replay_counts_first_then_enqueues_exactly_what_it_counted(site, page_fa
     assert "Replayed: 3 past event(s)" in page.get_by_role("status").inner_text()
     assert "pending 3" in page.locator("#deliveries").inner_text()
     assert actions(harness) == ["create", "replay"]
+
+
+def limit_rows(harness: SubscriptionAdminApp) -> list[tuple[object, ...]]:
+    with harness.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(text(
+            "SELECT per_second, cap FROM outboxkit_destination_limits ORDER BY destination"))]
+
+
+def test_the_form_sets_shows_and_clears_a_subscriptions_limits_and_refuses_bad_ones(site, page_factory):
+    base_url, harness = site
+    page = page_factory()
+    page.goto(f"{base_url}/admin/subscriptions/_new")
+    page.get_by_label("Endpoint URL").fill("http://127.0.0.1:9/in")
+    page.get_by_label("Event types").fill("invoice.*")
+    page.get_by_label("Rate limit").fill("0")
+    page.get_by_label("Max in flight").fill("1")
+    page.get_by_role("button", name="Create subscription").click()
+    assert "rate limit must be more than 0" in page.locator("#error-rate_limit").inner_text()
+    assert page.get_by_label("Rate limit").get_attribute("aria-invalid") == "true"
+    assert page.get_by_label("Max in flight").input_value() == "1"  # what was typed stays
+    page.get_by_label("Rate limit").fill("2.5")
+    page.get_by_label("Max in flight").fill("many")
+    page.get_by_role("button", name="Create subscription").click()
+    assert "max in flight must be a whole number" in page.locator("#error-max_in_flight").inner_text()
+    assert harness.state()[3] == ("outboxkit_subscriptions",) and limit_rows(harness) == []  # nothing was written
+
+    page.get_by_label("Max in flight").fill("1")
+    page.get_by_role("button", name="Create subscription").click()
+    assert "Created" in page.get_by_role("status").inner_text()
+    shown = page.locator("#limits").inner_text()
+    assert "2.5 requests per second" in shown and "at most 1 in flight" in shown
+    assert limit_rows(harness) == [(2.5, 1)]
+
+    page.locator('[data-action="edit"]').click()
+    assert (page.get_by_label("Rate limit").input_value(), page.get_by_label("Max in flight").input_value()) == ("2.5", "1")
+    page.get_by_label("Rate limit").fill("")
+    page.get_by_label("Max in flight").fill("3")
+    page.get_by_role("button", name="Save").click()
+    assert "Saved" in page.get_by_role("status").inner_text()
+    shown = page.locator("#limits").inner_text()
+    assert "rate: the deliveries outbox's own" in shown and "at most 3 in flight" in shown
+    assert limit_rows(harness) == [(None, 3)]
+    assert actions(harness) == ["create", "edit"]

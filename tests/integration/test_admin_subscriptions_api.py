@@ -143,3 +143,51 @@ def test_replay_counts_on_a_dry_run_then_enqueues_the_matching_events_in_order(a
         )).all()
     assert [tuple(row) for row in rows] == [("1", f"{number}:k", number), ("2", f"{number}:k", number)]
     assert [action for action, _ in audit_actions(api)] == ["create", "replay"]
+
+
+def limit_rows(api: SubscriptionAdminApp) -> list[tuple[str, float | None, int | None]]:
+    with api.engine.connect() as connection:
+        statement = text("SELECT destination, per_second, cap FROM outboxkit_destination_limits ORDER BY destination")
+        return [tuple(row) for row in connection.execute(statement)]
+
+
+def test_a_subscriptions_limits_are_set_shown_and_changed_through_the_api(api):
+    created = create(api, "http://127.0.0.1:9/a", rate_limit=2.5, max_in_flight=1)["subscription"]
+    assert (created["rate_limit"], created["max_in_flight"]) == (2.5, 1)
+    number = created["id"]
+    assert limit_rows(api) == [(f"subscription {number}: http://127.0.0.1:9", 2.5, 1)]
+    shown = api.client.get(f"/admin/api/subscriptions/{number}").json()["subscription"]
+    assert (shown["rate_limit"], shown["max_in_flight"]) == (2.5, 1)
+    listed = api.client.get("/admin/api/subscriptions").json()
+    assert [(entry["rate_limit"], entry["max_in_flight"]) for entry in listed] == [(2.5, 1)]
+    edited = api.client.post(f"/admin/api/subscriptions/{number}/edit",
+                             json={"url": "http://127.0.0.1:9/a", "event_types": ["invoice.*"], "max_in_flight": 4})
+    assert edited.status_code == 200, edited.text
+    assert (edited.json()["subscription"]["rate_limit"], edited.json()["subscription"]["max_in_flight"]) == (None, 4)
+    assert limit_rows(api) == [(f"subscription {number}: http://127.0.0.1:9", None, 4)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("rate_limit", 0, "rate limit must be more than 0"),
+        ("rate_limit", -3, "rate limit must be more than 0"),
+        ("rate_limit", 5_000_000, "at most 1,000,000 requests per second"),
+        ("rate_limit", "5", "valid number"),
+        ("rate_limit", True, "valid number"),
+        ("max_in_flight", 0, "cap must be from 1 to 10,000 sends in flight"),
+        ("max_in_flight", 20_000, "cap must be from 1 to 10,000 sends in flight"),
+        ("max_in_flight", 1.5, "valid integer"),
+        ("max_in_flight", "2", "valid integer"),
+    ],
+)
+def test_a_bad_limit_is_a_422_naming_it_on_create_and_edit_and_changes_nothing(api, field, value, message):
+    number = create(api, "http://127.0.0.1:9/a", max_in_flight=2)["subscription"]["id"]
+    before = api.state()
+    body = {"url": "http://127.0.0.1:9/b", "event_types": ["invoice.*"], field: value}
+    for path in ("/admin/api/subscriptions/new", f"/admin/api/subscriptions/{number}/edit"):
+        answer = api.client.post(path, json=body)
+        assert answer.status_code == 422, (path, answer.text)
+        assert answer.json()["detail"][0]["loc"] == ["body", field], answer.text
+        assert message in answer.json()["detail"][0]["msg"], answer.text
+    assert api.state() == before

@@ -81,3 +81,21 @@ def test_replay_counts_with_dry_run_then_enqueues_audited(cli, engine):
     code, out, err = cli("--json", "subscriptions", "replay", identifier, "--since", "2000-01-01T00:00:00Z")
     assert code == 0 and json.loads(out)["enqueued"] == 1, err
     assert audit(engine) == ["create", "replay"]
+
+
+def test_create_with_limits_shows_them_and_a_bad_one_writes_nothing(cli, engine):
+    base = ["subscriptions", "create", "--url", "http://127.0.0.1:9/hooks", "--event-type", "invoice.paid",
+            "--secret", secret(1)]
+    code, _, err = cli(*base, "--max-in-flight", "0")
+    assert code == 1 and "max_in_flight: cap must be from 1 to 10,000 sends in flight" in err
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM outboxkit_subscriptions")) == 0
+        assert connection.scalar(text("SELECT count(*) FROM outboxkit_destination_limits")) == 0
+    code, out, err = cli("--json", *base, "--rate-limit", "2.5", "--max-in-flight", "1")
+    assert code == 0, err
+    [created] = json.loads(out)
+    assert (created["rate_limit"], created["max_in_flight"]) == (2.5, 1)
+    code, out, _ = cli("subscriptions", "show", str(created["id"]))
+    assert code == 0 and "2.5/s" in out and "1 in flight" in out
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT per_second, cap FROM outboxkit_destination_limits")).all() == [(2.5, 1)]

@@ -118,3 +118,21 @@ def test_a_tenant_reads_its_deliveries_and_resends_one(site):
     # An event this subscription was never sent (another tenant's) cannot be pulled in by a resend.
     assert acme("POST", f"/webhooks/subscriptions/{number}/deliveries/{other_event}/resend", json={}).status_code == 404
     assert len(acme("GET", f"/webhooks/subscriptions/{number}/deliveries").json()) == 2
+
+
+def test_a_tenant_throttles_its_own_endpoint_and_a_bad_limit_is_a_422_that_changes_nothing(site):
+    acme = site.as_("acme")
+    body = {"url": "http://127.0.0.1:9/a", "event_types": ["invoice.*"], "rate_limit": 10, "max_in_flight": 2}
+    created = acme("POST", "/webhooks/subscriptions", json=body)
+    assert created.status_code == 200, created.text
+    mine = created.json()["subscription"]
+    assert (mine["rate_limit"], mine["max_in_flight"]) == (10.0, 2)
+    edited = acme("POST", f"/webhooks/subscriptions/{mine['id']}/edit", json={**body, "rate_limit": 1})
+    assert edited.status_code == 200 and edited.json()["subscription"]["rate_limit"] == 1.0
+    assert acme("GET", f"/webhooks/subscriptions/{mine['id']}").json()["max_in_flight"] == 2
+    before = site.state()
+    for path in ("/webhooks/subscriptions", f"/webhooks/subscriptions/{mine['id']}/edit"):
+        refused = acme("POST", path, json={**body, "max_in_flight": 0})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "max_in_flight"], refused.text
+        assert "cap must be from 1 to 10,000" in refused.text
+    assert site.state() == before

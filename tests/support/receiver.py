@@ -93,6 +93,9 @@ class Receiver:
         # Per Idempotency-Key: requests being handled at once, and the most ever seen (a row sent twice at once)
         self._in_flight_by_key: collections.Counter[str | None] = collections.Counter()
         self.max_in_flight_by_key: collections.Counter[str | None] = collections.Counter()
+        # Per path: requests being handled at once, and the most ever seen (one endpoint's concurrency)
+        self.in_flight_by_path: collections.Counter[str] = collections.Counter()
+        self.max_in_flight_by_path: collections.Counter[str] = collections.Counter()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -121,7 +124,7 @@ class Receiver:
                     body=body,
                     received_at=time.time(),
                 )
-                receiver._record(request, +1, request.key)
+                receiver._record(request, +1, request.key, request.path)
                 try:
                     reply = receiver.respond(request)
                     if reply.delay:
@@ -150,7 +153,7 @@ class Receiver:
                     self.end_headers()
                     self.wfile.write(reply.body)
                 finally:
-                    receiver._record(None, -1, request.key)
+                    receiver._record(None, -1, request.key, request.path)
 
             def _read_body(self, length: int) -> bytes:
                 if receiver.read_pace is None or not length:
@@ -196,7 +199,7 @@ class Receiver:
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="test-receiver", daemon=True
         )
 
-    def _record(self, request: Request | None, delta: int, key: str | None) -> None:
+    def _record(self, request: Request | None, delta: int, key: str | None, path: str) -> None:
         with self._arrived:
             if request is not None:
                 self.requests.append(request)
@@ -204,6 +207,8 @@ class Receiver:
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
             self._in_flight_by_key[key] += delta
             self.max_in_flight_by_key[key] = max(self.max_in_flight_by_key[key], self._in_flight_by_key[key])
+            self.in_flight_by_path[path] += delta
+            self.max_in_flight_by_path[path] = max(self.max_in_flight_by_path[path], self.in_flight_by_path[path])
             self._arrived.notify_all()
 
     def start(self) -> Receiver:

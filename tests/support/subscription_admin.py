@@ -23,6 +23,7 @@ from tests.support.schedules import LOOPBACK_ALLOWED
 CSRF_SECRET = "subscription-admin-tests-csrf-secret"
 SUBSCRIPTION_TABLES = (
     "outboxkit_event_deliveries", "outboxkit_events", "outboxkit_subscription_audit", "outboxkit_subscriptions",
+    "outboxkit_destination_limits",  # a subscription's own limits are its destination's
 )
 
 

@@ -94,3 +94,33 @@ def test_a_tenant_is_none_or_a_short_string():
         make(tenant="")
     with pytest.raises(InvalidSubscriptionError, match="tenant"):
         make(tenant="x" * 201)
+
+
+def test_limits_default_to_the_deliveries_outboxs_own_and_are_kept_as_given():
+    assert (make().rate_limit, make().max_in_flight) == (None, None)
+    limited = make(rate_limit=5, max_in_flight=2)
+    assert (limited.rate_limit, limited.max_in_flight) == (5.0, 2)
+    assert isinstance(limited.rate_limit, float)
+    assert make(rate_limit=0.5).rate_limit == 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        ({"rate_limit": 0}, "rate_limit", "rate limit must be more than 0 and at most 1,000,000 requests per second"),
+        ({"rate_limit": -1.5}, "rate_limit", "rate limit must be more than 0"),
+        ({"rate_limit": 2_000_000}, "rate_limit", "at most 1,000,000 requests per second"),
+        ({"rate_limit": float("nan")}, "rate_limit", "rate limit must be a number of requests per second"),
+        ({"rate_limit": "5"}, "rate_limit", "rate limit must be a number of requests per second"),
+        ({"rate_limit": True}, "rate_limit", "rate limit must be a number of requests per second"),
+        ({"max_in_flight": 0}, "max_in_flight", "cap must be from 1 to 10,000 sends in flight"),
+        ({"max_in_flight": 10_001}, "max_in_flight", "cap must be from 1 to 10,000 sends in flight"),
+        ({"max_in_flight": 1.5}, "max_in_flight", "cap must be a whole number of sends in flight"),
+        ({"max_in_flight": False}, "max_in_flight", "cap must be a whole number of sends in flight"),
+    ],
+)
+def test_limits_are_held_to_the_destination_limits_rules_and_the_field_is_named(overrides, field, message):
+    with pytest.raises(InvalidSubscriptionError, match=message) as refused:
+        make(**overrides)
+    assert refused.value.field == field
+    assert str(refused.value).startswith(f"{field}: ")
