@@ -43,7 +43,8 @@ id, which also recovers a broker that came back without the producer's state.
 
 Options of the producer (TLS, SASL credentials, ``linger.ms``,
 ``message.max.bytes``...) are given as ``config``, librdkafka's names; they
-are checked when the transport is made.  ``bootstrap.servers`` comes from the
+are checked when the transport is made.  librdkafka's log lines go to this
+module's logger (``outboxkit.transports.kafka``) at DEBUG.  ``bootstrap.servers`` comes from the
 URL, and ``enable.idempotence`` and ``acks`` are the transport's.
 """
 
@@ -108,7 +109,9 @@ class KafkaTransport:
         for name, owner in _FIXED.items():
             if name in given:
                 raise ConfigurationError(f"KafkaTransport config: {name} is {owner} (drop it from config)")
-        self._config = {**_DEFAULTS, **given, "enable.idempotence": True, "acks": "all"}
+        # librdkafka's own lines (a failed connect, a broker that went away) go to this module's logger, served on the
+        # producer's poll thread, unless config names a logger of its own.
+        self._config = {**_DEFAULTS, "logger": _ClientLog(), **given, "enable.idempotence": True, "acks": "all"}
         try:  # librdkafka checks every name and value when a client is made: made and dropped, it connects nowhere
             self._kafka.Producer({**self._config, "log_level": 4})  # not its notice that it has no bootstrap servers
         except (self._kafka.KafkaException, TypeError, ValueError) as exc:
@@ -148,6 +151,8 @@ class KafkaTransport:
                 failure=FailureKind.TRANSPORT, error="the producer's queue is full (queue.buffering.max.messages)"
             )
         except self._kafka.KafkaException as exc:
+            if exc.args[0].fatal():  # the producer can send nothing more: the next send makes a new one
+                self._retire(server, producer)
             return _result_of_error(exc.args[0])
         if not report.finished.wait(max(0.0, deadline - time.monotonic())):
             self._retire(server, producer)
@@ -197,6 +202,14 @@ class KafkaTransport:
             producers, self._producers = list(self._producers.values()), {}
         for producer in producers:
             producer.close()
+
+
+class _ClientLog:
+    """librdkafka's log lines, at DEBUG: a broker that is down repeats them at every reconnect, and what they say
+    reaches each send's result anyway (as the NATS transport treats its client's errors)."""
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        logger.debug(message, *args)
 
 
 class _Report:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -144,15 +145,19 @@ def test_one_keys_rows_land_in_one_partition_in_order(server, engine, clock, tra
         assert [n for _, n in sent] == [0, 1, 2, 3]
 
 
-def test_a_broker_down_at_start_is_retried_and_nothing_is_lost(engine, drainer, clock, read_events):
+def test_a_broker_down_at_start_is_retried_and_nothing_is_lost(engine, drainer, clock, read_events, caplog):
     port = free_port()
     [row_id] = insert_rows(engine, f"kafka://127.0.0.1:{port}/{TOPIC}", [{"n": 1}])
 
-    first = drainer.drain_once()
+    with caplog.at_level(logging.DEBUG, logger="outboxkit.transports.kafka"):
+        first = drainer.drain_once()
 
     row = read_events()[row_id]
     assert (first.retried, row.status, row.attempts) == (1, "pending", 1)
     assert row.last_error.startswith("connection:")
+    # librdkafka's own lines (its failed connects) go to the module's logger, not straight to stderr.
+    assert any(f"127.0.0.1:{port}" in record.getMessage() for record in caplog.records
+               if record.name == "outboxkit.transports.kafka")
     with KafkaServer(port=port) as server:
         assert isinstance(server, KafkaServer)
         create_topic(server)
