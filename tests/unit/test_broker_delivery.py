@@ -13,6 +13,7 @@ from outboxkit.errors import ConfigurationError, InvalidValueError
 from outboxkit.policy import AttemptResult, FailureKind, RetryPolicy
 from outboxkit.transports.base import Delivery
 from outboxkit.transports.http import HttpTransport
+from outboxkit.transports.kafka import KafkaTransport
 from outboxkit.transports.nats import NatsTransport
 from outboxkit.transports.rabbitmq import RabbitMqTransport
 from outboxkit.transports.redis_streams import RedisStreamsTransport
@@ -32,6 +33,8 @@ NOW = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
         ("amqps://rabbit.internal/%2F?exchange=orders", "amqps://rabbit.internal:5671"),
         ("sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo", "sqs://sqs.eu-west-1.amazonaws.com:443"),
         ("sqs://127.0.0.1:5000/123456789012/orders", "sqs://127.0.0.1:5000"),
+        ("kafka://127.0.0.1:9092/orders", "kafka://127.0.0.1:9092"),
+        ("kafka://kafka.internal/orders", "kafka://kafka.internal:9092"),
     ],
 )
 def test_a_broker_url_is_a_delivery_whose_destination_is_its_server(url, destination):
@@ -53,7 +56,8 @@ def test_the_key_survives_added_headers():
         "nats://127.0.0.1:4222",  # no subject
         "nats://127.0.0.1:4222/",
         "nats:///orders",  # no host
-        "kafka://127.0.0.1:9092/orders",  # no transport for this scheme
+        "kafka://127.0.0.1:9092",  # no topic
+        "mqtt://127.0.0.1:1883/orders",  # no transport for this scheme
         "redis://127.0.0.1:99999/0/orders",
     ],
 )
@@ -118,6 +122,38 @@ def test_a_broker_transport_without_its_client_library_says_how_to_install_it(mo
     monkeypatch.setitem(sys.modules, client, None)  # as if the library were not installed
     with pytest.raises(ConfigurationError, match=re.escape(f"pip install 'outboxkit[{extra}]'")):
         transport_class()
+
+
+def test_the_kafka_transport_without_confluent_kafka_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # as if confluent-kafka were not installed
+    with pytest.raises(ConfigurationError, match=re.escape("pip install 'outboxkit[kafka]'")):
+        KafkaTransport()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"no.such.setting": "1"}, "No such configuration property"),
+        ({"linger.ms": "soon"}, "Invalid value for configuration property"),
+        ({"enable.idempotence": False}, "enable.idempotence is the transport's"),
+        ({"acks": "1"}, "acks is the transport's"),
+        ({"bootstrap.servers": "elsewhere:9092"}, "bootstrap.servers is the URL's"),
+    ],
+)
+def test_the_kafka_transport_refuses_bad_producer_settings_at_start(config, message):
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        KafkaTransport(config=config)
+
+
+def test_the_kafka_transport_refuses_before_sending_what_kafka_would_refuse():
+    transport = KafkaTransport()
+    try:
+        elsewhere = transport.send(Delivery(url="nats://127.0.0.1:1/orders"), idempotency_key="k", timeout=1)
+        bad_topic = transport.send(Delivery(url="kafka://127.0.0.1:1/orders/created"), idempotency_key="k", timeout=1)
+    finally:
+        transport.close()
+    assert elsewhere.failure is FailureKind.REFUSED and "sends kafka:// URLs" in (elsewhere.error or "")
+    assert bad_topic.failure is FailureKind.REFUSED and "not a Kafka topic name" in (bad_topic.error or "")
 
 
 def test_the_sqs_transport_without_boto3_says_how_to_install_it(monkeypatch):
