@@ -24,7 +24,12 @@ now), so they are pinned by known-answer tests:
   (at most one probe per destination across every process: the claim's
   conditional UPDATE decides who sends it, ``outboxkit.storage.destination_claim``).
   Its success closes the breaker and the waiting rows flow at once; its
-  failure re-opens it with the cool-down doubled (up to ``max_cool_down``).
+  failure re-opens it with the cool-down doubled (up to ``max_cool_down``),
+  and the next probe comes up to ``PROBE_JITTER`` of that cool-down sooner,
+  by a fraction that changes with every re-opening (a hash of the
+  destination and its failure count, so the rule stays a pure function):
+  probes at one fixed interval would keep landing in the same phase of a
+  receiver that fails on a cycle of that length.
   A probe whose outcome never comes (its worker died) lets another probe go
   when its lease ends.
 * ``disabled``: the receiver answered ``410 Gone`` (the Standard Webhooks
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import math
+import zlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -92,6 +98,9 @@ def check_destination_name(name: object) -> str:
 def _positive(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
+
+# After a failed probe, the next comes up to this share of the cool-down sooner (see the module docstring).
+PROBE_JITTER = 0.25
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BreakerOptions:
@@ -269,7 +278,10 @@ def after_outcome(
         return _opened(state, now=now, cool_down=options.cool_down, opened_at=now, reason=reason)
     if state.status == Status.HALF_OPEN.value and _a_probe(state, row_id, claimed_until):
         cool_down = min((state.cool_down or options.cool_down) * 2, options.max_cool_down)
-        return _opened(state, now=now, cool_down=cool_down, opened_at=state.opened_at or now, reason=f"probe row {row_id} failed")
+        return _opened(
+            state, now=now, cool_down=cool_down, opened_at=state.opened_at or now, reason=f"probe row {row_id} failed",
+            sooner=PROBE_JITTER * _spread(state.destination, state.consecutive_failures),
+        )
     return state
 
 
@@ -281,8 +293,15 @@ def _a_probe(state: DestinationState, row_id: int, claimed_until: datetime | Non
     return claimed_until >= state.probe_until
 
 
-def _opened(state: DestinationState, *, now: datetime, cool_down: float, opened_at: datetime, reason: str) -> DestinationState:
-    next_probe_at = now + timedelta(seconds=cool_down)
+def _spread(destination: str, failures: int) -> float:
+    """A fraction in [0, 1) that is the same for the same (destination, failure count) and scattered across them."""
+    return zlib.crc32(f"{destination}\0{failures}".encode()) / 2**32
+
+
+def _opened(
+    state: DestinationState, *, now: datetime, cool_down: float, opened_at: datetime, reason: str, sooner: float = 0.0
+) -> DestinationState:
+    next_probe_at = now + timedelta(seconds=cool_down * (1 - sooner))
     return replace(
         state,
         status=Status.OPEN.value,

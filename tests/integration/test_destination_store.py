@@ -148,9 +148,11 @@ def test_a_failed_probe_reopens_with_a_longer_cool_down(engine, store):
     [probe] = claim(engine, at=probe_at)
     record(engine, store, FAILED, at=probe_at, row_id=probe)
     state = state_of(engine, store)
-    assert state.status == "open" and state.next_probe_at == probe_at + timedelta(seconds=20)
-    assert claim(engine, at=probe_at + timedelta(seconds=19)) == []
-    assert len(claim(engine, at=probe_at + timedelta(seconds=20))) == 1
+    assert state.status == "open" and state.cool_down == 20 and state.next_probe_at is not None
+    # The doubled cool-down, up to a quarter sooner (outboxkit.breaker.PROBE_JITTER).
+    assert probe_at + timedelta(seconds=15) <= state.next_probe_at <= probe_at + timedelta(seconds=20)
+    assert claim(engine, at=state.next_probe_at - timedelta(milliseconds=1)) == []
+    assert len(claim(engine, at=state.next_probe_at)) == 1
     assert {row.attempts for row in rows_by_id(engine).values() if row.id not in (probe,)} <= {0, 1}
     assert len(dead) == 3
 

@@ -124,6 +124,29 @@ def test_any_answer_ends_a_failure_run():
     assert apply(apply(state, FAILED), FAILED).status == "healthy"
 
 
+def reopenings(count: int) -> list[tuple[float, float]]:
+    """(cool-down, seconds from the failed probe to the next) of ``count`` failed probes in a row."""
+    state = apply(apply(apply(fresh(), FAILED), FAILED), FAILED)
+    seen = []
+    for _ in range(count):
+        at = state.next_probe_at
+        assert at is not None
+        state = apply(_probing(state, row_id=7, at=at), FAILED, at=at, row_id=7)
+        assert state.cool_down is not None and state.next_probe_at is not None
+        seen.append((state.cool_down, (state.next_probe_at - at).total_seconds()))
+    return seen
+
+
+def test_probes_after_failed_probes_do_not_fall_into_step_with_a_receiver_failing_on_a_cycle():
+    """Each re-opening probes up to a quarter of its cool-down sooner, by a fraction that changes from one re-opening
+    to the next (a known function of the destination and its failure count): probes at a fixed interval would keep
+    landing in the down half of a receiver that is up and down on that same period."""
+    seen = reopenings(8)
+    assert all(0.75 * cool_down <= gap <= cool_down for cool_down, gap in seen)
+    assert len({round(gap / cool_down, 3) for cool_down, gap in seen}) >= 4  # not one fixed phase
+    assert reopenings(8) == seen  # the same history, the same probe times: no hidden randomness
+
+
 def test_a_failed_probe_reopens_with_the_cool_down_doubled_up_to_its_cap():
     state = apply(apply(apply(fresh(), FAILED), FAILED), FAILED)
     cool_downs = []
