@@ -290,7 +290,7 @@ destinations = Table(
     ),
 )
 
-# Added by migration outboxkit_0009_destination_rates.
+# Added by migration outboxkit_0009_destination_rates (its deferral column dropped by outboxkit_0021).
 destination_rates = Table(
     "outboxkit_destination_rates",
     kit_metadata,
@@ -298,7 +298,6 @@ destination_rates = Table(
     Column("destination", String(300), primary_key=True),
     Column("tokens", Float, nullable=False),
     Column("refilled_at", DateTime(timezone=True), nullable=False),
-    Column("deferred_until", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

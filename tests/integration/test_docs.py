@@ -241,7 +241,7 @@ def test_the_alembic_recipe_gives_the_app_its_own_branch_tables_and_triggers(tmp
             "outboxkit_subscriptions", "outboxkit_subscription_audit", "outboxkit_events", "outboxkit_event_types",
             "outboxkit_event_deliveries", "outboxkit_wakeups",
         }
-        assert "outboxkit_0020" in heads and len(heads) == 2
+        assert "outboxkit_0021" in heads and len(heads) == 2
         assert sorted(triggers_installed) == [
             "outboxkit_notify_grant_outbox_insert", "outboxkit_notify_outboxkit_event_deliveries_insert",
         ]

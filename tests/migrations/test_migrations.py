@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = ROOT / "alembic" / "alembic.ini"
 TARGET_METADATA = [ExampleBase.metadata, kit_metadata]
 OWNED_TABLES = sorted(name for metadata in TARGET_METADATA for name in metadata.tables)
-HEADS = {"example_0005", "outboxkit_0020"}
+HEADS = {"example_0005", "outboxkit_0021"}
 
 
 def alembic_config(url: str | None) -> Config:
@@ -122,7 +122,7 @@ def test_both_branches_are_found_including_the_package_path_form():
     script = ScriptDirectory.from_config(alembic_config(None))
     assert set(script.get_heads()) == HEADS
     kit_revision = script.get_revision("outboxkit@head")
-    assert kit_revision.revision == "outboxkit_0020"
+    assert kit_revision.revision == "outboxkit_0021"
     assert Path(kit_revision.path).parent == outboxkit.migrations.VERSIONS
     assert Path(script.get_revision("exampleapp@head").path).parent == ROOT / "alembic" / "versions"
 
@@ -363,7 +363,7 @@ def test_env_py_leaves_tables_it_does_not_own_alone(migrated):
 def test_database_url_from_the_environment_is_used(migrated, monkeypatch, scheme):
     bare_url = migrated.url.set(drivername=scheme).render_as_string(hide_password=False)
     monkeypatch.setenv("DATABASE_URL", bare_url)  # env.py adds the psycopg 3 driver
-    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0005", "outboxkit_0020"]
+    assert sorted(run_alembic(None, "current").split()) == ["(head)", "(head)", "example_0005", "outboxkit_0021"]
 
 
 def test_a_missing_url_is_refused_with_a_hint(monkeypatch):
