@@ -4,8 +4,9 @@ What it owns:
 
 * ``definitions.py``: a subscription as data (``SubscriptionDefinition``), checked before anything is written;
 * ``store.py``: the subscription rows (``SubscriptionStore``: create, edit, enable, disable, delete, audited),
-  what each change does to the deliveries not yet sent, and each subscription's own limits, kept as its
-  destination's limits (``outboxkit.destinations.limits``);
+  what each change does to the deliveries not yet sent;
+* ``subscription_limits.py``: each subscription's own limits, kept as its destination's limits
+  (``outboxkit.destinations.limits``);
 * ``publish.py``: ``publish`` / ``publish_with``, the event and its deliveries in the caller's transaction, one
   ``INSERT ... SELECT``; ``publish_async.py``: the same on an ``AsyncSession``, awaited on the loop;
 * ``replay.py``: stored events sent again to one subscription (a dry run counts them), and test events;

@@ -54,15 +54,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, RowMapping, Select, and_, delete, insert, select, text, update
+from sqlalchemy import Connection, RowMapping, delete, insert, select, text, update
 
 from outboxkit.breaker import destination_of
 from outboxkit.clock import Clock, SystemClock
-from outboxkit.destinations.limits import DestinationLimits, read_limits, write_limits
+from outboxkit.destinations.limits import DestinationLimits, write_limits
 from outboxkit.errors import InvalidSubscriptionError, UnknownSubscriptionError, UnsafeUrlError
 from outboxkit.events.definitions import SubscriptionDefinition
 from outboxkit.events.deliveries import EventDelivery, deliveries_table
-from outboxkit.storage.tables import destination_limits, subscription_audit, subscriptions
+from outboxkit.events.subscription_limits import limits_asked, limits_in_row, locked_limits, move_limits, with_limits
+from outboxkit.storage.tables import subscription_audit, subscriptions
 from outboxkit.target_secrets import credential_problem, redact_headers, redact_url
 from outboxkit.transports.signing import WebhookSecrets
 from outboxkit.url_guard import UrlGuard
@@ -111,19 +112,6 @@ def _subscription(row: RowMapping, limits: DestinationLimits) -> Subscription:
         created_by=row["created_by"], changed_at=row["changed_at"], changed_by=row["changed_by"],
         rate_limit=limits.per_second, max_in_flight=limits.cap,
     )
-
-
-def _with_limits() -> Select[Any]:
-    """Subscription rows with their destination's limits beside them (``per_second``, ``cap``; NULL without)."""
-    operator = destination_limits
-    joined = subscriptions.outerjoin(operator, and_(
-        operator.c.outbox == EventDelivery.__outbox__.job_name, operator.c.destination == subscriptions.c.destination,
-    ))
-    return select(subscriptions, operator.c.per_second, operator.c.cap).select_from(joined)
-
-
-def _limits_of(row: RowMapping) -> DestinationLimits:
-    return DestinationLimits(per_second=row["per_second"], cap=row["cap"])
 
 
 def subscription_destination(subscription_id: int, url: str) -> str:
@@ -181,20 +169,20 @@ class SubscriptionStore:
     # -- reading ---------------------------------------------------------------
 
     def get(self, subscription_id: int) -> Subscription:
-        statement = _with_limits().where(subscriptions.c.id == subscription_id)
+        statement = with_limits().where(subscriptions.c.id == subscription_id)
         with self.engine.connect() as connection:
             row = connection.execute(statement).mappings().first()
         if row is None:
             raise UnknownSubscriptionError(f"no subscription with id {subscription_id!r}")
-        return _subscription(row, _limits_of(row))
+        return _subscription(row, limits_in_row(row))
 
     def list(self, *, tenant: str | None = None) -> Sequence[Subscription]:
         """Every subscription (of ``tenant``, when given), by id, with its limits."""
-        statement = _with_limits().order_by(subscriptions.c.id)
+        statement = with_limits().order_by(subscriptions.c.id)
         if tenant is not None:
             statement = statement.where(subscriptions.c.tenant == tenant)
         with self.engine.connect() as connection:
-            return [_subscription(row, _limits_of(row)) for row in connection.execute(statement).mappings()]
+            return [_subscription(row, limits_in_row(row)) for row in connection.execute(statement).mappings()]
 
     # -- changing --------------------------------------------------------------
 
@@ -204,7 +192,7 @@ class SubscriptionStore:
         self._check(definition)
         now = self.clock.now()
         values = {**self._values(definition), "created_at": now, "created_by": actor, "changed_at": now, "changed_by": actor}
-        limits = _limits(definition)
+        limits = limits_asked(definition)
         with self.engine.begin() as connection:
             created = connection.execute(insert(subscriptions).values(values).returning(subscriptions.c.id)).scalar_one()
             row = connection.execute(
@@ -229,12 +217,12 @@ class SubscriptionStore:
         values = {**self._values(definition), "destination": subscription_destination(subscription_id, definition.url)}
         if keep_secrets:
             del values["secrets"]
-        limits = _limits(definition)
+        limits = limits_asked(definition)
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            before = self._limits(connection, current)
+            before = locked_limits(connection, current)
             row = self._write(connection, current, values, actor=actor, action="edit", limits=(before, limits))
-            self._move_limits(connection, current["destination"], before, row["destination"], limits, actor=actor)
+            move_limits(connection, current["destination"], before, row["destination"], limits, now=self.clock.now(), actor=actor)
             connection.execute(
                 update(_deliveries)
                 .where(_deliveries.c.subscription_id == subscription_id, _deliveries.c.status == "pending")
@@ -250,7 +238,7 @@ class SubscriptionStore:
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
             values = {"enabled": False, "disabled_reason": reason.strip()[:500]}
-            limits = self._limits(connection, current)
+            limits = locked_limits(connection, current)
             row = self._write(connection, current, values, actor=actor, action="disable", limits=(limits, limits))
             self._park(connection, subscription_id, mark)
         return _subscription(row, limits)
@@ -260,7 +248,7 @@ class SubscriptionStore:
         held = DISABLED_MARK.format(id=subscription_id)
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            limits = self._limits(connection, current)
+            limits = locked_limits(connection, current)
             values = {"enabled": True, "disabled_reason": None}
             row = self._write(connection, current, values, actor=actor, action="enable", limits=(limits, limits))
             connection.execute(
@@ -290,7 +278,7 @@ class SubscriptionStore:
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
             kept = [current["secrets"][0]] if keep_previous and current["secrets"][0] != new else []
-            limits = self._limits(connection, current)
+            limits = locked_limits(connection, current)
             values = {"secrets": [new, *kept]}
             row = self._write(connection, current, values, actor=actor, action="rotate", limits=(limits, limits))
         return _subscription(row, limits), new
@@ -300,9 +288,9 @@ class SubscriptionStore:
         stay."""
         with self.engine.begin() as connection:
             current = self._row(connection, subscription_id, lock=True)
-            limits = self._limits(connection, current)
+            limits = locked_limits(connection, current)
             connection.execute(delete(subscriptions).where(subscriptions.c.id == subscription_id))
-            self._move_limits(connection, current["destination"], limits, None, DestinationLimits(), actor=actor)
+            move_limits(connection, current["destination"], limits, None, DestinationLimits(), now=self.clock.now(), actor=actor)
             self._audit(connection, "delete", actor=actor, before=current, after=None, limits=(limits, DestinationLimits()))
             self._park(connection, subscription_id, DELETED_MARK.format(id=subscription_id))
 
@@ -355,31 +343,6 @@ class SubscriptionStore:
         return row
 
     @staticmethod
-    def _limits(connection: Connection, row: RowMapping) -> DestinationLimits:
-        """The limits of the subscription's destination, locked until the transaction ends (none without one)."""
-        if row["destination"] is None:
-            return DestinationLimits()
-        return read_limits(connection, EventDelivery, row["destination"], lock=True)
-
-    def _move_limits(
-        self,
-        connection: Connection,
-        old: str | None,
-        before: DestinationLimits,
-        new: str | None,
-        after: DestinationLimits,
-        *,
-        actor: str,
-    ) -> None:
-        """The limits ``after`` on destination ``new`` (None: the subscription is gone) and none left on ``old``
-        (``before``: what it holds); limits already so are not written again (nor the drains woken)."""
-        now = self.clock.now()
-        if old is not None and old != new and not before.empty:
-            write_limits(connection, EventDelivery, old, DestinationLimits(), now=now, actor=actor)
-        if new is not None and (old != new or (before.per_second, before.cap) != (after.per_second, after.cap)):
-            write_limits(connection, EventDelivery, new, after, now=now, actor=actor)
-
-    @staticmethod
     def _park(connection: Connection, subscription_id: int, reason: str) -> None:
         connection.execute(
             update(_deliveries)
@@ -405,6 +368,3 @@ class SubscriptionStore:
             )
         )
 
-
-def _limits(definition: SubscriptionDefinition) -> DestinationLimits:
-    return DestinationLimits(per_second=definition.rate_limit, cap=definition.max_in_flight)

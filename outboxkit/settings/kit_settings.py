@@ -3,6 +3,10 @@
 One field per setting with its default and its meaning; the per-outbox values are ``OutboxOverride``
 (``outboxkit.settings.outboxes``).  ``OutboxKitSettings.from_environment()`` (what the kit uses by
 default) turns a bad value into a ``ConfigurationError`` that names its variable.
+
+One module, a few lines past 400: it is one class of fields, each a few lines of default and description (the
+settings table in docs/operations.md is generated from them), and splitting the class would split the one place a
+reader looks a setting up.
 """
 
 from __future__ import annotations
